@@ -1,0 +1,283 @@
+"""Attention over the paged KV cache: the kernel math of DESIGN §3, in plain torch.
+
+Layout (shared with ``optimized/kernels/attention.cu``):
+
+* ``k_cache``, ``v_cache``: ``[num_blocks, block_size, n_kv, D]``; token ``p`` of a sequence
+  lives in page ``block_table[p // block_size]`` at slot ``p % block_size``.
+* ``block_tables``: int ``[B, max_blocks]``; entries past a sequence's last block are ``-1``.
+* ``seq_lens``: int ``[B]``, tokens of each sequence whose K/V are in the cache.
+* Query heads ``h`` read KV head ``h // (n_q // n_kv)`` (GQA).
+
+Every softmax runs in float32. Positions past ``seq_lens`` (or past a query's own position)
+are *selected away* with ``torch.where``, never multiplied by a zero probability: stale
+pages may hold NaN, and ``0 * NaN = NaN``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import BlockTableError, MergeError
+
+NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------------------
+# guards
+# --------------------------------------------------------------------------------------
+
+def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int) -> None:
+    """Reject a malformed table before any launch (typed ``BlockTableError``).
+
+    * every sequence length is ``>= 0`` and its table has ``ceil(len / block_size)`` leading valid entries;
+    * every valid entry is a physical page id in ``[0, num_blocks)``; entries past them are ``-1``;
+    * no page is used twice (within or across sequences).
+    """
+    if block_tables.dim() != 2 or seq_lens.dim() != 1 or block_tables.shape[0] != seq_lens.shape[0]:
+        raise BlockTableError(f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} disagree")
+    seen: set[int] = set()
+    for b in range(block_tables.shape[0]):
+        n = int(seq_lens[b])
+        if n < 0:
+            raise BlockTableError(f"sequence {b}: negative length {n}")
+        need = (n + block_size - 1) // block_size
+        row = [int(x) for x in block_tables[b]]
+        if need > len(row):
+            raise BlockTableError(f"sequence {b}: length {n} needs {need} blocks, table has {len(row)} columns")
+        for j, page in enumerate(row):
+            if j < need:
+                if not (0 <= page < num_blocks):
+                    raise BlockTableError(f"sequence {b}: block {j} -> page {page} outside [0, {num_blocks})")
+                if page in seen:
+                    raise BlockTableError(f"sequence {b}: page {page} is used twice")
+                seen.add(page)
+            elif page != -1:
+                raise BlockTableError(f"sequence {b}: entry {j} = {page} past the sequence's {need} blocks must be -1")
+
+
+def check_query_positions(q_seq_idx: torch.Tensor, q_pos: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """Each real query row claims a cache position its sequence already holds: ``0 <= pos < seq_len``."""
+    if q_seq_idx.shape != q_pos.shape or q_pos.dim() != 1:
+        raise BlockTableError(f"q_seq_idx {tuple(q_seq_idx.shape)} and q_pos {tuple(q_pos.shape)} disagree")
+    for t in range(q_pos.shape[0]):
+        p = int(q_pos[t])
+        if p < 0:
+            continue  # padding row
+        b = int(q_seq_idx[t])
+        if not (0 <= b < seq_lens.shape[0]):
+            raise BlockTableError(f"query {t}: sequence index {b} out of range")
+        if p >= int(seq_lens[b]):
+            raise BlockTableError(f"query {t}: position {p} is not in the cache (sequence {b} holds {int(seq_lens[b])})")
+
+
+# --------------------------------------------------------------------------------------
+# gathering a sequence's keys and values out of its pages
+# --------------------------------------------------------------------------------------
+
+def gather_pages(cache: torch.Tensor, table_row: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Token rows ``[start, end)`` of one sequence: ``[end - start, n_kv, D]``, read page by page."""
+    block_size = cache.shape[1]
+    pos = torch.arange(start, end)                                        # [L]
+    pages = table_row[pos // block_size].long()                           # [L]
+    return cache[pages, pos % block_size]                                 # [L, n_kv, D]
+
+
+def _expand_gqa(x: torch.Tensor, n_q: int) -> torch.Tensor:
+    """``[L, n_kv, D] -> [L, n_q, D]``: query head ``h`` reads KV head ``h // group``."""
+    group = n_q // x.shape[1]
+    return x.repeat_interleave(group, dim=1)
+
+
+# --------------------------------------------------------------------------------------
+# paged continued prefill
+# --------------------------------------------------------------------------------------
+
+def paged_prefill(
+    q: torch.Tensor,            # [T, n_q, D]
+    k_cache: torch.Tensor,      # [N, bs, n_kv, D]
+    v_cache: torch.Tensor,      # [N, bs, n_kv, D]
+    block_tables: torch.Tensor, # [B, M] int
+    seq_lens: torch.Tensor,     # [B] int
+    q_seq_idx: torch.Tensor,    # [T] int
+    q_pos: torch.Tensor,        # [T] int, -1 marks a padding row
+    scale: float | None = None,
+) -> torch.Tensor:              # [T, n_q, D], same dtype as q
+    """Each real query attends causally, by absolute position, over its sequence's pages.
+
+    Query ``t`` of sequence ``b`` at position ``p`` sees keys ``0 .. p`` of ``b`` (``kv_pos <= p``).
+    A padding row (``q_pos < 0``) writes zeros and reads nothing.
+    """
+    T, n_q, D = q.shape
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(T, n_q, D, dtype=torch.float32)                     # [T, n_q, D]
+    for b in range(block_tables.shape[0]):
+        rows = torch.nonzero((q_seq_idx == b) & (q_pos >= 0)).flatten()  # [t_b]
+        if rows.numel() == 0:
+            continue
+        L = int(q_pos[rows].max()) + 1
+        k = _expand_gqa(gather_pages(k_cache, block_tables[b], 0, L), n_q).float()  # [L, n_q, D]
+        v = _expand_gqa(gather_pages(v_cache, block_tables[b], 0, L), n_q).float()  # [L, n_q, D]
+        qb = q[rows].float()                                              # [t_b, n_q, D]
+        s = torch.einsum("thd,lhd->htl", qb, k) * scale                   # [n_q, t_b, L]
+        visible = torch.arange(L)[None, :] <= q_pos[rows][:, None]        # [t_b, L]
+        s = torch.where(visible[None], s, NEG_INF)
+        p = torch.softmax(s, dim=-1)                                      # [n_q, t_b, L]
+        p = torch.where(visible[None], p, 0.0)
+        out[rows] = torch.einsum("htl,lhd->thd", p, v)                    # keys 0..L-1 are all written
+    return out.to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# split-KV (flash-decoding) decode
+# --------------------------------------------------------------------------------------
+
+def num_splits(seq_len: int, split_size: int) -> int:
+    """A sequence of ``seq_len`` keys has ``ceil(seq_len / split_size)`` splits (0 for an empty one)."""
+    return (seq_len + split_size - 1) // split_size
+
+
+def split_kv_partials(
+    q: torch.Tensor,            # [B, n_q, D]
+    k_cache: torch.Tensor,      # [N, bs, n_kv, D]
+    v_cache: torch.Tensor,      # [N, bs, n_kv, D]
+    block_tables: torch.Tensor, # [B, M]
+    seq_lens: torch.Tensor,     # [B]
+    split_size: int,
+    scale: float | None = None,
+    max_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial states of every split: ``o [B, S, n_q, D]`` and ``lse [B, S, n_q]``, float32.
+
+    Split ``k`` of a sequence covers key positions ``[k*split_size, (k+1)*split_size)`` clipped
+    to its length. ``S = max_splits`` (default: the most any sequence has); a split with no keys
+    writes ``o = 0, lse = -inf``. The query is the sequence's last token, so every cached key is visible.
+    """
+    B, n_q, D = q.shape
+    scale = D ** -0.5 if scale is None else scale
+    lens = [int(x) for x in seq_lens]
+    S = max([num_splits(n, split_size) for n in lens] + [1]) if max_splits is None else max_splits
+    o = torch.zeros(B, S, n_q, D, dtype=torch.float32)                    # [B, S, n_q, D]
+    lse = torch.full((B, S, n_q), NEG_INF, dtype=torch.float32)           # [B, S, n_q]
+    for b in range(B):
+        for k in range(S):
+            start, end = k * split_size, min((k + 1) * split_size, lens[b])
+            if start >= end:
+                continue  # empty split: o = 0, lse = -inf
+            kk = _expand_gqa(gather_pages(k_cache, block_tables[b], start, end), n_q).float()  # [L, n_q, D]
+            vv = _expand_gqa(gather_pages(v_cache, block_tables[b], start, end), n_q).float()  # [L, n_q, D]
+            s = torch.einsum("hd,lhd->hl", q[b].float(), kk) * scale       # [n_q, L]
+            m = s.max(dim=-1, keepdim=True).values                        # [n_q, 1]
+            e = torch.exp(s - m)                                          # [n_q, L]
+            denom = e.sum(dim=-1)                                         # [n_q]
+            o[b, k] = torch.einsum("hl,lhd->hd", e, vv) / denom[:, None]
+            lse[b, k] = m.squeeze(-1) + torch.log(denom)
+    return o, lse
+
+
+def merge_two(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial states (``o [..., D]``, ``lse [...]``, float32) with both NaN guards.
+
+    An all ``-inf`` maximum is mapped to 0 before subtracting (no ``-inf - -inf``), and a zero
+    weight sum gives ``o = 0, lse = -inf``.
+    """
+    m = torch.maximum(lse_a, lse_b)                                       # [...]
+    m_safe = torch.where(torch.isfinite(m), m, 0.0)
+    w_a = torch.exp(lse_a - m_safe)                                       # exp(-inf) = 0 for an empty state
+    w_b = torch.exp(lse_b - m_safe)
+    total = w_a + w_b
+    nonzero = total > 0
+    total_safe = torch.where(nonzero, total, 1.0)
+    o = (torch.where(w_a[..., None] > 0, o_a, 0.0) * w_a[..., None]
+         + torch.where(w_b[..., None] > 0, o_b, 0.0) * w_b[..., None]) / total_safe[..., None]
+    o = torch.where(nonzero[..., None], o, 0.0)
+    lse = torch.where(nonzero, m_safe + torch.log(total_safe), NEG_INF)
+    return o, lse
+
+
+def reduce_splits(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold splits ``0 .. S-1`` in order: ``o [B, S, n_q, D]``, ``lse [B, S, n_q]`` -> ``[B, n_q, D]``, ``[B, n_q]``."""
+    acc_o, acc_lse = o[:, 0], lse[:, 0]
+    for k in range(1, o.shape[1]):
+        acc_o, acc_lse = merge_two(acc_o, acc_lse, o[:, k], lse[:, k])
+    return acc_o, acc_lse
+
+
+def split_kv_decode(
+    q: torch.Tensor,            # [B, n_q, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    split_size: int | None,
+    scale: float | None = None,
+) -> torch.Tensor:              # [B, n_q, D]
+    """Decode attention of one query per sequence; ``split_size=None`` runs one split over all keys."""
+    if split_size is None:
+        split_size = max([int(x) for x in seq_lens] + [1])
+    o, lse = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale)
+    out, _ = reduce_splits(o, lse)
+    return out.to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# partial-state merge (context parallel)
+# --------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class PartialState:
+    """Attention over one range of KV blocks: ``o [..., D]`` and natural-log ``lse [...]``, float32."""
+
+    o: torch.Tensor
+    lse: torch.Tensor
+    global_block_index: int
+
+
+def merge_states(states: list[PartialState]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort by ``global_block_index``, reject duplicates, fold in float32 in that order."""
+    if not states:
+        raise MergeError("no partial states to merge")
+    order = sorted(states, key=lambda s: s.global_block_index)
+    for a, b in zip(order, order[1:]):
+        if a.global_block_index == b.global_block_index:
+            raise MergeError(f"duplicate global_block_index {a.global_block_index}")
+    shape = order[0].lse.shape
+    for s in order:
+        if s.lse.shape != shape or s.o.shape[:-1] != shape:
+            raise MergeError(f"partial state shapes disagree: {tuple(s.o.shape)} / {tuple(s.lse.shape)}")
+    o, lse = order[0].o.float(), order[0].lse.float()
+    for s in order[1:]:
+        o, lse = merge_two(o, lse, s.o.float(), s.lse.float())
+    return o, lse
+
+
+def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """No-cache oracle attention: ``q [T, n_q, D]``, ``k, v [T, n_kv, D]`` -> ``[T, n_q, D]``, causal, float32 softmax."""
+    T, n_q, D = q.shape
+    scale = D ** -0.5 if scale is None else scale
+    kk = _expand_gqa(k, n_q).float()
+    vv = _expand_gqa(v, n_q).float()
+    s = torch.einsum("thd,lhd->htl", q.float(), kk) * scale              # [n_q, T, T]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    s = s.masked_fill(~mask, NEG_INF)
+    return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), vv).to(q.dtype)
+
+
+
+
+def split_size_for(policy_kind: str, fixed_size: int, seq_lens: list[int], n_kv: int, num_sms: int = 132) -> int | None:
+    """The split size a decode step uses under a policy (``None``: one split over all keys).
+
+    ``auto`` aims at about two work items (sequence x KV head x split) per multiprocessor:
+    ``splits = ceil(2 * num_sms / (B * n_kv))``, split size ``ceil(max_len / splits)`` rounded
+    up to a multiple of 16. It depends on the batch shape, so batch-invariant mode forbids it.
+    """
+    if policy_kind == "disabled":
+        return None
+    if policy_kind == "fixed":
+        return fixed_size
+    max_len = max(seq_lens + [1])
+    splits = max(1, -(-2 * num_sms // max(1, len(seq_lens) * n_kv)))
+    size = -(-max_len // splits)
+    return max(16, -(-size // 16) * 16)

@@ -1,0 +1,300 @@
+"""The reference engine: paused multi-turn rollout, spelled out.
+
+What exactly happens on resume (``rollout_continue``)?
+
+1. The sequence is PAUSED: its last sampled token (the *pending token*) is in ``token_ids``
+   but has no K/V; every earlier token's K/V is still in its pages (``num_cached == len - 1``),
+   unless memory pressure evicted them (then ``num_cached == 0`` and everything is recomputed).
+2. The observation is appended to ``token_ids`` (assistant mask 0) and the sequence goes back
+   to the WAITING queue. Nothing is computed yet.
+3. At the next ``rollout_run_turns``, the scheduler admits it, grows its block table by the
+   delta only, and prefills ``token_ids[num_cached:]`` = ``[pending] + observation``
+   (in chunks if long) with paged continued prefill: each new query attends causally, by
+   absolute position, over the cached prefix and the new tokens.
+4. The last prefilled row's logits give the first token of the new turn, sampled with the
+   randomness of its absolute position; decode steps follow until the turn ends.
+
+Because positions, K/V and randomness depend only on the token ids, turn ``k`` of a
+rollout equals single-shot ``generate`` over ``prompt + t1 + o1 + ... + o(k-1)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from . import attention
+from .config import EngineConfig, ModelConfig, named_config
+from .errors import (ContextLimitError, ConfigError, InvalidTokenError, SequenceStateError,
+                     UnknownSequenceError)
+from .kernels import ReferenceKernels
+from .kv_cache import BlockManager, KVCache, blocks_for
+from .model import Qwen3Model
+from .runner import ReferenceRunner, StepResult
+from .scheduler import Scheduler, StepBatch
+from .sequence import Sequence, SeqState
+from .types import SamplingParams, Trajectory, TurnOutput
+from .weights import load_checkpoint, random_weights
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class EngineCore:
+    """Host-side rollout logic shared by every engine; a subclass supplies ``self.runner``."""
+
+    name = "core"
+    device = "cpu"
+
+    def __init__(self, model_cfg: ModelConfig, engine_cfg: EngineConfig) -> None:
+        self.model_config = model_cfg
+        self.config = engine_cfg
+        bs = engine_cfg.block_size
+        limit = min(model_cfg.max_position_embeddings, engine_cfg.max_model_len or model_cfg.max_position_embeddings)
+        num_blocks = engine_cfg.num_blocks or engine_cfg.max_num_seqs * blocks_for(limit, bs)
+        # a single sequence must always fit in the pool, so nothing can deadlock
+        self.max_model_len = min(limit, num_blocks * bs)
+        self.num_blocks = num_blocks
+        self.policy = engine_cfg.policy
+        self.blocks = BlockManager(num_blocks, bs)
+        self.scheduler = Scheduler(engine_cfg, self.blocks)
+        self._seqs: dict[int, Sequence] = {}
+        self._collected: set[int] = set()
+        self._next_id = 0
+        self._outbox: dict[int, TurnOutput] = {}   # turns completed while generate() ran
+
+    # ---------------------------------------------------------------- validation
+    def _tokens(self, ids: Any, what: str, allow_empty: bool) -> list[int]:
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+                raise InvalidTokenError(f"{what} must be a 1-D integer tensor, got {ids.dtype} {tuple(ids.shape)}")
+            ids = ids.tolist()
+        elif hasattr(ids, "tolist") and hasattr(ids, "dtype"):   # numpy arrays
+            if getattr(ids, "ndim", 1) != 1 or ids.dtype.kind not in "iu":
+                raise InvalidTokenError(f"{what} must be a 1-D integer array")
+            ids = ids.tolist()
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise InvalidTokenError(f"{what} must be a sequence of token ids, got {type(ids).__name__}")
+        out = list(ids)
+        V = self.model_config.vocab_size
+        for t in out:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise InvalidTokenError(f"{what}: token {t!r} is not an int")
+            if not 0 <= t < V:
+                raise InvalidTokenError(f"{what}: token id {t} outside the vocabulary [0, {V})")
+        if not out and not allow_empty:
+            raise InvalidTokenError(f"{what} must not be empty")
+        return out
+
+    def _params(self, sp: Any) -> SamplingParams:
+        if sp is None:
+            return SamplingParams()
+        if not isinstance(sp, SamplingParams):
+            raise ConfigError(f"expected SamplingParams, got {type(sp).__name__}")
+        return sp
+
+    def _seq(self, sid: Any) -> Sequence:
+        if isinstance(sid, bool) or not isinstance(sid, int):
+            raise UnknownSequenceError(f"sequence id must be an int, got {sid!r}")
+        if sid in self._collected:
+            raise SequenceStateError(f"sequence {sid} was finished with rollout_finish and no longer exists")
+        if sid not in self._seqs:
+            raise UnknownSequenceError(f"unknown sequence id {sid}")
+        return self._seqs[sid]
+
+    # ---------------------------------------------------------------- public API
+    def rollout_add(self, prompt_ids: Any, sp: SamplingParams | None = None) -> int:
+        """Queue an agentic sequence; returns its id. Nothing runs until ``rollout_run_turns``."""
+        return self._add(prompt_ids, sp, agentic=True)
+
+    def _add(self, prompt_ids: Any, sp: SamplingParams | None, agentic: bool) -> int:
+        prompt = self._tokens(prompt_ids, "prompt_ids", allow_empty=False)
+        params = self._params(sp)
+        if len(prompt) + 1 > self.max_model_len:
+            raise ContextLimitError(f"prompt of {len(prompt)} tokens leaves no room to generate "
+                                    f"(max_model_len {self.max_model_len})")
+        sid = self._next_id
+        self._next_id += 1
+        seq = Sequence(sid, params, agentic, prompt, len(prompt))
+        self._seqs[sid] = seq
+        self.scheduler.add(seq)
+        return sid
+
+    def rollout_run_turns(self) -> dict[int, TurnOutput]:
+        """Run every waiting or running sequence until it pauses (turn end) or finishes."""
+        while self.scheduler.has_work():
+            self._step()
+        out, self._outbox = self._outbox, {}
+        return out
+
+    def rollout_continue(self, sid: int, observation_ids: Any = ()) -> None:
+        """PAUSED -> WAITING with ``observation_ids`` appended; only ``[pending] + observation`` will be prefilled."""
+        seq = self._seq(sid)
+        if seq.state != SeqState.PAUSED:
+            raise SequenceStateError(f"sequence {sid} is {seq.state.value}, only a paused sequence can continue")
+        obs = self._tokens(observation_ids, "observation_ids", allow_empty=True)
+        if seq.num_tokens + len(obs) + 1 > self.max_model_len:
+            raise ContextLimitError(f"sequence {sid}: {seq.num_tokens} tokens + observation of {len(obs)} "
+                                    f"leave no room to generate (max_model_len {self.max_model_len})")
+        seq.add_observation(obs)
+        self.scheduler.resume(seq)
+
+    def rollout_finish(self, sid: int) -> Trajectory:
+        """End a sequence in any state, free all its blocks, return its trajectory."""
+        seq = self._seq(sid)
+        self.scheduler.finish(seq)
+        self._outbox.pop(sid, None)
+        del self._seqs[sid]
+        self._collected.add(sid)
+        return seq.trajectory()
+
+    def generate(self, prompts: Any, sp: SamplingParams | None = None) -> list[list[int]]:
+        """Single-shot generation (no pause): the sampled tokens of each prompt."""
+        if isinstance(prompts, torch.Tensor) or (prompts and isinstance(prompts[0], int)):
+            raise InvalidTokenError("generate takes a list of prompts (a list of token-id lists)")
+        checked = [self._tokens(p, f"prompts[{i}]", allow_empty=False) for i, p in enumerate(prompts)]
+        for p in checked:
+            if len(p) + 1 > self.max_model_len:
+                raise ContextLimitError(f"prompt of {len(p)} tokens exceeds max_model_len {self.max_model_len}")
+        params = self._params(sp)
+        sids = [self._add(p, params, agentic=False) for p in checked]
+        while any(self._seqs[s].state != SeqState.FINISHED for s in sids):
+            self._step()
+        results = []
+        for s in sids:
+            results.append(self._seqs[s].turn_tokens)
+            self._outbox.pop(s, None)
+            del self._seqs[s]
+        return results
+
+    @torch.no_grad()
+    def score(self, token_ids: Any) -> torch.Tensor:
+        """Teacher-forced logits of one sequence: float32 ``[T, vocab]`` on the CPU."""
+        ids = self._tokens(token_ids, "token_ids", allow_empty=False)
+        if len(ids) > self.max_model_len:
+            raise ContextLimitError(f"{len(ids)} tokens exceed max_model_len {self.max_model_len}")
+        return self._score(ids)
+
+    # ---------------------------------------------------------------- introspection
+    def state(self, sid: int) -> str:
+        return self._seq(sid).state.value
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.blocks.num_free
+
+    def block_table(self, sid: int) -> list[int]:
+        return list(self._seq(sid).block_table)
+
+    def snapshot(self) -> dict:
+        """A deep, comparable picture of the host state (for the 'state unchanged' checks)."""
+        return {
+            "free": sorted(self.blocks.free_pages()),
+            "next_id": self._next_id,
+            "collected": sorted(self._collected),
+            "waiting": [s.seq_id for s in self.scheduler.waiting],
+            "running": [s.seq_id for s in self.scheduler.running],
+            "paused": [s.seq_id for s in self.scheduler.paused],
+            "seqs": {sid: copy.deepcopy((s.state.value, s.token_ids, s.num_cached, s.block_table, s.assistant_mask,
+                                         s.logprobs, [(x.kind, x.start, x.end) for x in s.spans], s.turn_index))
+                     for sid, s in self._seqs.items()},
+        }
+
+    # ---------------------------------------------------------------- one step
+    def _step(self) -> None:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return
+        result = self._execute(batch)
+        self._apply(batch, result)
+
+    def _execute(self, batch: StepBatch) -> StepResult:
+        raise NotImplementedError
+
+    def _score(self, ids: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _apply(self, batch: StepBatch, result: StepResult) -> None:
+        for seq, chunk in zip(batch.seqs, batch.chunks):
+            seq.num_cached += chunk
+            if batch.kind == "prefill":
+                seq.turn_prefilled += chunk
+        for seq, tok, lp in zip(batch.sample_seqs, result.tokens, result.logprobs):
+            seq.prefill_done = True
+            seq.append_sampled(tok, lp)
+            if batch.kind == "decode":
+                seq.turn_split_sizes.append(result.split_size)
+            reason = None
+            if seq.num_tokens >= self.max_model_len:
+                reason = "context_limit"
+            elif tok in seq.params.stop_token_ids:
+                reason = "stop_token"
+            elif seq.num_tokens - seq.turn_start >= seq.params.max_tokens:
+                reason = "max_tokens"
+            if reason is None:
+                continue
+            out = seq.end_turn(reason, str(self.policy))
+            if out.finished:
+                self.scheduler.finish(seq)
+            else:
+                self.scheduler.pause(seq)
+            self._outbox[seq.seq_id] = out
+
+
+class Engine(EngineCore):
+    """The pure-PyTorch reference engine (CPU, float32 by default)."""
+
+    name = "reference"
+
+    def __init__(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                 engine_cfg: EngineConfig | None = None) -> None:
+        engine_cfg = engine_cfg or EngineConfig()
+        super().__init__(model_cfg, engine_cfg)
+        self.dtype = _DTYPES[engine_cfg.dtype]
+        self.model = Qwen3Model(model_cfg, weights, self.dtype)
+        self.kv = KVCache(model_cfg.num_hidden_layers, self.num_blocks, engine_cfg.block_size,
+                          model_cfg.num_key_value_heads, model_cfg.head_dim, self.dtype)
+        self.runner = ReferenceRunner(self.model, self.kv, self.policy)
+        self.kernels = ReferenceKernels(self.dtype)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, *, seed: int = 0, **engine_kwargs: Any) -> "Engine":
+        """A named config with seeded random weights, or a Hugging Face checkpoint directory."""
+        path = Path(str(name_or_path))
+        if path.is_dir():
+            cfg, weights = load_checkpoint(path)
+        else:
+            cfg = named_config(str(name_or_path))
+            weights = random_weights(cfg, seed)
+        return cls(cfg, weights, EngineConfig(**engine_kwargs))
+
+    @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], **engine_kwargs: Any) -> "Engine":
+        return cls(cfg, weights, EngineConfig(**engine_kwargs))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.w.items() if not (k == "lm_head.weight" and self.model_config.tie_word_embeddings)}
+
+    @torch.no_grad()
+    def _execute(self, batch: StepBatch) -> StepResult:
+        return self.runner.execute(batch)
+
+    def _score(self, ids: list[int]) -> torch.Tensor:
+        cfg = self.model_config
+        bs = self.config.block_size
+        n = blocks_for(len(ids), bs)
+        scratch = KVCache(cfg.num_hidden_layers, n, bs, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        T = len(ids)
+        pos = torch.arange(T)
+        table = torch.arange(n)[None, :]                                  # [1, n]
+        lens = torch.tensor([T])
+        qidx = torch.zeros(T, dtype=torch.long)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            scratch.write(layer, pos, k, v)
+            return attention.paged_prefill(q, scratch.k[layer], scratch.v[layer], table, lens, qidx, pos)
+
+        hidden = self.model.forward(torch.tensor(ids), pos, attend)
+        return self.model.logits(hidden)

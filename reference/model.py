@@ -1,0 +1,86 @@
+"""Qwen3ForCausalLM math in plain torch.
+
+One decoder layer, for a flat batch of ``T`` tokens at absolute ``positions``::
+
+    h   = x + o_proj(attention(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n)))   n = input_layernorm(x)
+    out = h + down_proj(silu(gate_proj(m)) * up_proj(m))                                          m = post_attention_layernorm(h)
+
+The attention itself is a callback (``attend``): the engine decides whether it is a paged
+prefill, a split-KV decode, or the dense causal attention of the no-cache oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .config import ModelConfig
+from .weights import check_weights
+
+#: attend(layer, q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]) -> o [T, n_q, D]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Qwen3RMSNorm: normalise in float32, round to the input dtype, scale."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``cos, sin [T, D]`` for rotate-half RoPE (frequencies repeated over both halves)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+    freqs = positions.float()[:, None] * inv_freq[None, :]                # [T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)                               # [T, D]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [T, n, D]``: ``x*cos + rotate_half(x)*sin`` in float32, rounded to ``x``'s dtype."""
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)      # [T, n, D]
+    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+class Qwen3Model:
+    """The weights and the forward math. No cache: attention comes from the ``attend`` callback."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
+        check_weights(cfg, weights)
+        self.cfg = cfg
+        self.dtype = dtype
+        self.w = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in weights.items()}
+        if cfg.tie_word_embeddings:
+            self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+
+    def layer_weight(self, i: int, name: str) -> torch.Tensor:
+        return self.w[f"model.layers.{i}.{name}.weight"]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """``input_ids, positions [T]`` -> final-normed hidden states ``[T, H]``."""
+        cfg = self.cfg
+        T = input_ids.shape[0]
+        nq, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        cos, sin = rope_cos_sin(positions, D, cfg.rope_theta)            # [T, D]
+        x = self.w["model.embed_tokens.weight"][input_ids]                # [T, H]
+        for i in range(cfg.num_hidden_layers):
+            n = rms_norm(x, self.layer_weight(i, "input_layernorm"), cfg.rms_norm_eps)              # [T, H]
+            q = (n @ self.layer_weight(i, "self_attn.q_proj").T).view(T, nq, D)                     # [T, n_q, D]
+            k = (n @ self.layer_weight(i, "self_attn.k_proj").T).view(T, nkv, D)                    # [T, n_kv, D]
+            v = (n @ self.layer_weight(i, "self_attn.v_proj").T).view(T, nkv, D)                    # [T, n_kv, D]
+            q = apply_rope(rms_norm(q, self.layer_weight(i, "self_attn.q_norm"), cfg.rms_norm_eps), cos, sin)
+            k = apply_rope(rms_norm(k, self.layer_weight(i, "self_attn.k_norm"), cfg.rms_norm_eps), cos, sin)
+            o = attend(i, q, k, v).reshape(T, nq * D)                                               # [T, n_q*D]
+            x = x + o @ self.layer_weight(i, "self_attn.o_proj").T                                  # [T, H]
+            m = rms_norm(x, self.layer_weight(i, "post_attention_layernorm"), cfg.rms_norm_eps)     # [T, H]
+            gate = m @ self.layer_weight(i, "mlp.gate_proj").T                                      # [T, I]
+            up = m @ self.layer_weight(i, "mlp.up_proj").T                                          # [T, I]
+            x = x + (torch.nn.functional.silu(gate) * up) @ self.layer_weight(i, "mlp.down_proj").T  # [T, H]
+        return rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` -> float32 ``[T, V]``."""
+        return (hidden @ self.w["lm_head.weight"].T).float()

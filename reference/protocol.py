@@ -1,0 +1,29 @@
+"""The engine interface every turnkv engine implements (checked by ``conformance/``)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .types import SamplingParams, Trajectory, TurnOutput
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    name: str
+    device: str
+    max_model_len: int
+    num_blocks: int
+    kernels: Any
+
+    def rollout_add(self, prompt_ids: Any, sp: SamplingParams | None = None) -> int: ...
+    def rollout_run_turns(self) -> dict[int, TurnOutput]: ...
+    def rollout_continue(self, sid: int, observation_ids: Any = ()) -> None: ...
+    def rollout_finish(self, sid: int) -> Trajectory: ...
+    def generate(self, prompts: Any, sp: SamplingParams | None = None) -> list[list[int]]: ...
+    def score(self, token_ids: Any) -> torch.Tensor: ...
+    def state(self, sid: int) -> str: ...
+    def snapshot(self) -> dict: ...
+    @property
+    def num_free_blocks(self) -> int: ...

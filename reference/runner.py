@@ -1,0 +1,58 @@
+"""Runs one scheduled step through the model: write K/V into pages, attend, sample.
+
+This is the piece the optimized engine replaces (``optimized/runner.py``); the scheduler,
+the block manager and the sequences stay the reference's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import attention
+from .kv_cache import KVCache
+from .model import Qwen3Model
+from .sampling import sample_batch
+from .scheduler import StepBatch
+from .types import SplitKVPolicy
+
+
+@dataclass(slots=True)
+class StepResult:
+    tokens: list[int]            # one per batch.sample_seqs
+    logprobs: list[float]
+    split_size: int | None       # decode steps: the split size used
+
+
+class ReferenceRunner:
+    def __init__(self, model: Qwen3Model, kv: KVCache, policy: SplitKVPolicy) -> None:
+        self.model = model
+        self.kv = kv
+        self.policy = policy
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        ids = torch.from_numpy(batch.input_ids)                           # [T]
+        pos = torch.from_numpy(batch.positions).long()                    # [T]
+        qidx = torch.from_numpy(batch.q_seq_idx).long()                   # [T]
+        slots = torch.from_numpy(batch.slot_mapping).long()               # [T]
+        tables = torch.from_numpy(batch.block_tables).long()              # [B, M]
+        lens = torch.from_numpy(batch.seq_lens).long()                    # [B]
+        kv = self.kv
+        split = None
+        if batch.kind == "decode":
+            split = attention.split_size_for(self.policy.kind, self.policy.split_size, batch.seq_lens.tolist(),
+                                             self.model.cfg.num_key_value_heads)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kv.write(layer, slots, k, v)
+            if batch.kind == "prefill":
+                return attention.paged_prefill(q, kv.k[layer], kv.v[layer], tables, lens, qidx, pos)
+            return attention.split_kv_decode(q, kv.k[layer], kv.v[layer], tables, lens, split)
+
+        hidden = self.model.forward(ids, pos, attend)                      # [T, H]
+        rows = torch.from_numpy(batch.sample_rows)
+        logits = self.model.logits(hidden[rows])                          # [S, V]
+        positions = [int(batch.positions[r]) + 1 for r in batch.sample_rows]  # where the sampled tokens land
+        toks, lps = sample_batch(logits, [s.params for s in batch.sample_seqs], positions)
+        return StepResult(toks, lps, split)
