@@ -1,0 +1,76 @@
+"""nox sessions for turnkv.
+
+``nox`` alone runs what CI runs (no GPU needed): ``tests``, ``conformance`` on the reference
+engine, ``kernels`` (nvcc compile check for sm_90), ``docs`` and ``lint``. ``benches`` and
+``conformance -- --engine optimized`` need a CUDA GPU.
+
+Torch: ``torch==2.13.0`` is pinned for the CPU machines, where pip finds a CPU wheel locally;
+uv would download a multi-GB CUDA build, so the sessions use nox's default virtualenv + pip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests", "conformance", "kernels", "docs", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH = os.environ.get("TURNKV_TORCH", "torch==2.13.0")
+
+
+def _install(session: nox.Session, extras: str) -> None:
+    session.install(TORCH)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The reference engine's own tests (model vs transformers, rollout semantics, errors)."""
+    _install(session, "test")
+    session.run("pytest", "tests", "-q", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("engine", [os.environ.get("TURNKV_ENGINE", "reference")])
+def conformance(session: nox.Session, engine: str) -> None:
+    """The contract (DESIGN §4). ``nox -s conformance -- --engine optimized`` judges the optimized engine."""
+    _install(session, "test")
+    args = list(session.posargs)
+    if not any(a.startswith("--engine") for a in args):
+        args = ["--engine", engine, *args]
+    session.run("pytest", "conformance", "-q", *args)
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """Every optimized/kernels/*.cu compiles for sm_90 with nvcc (no GPU needed)."""
+    session.run("python", "-m", "optimized.kernels.build_check", *session.posargs, env={"PYTHONPATH": "."})
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Sphinx + MyST, warnings as errors."""
+    _install(session, "docs")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "reference", "optimized", "conformance", "tests", "benches", "noxfile.py")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: a multi-turn rollout on the embedded tiny model."""
+    _install(session, "test")
+    session.run("turnkv-rollout", *session.posargs)
+
+
+@nox.session
+def benches(session: nox.Session) -> None:
+    """GPU benchmarks (pytest-benchmark); results land under benches/results/."""
+    _install(session, "bench")
+    session.run("pytest", "benches", "-q", *session.posargs)

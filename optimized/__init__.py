@@ -1,0 +1,1 @@
+"""turnkv optimized engine (CuPy kernels, torch GEMMs and CUDA graphs). Work in progress."""
