@@ -42,26 +42,28 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
-                   device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Seeded random weights. Each tensor has its own generator seeded by ``(seed, name)``.
+def random_tensor(name: str, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """One seeded random float32 CPU tensor, drawn from its own generator seeded by ``(seed, name)``.
 
     Projections are drawn with std ``1/sqrt(fan_in)`` (unit-variance outputs), the embedding
     with std 1, norm weights near 1: a random model whose greedy continuations are varied
     and whose top-1/top-2 logit margins are well above bf16 noise most of the time.
     """
-    out: dict[str, torch.Tensor] = {}
-    for name, shape in expected_shapes(cfg).items():
-        g = torch.Generator(device=device)
-        g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-        if name.endswith("norm.weight"):
-            w = 1.0 + 0.1 * torch.randn(shape, generator=g, device=device)
-        elif name == "model.embed_tokens.weight":
-            w = torch.randn(shape, generator=g, device=device)
-        else:
-            w = torch.randn(shape, generator=g, device=device) * shape[-1] ** -0.5
-        out[name] = w.to(dtype)
-    return out
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    w = torch.randn(shape, generator=g)
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * w
+    if name == "model.embed_tokens.weight":
+        return w
+    return w * shape[-1] ** -0.5
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Seeded random weights for ``cfg`` (drawn on the CPU, so every engine gets the same model)."""
+    return {name: random_tensor(name, shape, seed).to(device=device, dtype=dtype)
+            for name, shape in expected_shapes(cfg).items()}
 
 
 def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,96 @@
+"""The optimized engine: the reference's host side (sequences, block manager, scheduler)
+driving ``CudaRunner`` on one GPU, bf16 weights, activations and KV with fp32 accumulation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reference.config import EngineConfig, ModelConfig, named_config
+from reference.engine import EngineCore
+from reference.errors import ConfigError, DeviceUnavailableError, OutOfBlocksError
+from reference.kv_cache import blocks_for
+from reference.runner import StepResult
+from reference.scheduler import StepBatch
+from reference.weights import check_weights, expected_shapes, load_checkpoint, random_tensor
+
+#: defaults that differ from the reference: bf16, a context sized for rollouts, splits of 256 keys
+DEFAULTS = {"dtype": "bfloat16", "max_model_len": 8192, "split_kv": "fixed:256"}
+
+
+def require_cuda(device: str | torch.device) -> torch.device:
+    """The one clear error when CuPy or a CUDA GPU is missing."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError as e:
+        raise DeviceUnavailableError("the optimized engine needs CuPy: pip install 'turnkv[cuda12]' or "
+                                     f"'turnkv[cuda13]' ({e})") from None
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError("the optimized engine needs a CUDA GPU, and torch sees none")
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise DeviceUnavailableError(f"the optimized engine runs on a CUDA device, got {device!r}")
+    return dev
+
+
+class Engine(EngineCore):
+    """Same public interface as ``reference.Engine``; bf16 on a CUDA GPU."""
+
+    name = "optimized"
+
+    def __init__(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor] | None,
+                 engine_cfg: EngineConfig | None = None, device: str = "cuda:0", use_graphs: bool = True,
+                 seed: int = 0) -> None:
+        dev = require_cuda(device)
+        engine_cfg = engine_cfg or EngineConfig(**DEFAULTS)
+        if engine_cfg.dtype != "bfloat16":
+            raise ConfigError("the optimized engine computes in bfloat16; pass dtype='bfloat16'")
+        super().__init__(model_cfg, engine_cfg)
+        torch.cuda.set_device(dev)
+        self.device = str(dev)
+        self.dtype = torch.bfloat16
+        if weights is None:   # seeded random weights, drawn on the CPU one tensor at a time
+            weights = {n: random_tensor(n, s, seed).to(dtype=torch.bfloat16) for n, s in expected_shapes(model_cfg).items()}
+        check_weights(model_cfg, weights)
+        from .kernels_api import OptimizedKernels
+        from .runner import CudaRunner
+        self.runner = CudaRunner(model_cfg, engine_cfg, weights, dev, self.num_blocks, self.max_model_len,
+                                 self.policy, use_graphs=use_graphs)
+        self.kernels = OptimizedKernels(dev)
+
+    @staticmethod
+    def _config(kwargs: dict[str, Any]) -> EngineConfig:
+        return EngineConfig(**{**DEFAULTS, **kwargs})
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, *, seed: int = 0, device: str = "cuda:0",
+                        use_graphs: bool = True, **engine_kwargs: Any) -> "Engine":
+        """A named config with seeded random weights (the reference's, in bf16), or a checkpoint directory."""
+        path = Path(str(name_or_path))
+        if path.is_dir():
+            cfg, weights = load_checkpoint(path)
+        else:
+            cfg, weights = named_config(str(name_or_path)), None
+        return cls(cfg, weights, cls._config(engine_kwargs), device=device, use_graphs=use_graphs, seed=seed)
+
+    @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, device: str = "cuda:0",
+                        use_graphs: bool = True, **engine_kwargs: Any) -> "Engine":
+        return cls(cfg, weights, cls._config(engine_kwargs), device=device, use_graphs=use_graphs)
+
+    @torch.no_grad()
+    def _execute(self, batch: StepBatch) -> StepResult:
+        return self.runner.execute(batch)
+
+    def _score(self, ids: list[int]) -> torch.Tensor:
+        n = blocks_for(len(ids), self.config.block_size)
+        if n > self.blocks.num_free:
+            raise OutOfBlocksError(f"score needs {n} free blocks, {self.blocks.num_free} are free")
+        table: list[int] = []
+        self.blocks.grow(table, len(ids))
+        try:
+            return self.runner.score(ids, table)
+        finally:
+            self.blocks.free(table)

@@ -1,0 +1,75 @@
+"""``engine.kernels`` for the optimized engine: the CUDA attention kernels behind the same
+launch guards and signatures as ``reference/kernels.py``.
+
+Inputs may live anywhere; they are checked on the host, moved to the engine's GPU in bf16
+(indices in int32) and the result comes back on that GPU (partial states in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference import attention
+from reference.attention import PartialState
+from reference.errors import MergeError
+
+from . import ops
+
+
+class OptimizedKernels:
+    dtype = torch.bfloat16
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = str(device)
+        self._dev = device
+
+    def _bf(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self._dev, dtype=torch.bfloat16).contiguous()
+
+    def _i32(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self._dev, dtype=torch.int32).contiguous()
+
+    def _guard(self, k_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        attention.check_block_tables(block_tables.cpu(), seq_lens.cpu(), k_cache.shape[0], k_cache.shape[1])
+
+    def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, q_seq_idx, q_pos, scale=None):
+        self._guard(k_cache, block_tables, seq_lens)
+        attention.check_query_positions(q_seq_idx.cpu(), q_pos.cpu(), seq_lens.cpu())
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return ops.paged_prefill(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
+                                 self._i32(seq_lens), self._i32(q_seq_idx), self._i32(q_pos), scale)
+
+    def split_kv_partials(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None, max_splits=None):
+        self._guard(k_cache, block_tables, seq_lens)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        lens = [int(x) for x in seq_lens]
+        if max_splits is None:
+            max_splits = max([attention.num_splits(n, split_size) for n in lens] + [1])
+        return ops.split_kv_partials(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
+                                     self._i32(seq_lens), split_size, max_splits, scale)
+
+    def split_kv_decode(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None):
+        self._guard(k_cache, block_tables, seq_lens)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        lens = [int(x) for x in seq_lens]
+        size = split_size if split_size is not None else max(lens + [1])
+        max_splits = max([attention.num_splits(n, size) for n in lens] + [1])
+        return ops.split_kv_decode(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
+                                   self._i32(seq_lens), size, max_splits, scale)
+
+    def merge_states(self, states: list[PartialState]):
+        if not states:
+            raise MergeError("no partial states to merge")
+        order = sorted(states, key=lambda s: s.global_block_index)
+        for a, b in zip(order, order[1:]):
+            if a.global_block_index == b.global_block_index:
+                raise MergeError(f"duplicate global_block_index {a.global_block_index}")
+        shape = order[0].lse.shape
+        for s in order:
+            if s.lse.shape != shape or s.o.shape[:-1] != shape:
+                raise MergeError(f"partial state shapes disagree: {tuple(s.o.shape)} / {tuple(s.lse.shape)}")
+        D = order[0].o.shape[-1]
+        o = torch.stack([s.o.reshape(-1, D) for s in order]).to(self._dev, torch.float32).contiguous()   # [N, R, D]
+        lse = torch.stack([s.lse.reshape(-1) for s in order]).to(self._dev, torch.float32).contiguous()  # [N, R]
+        mo, ml = ops.merge_states(o, lse)
+        return mo.view(*shape, D), ml.view(*shape)

@@ -1,0 +1,268 @@
+"""The optimized twin of ``reference/runner.py``: one scheduled step on the GPU.
+
+torch holds the memory and runs the GEMMs (``torch.matmul``, cuBLAS); every other device
+computation is one of our CUDA kernels (``optimized/kernels/*.cu``) launched through CuPy on
+torch's current stream (``optimized/ops.py``). Decode steps are captured in CUDA graphs, one
+per batch-size bucket; prefill runs eagerly. Per-step metadata (ids, positions, slots, block
+tables, lengths, sampling parameters) is built with numpy by the scheduler and uploaded with
+one host-to-device copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from reference.attention import split_size_for
+from reference.config import EngineConfig, ModelConfig
+from reference.errors import BlockTableError
+from reference.model import rope_cos_sin
+from reference.runner import StepResult
+from reference.scheduler import StepBatch
+from reference.types import SamplingParams, SplitKVPolicy
+
+from . import ops
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)   # decode batch sizes with a graph
+LEN_BUCKETS = (256, 1024, 4096, 16384, 65536)                         # longest context a graph serves
+
+
+def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> None:
+    """The launch guards of DESIGN §3, vectorised over the step (numpy, before any upload)."""
+    tables, lens = batch.block_tables, batch.seq_lens
+    need = (lens.astype(np.int64) + block_size - 1) // block_size                    # [B]
+    if (need > tables.shape[1]).any():
+        raise BlockTableError("a block table is shorter than its sequence length needs")
+    cols = np.arange(tables.shape[1])[None, :]                                        # [1, M]
+    valid = cols < need[:, None]                                                      # [B, M]
+    pages = tables[valid]
+    if ((pages < 0) | (pages >= num_blocks)).any():
+        raise BlockTableError("a block table holds a page id outside the pool")
+    if np.unique(pages).size != pages.size:
+        raise BlockTableError("a page appears twice in the step's block tables")
+    if (tables[~valid] != -1).any():
+        raise BlockTableError("block-table entries past a sequence's blocks must be -1")
+    if ((batch.positions < 0) | (batch.positions >= lens[batch.q_seq_idx])).any():
+        raise BlockTableError("a query position is not in its sequence's cache")
+    expect = tables[batch.q_seq_idx, batch.positions // block_size] * block_size + batch.positions % block_size
+    if (expect != batch.slot_mapping).any():
+        raise BlockTableError("a slot does not match the page its position claims")
+
+
+def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32 [6, n] (top_k, seed_lo, seed_hi, pos, mode, greedy) and float32 [2, n] (temperature, top_p)."""
+    ints = np.zeros((6, n), dtype=np.int64)
+    flts = np.zeros((2, n), dtype=np.float32)
+    flts[1] = 1.0
+    for i, (sp, pos) in enumerate(zip(params, positions)):
+        ints[0, i] = sp.top_k
+        ints[1, i] = sp.seed & 0xFFFFFFFF
+        ints[2, i] = (sp.seed >> 32) & 0xFFFFFFFF
+        ints[3, i] = pos
+        ints[4, i] = 1 if sp.logprobs_mode == "processed" else 0
+        flts[0, i] = sp.temperature
+        flts[1, i] = sp.top_p
+    return ints.astype(np.uint32).view(np.int32), flts
+
+
+class CudaRunner:
+    """Weights, KV pages and CUDA graphs of one engine on one GPU."""
+
+    def __init__(self, cfg: ModelConfig, ecfg: EngineConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                 num_blocks: int, max_model_len: int, policy: SplitKVPolicy, use_graphs: bool = True) -> None:
+        self.cfg, self.ecfg, self.dev = cfg, ecfg, device
+        self.policy = policy
+        self.num_blocks, self.block_size = num_blocks, ecfg.block_size
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // ecfg.block_size)
+        bf = torch.bfloat16
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=bf).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")                                   # [V, H]
+        self.lm_head = self.embed if cfg.tie_word_embeddings else w("lm_head.weight")  # [V, H]
+        self.final_norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append({
+                "in_norm": w(p + "input_layernorm.weight"),
+                "post_norm": w(p + "post_attention_layernorm.weight"),
+                "wq": w(p + "self_attn.q_proj.weight"), "wk": w(p + "self_attn.k_proj.weight"),
+                "wv": w(p + "self_attn.v_proj.weight"), "wo": w(p + "self_attn.o_proj.weight"),
+                "q_norm": w(p + "self_attn.q_norm.weight"), "k_norm": w(p + "self_attn.k_norm.weight"),
+                "wgu": torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")], 0).contiguous(),
+                "wd": w(p + "mlp.down_proj.weight"),
+            })
+        cos, sin = rope_cos_sin(torch.arange(max_model_len), cfg.head_dim, cfg.rope_theta)  # [L, D] fp32
+        half = cfg.head_dim // 2
+        self.cos = cos[:, :half].contiguous().to(device)                               # [L, D/2] fp32
+        self.sin = sin[:, :half].contiguous().to(device)
+        shape = (num_blocks, ecfg.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k_cache = [torch.full(shape, float("nan"), dtype=bf, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.v_cache = [torch.full(shape, float("nan"), dtype=bf, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.scale = cfg.head_dim ** -0.5
+        self.use_graphs = use_graphs
+        self.graphs: dict[tuple[int, int], dict] = {}
+        self.pool = None
+        self._mm_fp32 = self._probe_mm_out_dtype()
+
+    # ---------------------------------------------------------------- pieces
+    def _probe_mm_out_dtype(self) -> bool:
+        try:
+            a = torch.ones(2, 8, dtype=torch.bfloat16, device=self.dev)
+            return torch.mm(a, a.t(), out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError):
+            return False
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
+        if self._mm_fp32:
+            return torch.mm(hidden, self.lm_head.t(), out_dtype=torch.float32)
+        return torch.mm(hidden, self.lm_head.t()).float()
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+                lens: torch.Tensor, qidx: torch.Tensor | None, decode_split: int | None, max_splits: int) -> torch.Tensor:
+        """Final-normed hidden states ``[T, H]`` (bf16). ``qidx is None`` marks a decode step."""
+        cfg = self.cfg
+        T = ids.shape[0]
+        nq, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
+        residual = ops.embedding(ids, self.embed)                                     # [T, H]
+        h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
+        for i, L in enumerate(self.layers):
+            q = torch.matmul(h, L["wq"].t()).view(T, nq, D)                           # [T, n_q, D]
+            k = torch.matmul(h, L["wk"].t()).view(T, nkv, D)                          # [T, n_kv, D]
+            v = torch.matmul(h, L["wv"].t()).view(T, nkv, D)                          # [T, n_kv, D]
+            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], pos, self.cos, self.sin, eps)
+            ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slots)
+            if qidx is not None:
+                o = ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale)
+            else:
+                o = ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens,
+                                        decode_split, max_splits, self.scale)
+            attn = torch.matmul(o.view(T, nq * D), L["wo"].t())                        # [T, H]
+            h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
+            a = ops.silu_mul(torch.matmul(h, L["wgu"].t()))                            # [T, I]
+            m = torch.matmul(a, L["wd"].t())                                          # [T, H]
+            nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
+            h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
+        return h
+
+    # ---------------------------------------------------------------- steps
+    def _upload(self, arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(arr)).to(self.dev).to(dtype)
+
+    def decode_split(self, max_len: int, batch: int) -> tuple[int | None, int]:
+        """(split size, splits per sequence) for a decode graph serving ``batch`` rows of up to ``max_len`` keys.
+
+        ``auto`` is evaluated on the graph's shape (its batch bucket and length bucket), so the
+        split size is a function of those two numbers only.
+        """
+        split = split_size_for(self.policy.kind, self.policy.split_size, [max_len] * batch, self.cfg.num_key_value_heads)
+        size = split if split is not None else max_len
+        return split, -(-max_len // size)
+
+    def execute(self, batch: StepBatch) -> StepResult:
+        check_step_metadata(batch, self.num_blocks, self.block_size)
+        params = [s.params for s in batch.sample_seqs]
+        positions = [int(batch.positions[r]) + 1 for r in batch.sample_rows]
+        if batch.kind == "decode":
+            return self._decode(batch, params, positions)
+        ids = self._upload(batch.input_ids, torch.int32)
+        pos = self._upload(batch.positions, torch.int32)
+        slots = self._upload(batch.slot_mapping, torch.int32)
+        tables = self._upload(batch.block_tables, torch.int32)
+        lens = self._upload(batch.seq_lens, torch.int32)
+        qidx = self._upload(batch.q_seq_idx, torch.int32)
+        hidden = self.forward(ids, pos, slots, tables, lens, qidx, None, 1)
+        rows = self._upload(batch.sample_rows, torch.int64)
+        logits = self.logits(hidden.index_select(0, rows))                            # [S, V]
+        ints, flts = _sampling_arrays(params, positions, len(params))
+        toks, lps = ops.sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
+        return StepResult(toks.tolist(), lps.tolist(), None)
+
+    def _decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int]) -> StepResult:
+        B = len(batch.seqs)
+        bucket = next((b for b in BUCKETS if b >= B), B)
+        longest = int(batch.seq_lens.max())
+        max_len = min(next((b for b in LEN_BUCKETS if b >= longest), longest), self.max_model_len)
+        split, max_splits = self.decode_split(max_len, bucket)
+        key = (bucket, max_len)
+        g = self.graphs.get(key)
+        if g is None:
+            g = self._capture(bucket, max_len, split, max_splits)
+            self.graphs[key] = g
+        # one packed int32 upload: ids | pos | slots | lens | ints(6) | flts(2, as bits) | tables
+        M = g["M"]
+        host = g["host"]
+        host[:] = 0
+        n = bucket
+        host[0:B] = batch.input_ids
+        host[n:n + B] = batch.positions
+        host[2 * n:3 * n] = -1
+        host[2 * n:2 * n + B] = batch.slot_mapping
+        host[3 * n:3 * n + B] = batch.seq_lens
+        ints, flts = _sampling_arrays(params, positions, n)
+        host[4 * n:10 * n] = ints.reshape(-1)
+        host[10 * n:12 * n] = flts.reshape(-1).view(np.int32)
+        tab = np.full((n, M), -1, dtype=np.int32)
+        tab[:B, :batch.block_tables.shape[1]] = batch.block_tables
+        host[12 * n:] = tab.reshape(-1)
+        g["dev"].copy_(g["host_t"], non_blocking=True)
+        if self.use_graphs:
+            g["graph"].replay()
+        else:
+            g["run"]()
+        toks = g["toks"][:B].tolist()
+        lps = g["lps"][:B].tolist()
+        return StepResult(toks, lps, split)
+
+    def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
+        M = -(-max_len // self.block_size)
+        host_t = torch.zeros(12 * n + n * M, dtype=torch.int32).pin_memory()
+        dev = torch.zeros_like(host_t, device=self.dev)
+        ids, pos, slots, lens = (dev[i * n:(i + 1) * n] for i in range(4))
+        ints = dev[4 * n:10 * n].view(6, n)
+        flts = dev[10 * n:12 * n].view(torch.float32).view(2, n)
+        tables = dev[12 * n:].view(n, M)
+        out: dict = {"host_t": host_t, "host": host_t.numpy(), "dev": dev, "M": M}
+        split_size = split if split is not None else max_len
+
+        def run() -> None:
+            hidden = self.forward(ids, pos, slots, tables, lens, None, split_size, max_splits)
+            toks, lps = ops.sample(self.logits(hidden), flts, ints)
+            out["toks"], out["lps"] = toks, lps
+
+        out["run"] = run
+        if self.use_graphs:
+            host_t.zero_()
+            host_t[2 * n:3 * n] = -1                      # warm-up writes nothing into the pages
+            dev.copy_(host_t)
+            s = torch.cuda.Stream(self.dev)
+            s.wait_stream(torch.cuda.current_stream(self.dev))
+            with torch.cuda.stream(s):
+                run()                                     # loads every kernel module before capture
+            torch.cuda.current_stream(self.dev).wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):   # graphs replay one at a time: one shared pool
+                run()
+            out["graph"] = graph
+        return out
+
+    @torch.no_grad()
+    def score(self, ids: list[int], pages: list[int]) -> torch.Tensor:
+        """Teacher-forced float32 logits ``[T, V]`` (CPU) through the paged prefill path, in ``pages``."""
+        T = len(ids)
+        bs = self.block_size
+        pos = np.arange(T, dtype=np.int32)
+        table = np.asarray(pages, dtype=np.int32)[None, :]
+        slots = table[0, pos // bs] * bs + pos % bs
+        hidden = self.forward(self._upload(np.asarray(ids), torch.int32), self._upload(pos, torch.int32),
+                              self._upload(slots, torch.int32), self._upload(table, torch.int32),
+                              self._upload(np.asarray([T]), torch.int32),
+                              self._upload(np.zeros(T), torch.int32), None, 1)
+        return self.logits(hidden).cpu()
