@@ -11,7 +11,6 @@ import torch
 
 from reference import attention
 from reference.attention import PartialState
-from reference.errors import MergeError
 
 from . import ops
 
@@ -58,16 +57,8 @@ class OptimizedKernels:
                                    self._i32(seq_lens), size, max_splits, scale)
 
     def merge_states(self, states: list[PartialState]):
-        if not states:
-            raise MergeError("no partial states to merge")
-        order = sorted(states, key=lambda s: s.global_block_index)
-        for a, b in zip(order, order[1:]):
-            if a.global_block_index == b.global_block_index:
-                raise MergeError(f"duplicate global_block_index {a.global_block_index}")
+        order = attention.ordered_states(states)
         shape = order[0].lse.shape
-        for s in order:
-            if s.lse.shape != shape or s.o.shape[:-1] != shape:
-                raise MergeError(f"partial state shapes disagree: {tuple(s.o.shape)} / {tuple(s.lse.shape)}")
         D = order[0].o.shape[-1]
         o = torch.stack([s.o.reshape(-1, D) for s in order]).to(self._dev, torch.float32).contiguous()   # [N, R, D]
         lse = torch.stack([s.lse.reshape(-1) for s in order]).to(self._dev, torch.float32).contiguous()  # [N, R]

@@ -234,8 +234,8 @@ class PartialState:
     global_block_index: int
 
 
-def merge_states(states: list[PartialState]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort by ``global_block_index``, reject duplicates, fold in float32 in that order."""
+def ordered_states(states: list[PartialState]) -> list[PartialState]:
+    """The merge order: sorted by ``global_block_index``; duplicates and shape mismatches raise ``MergeError``."""
     if not states:
         raise MergeError("no partial states to merge")
     order = sorted(states, key=lambda s: s.global_block_index)
@@ -246,6 +246,12 @@ def merge_states(states: list[PartialState]) -> tuple[torch.Tensor, torch.Tensor
     for s in order:
         if s.lse.shape != shape or s.o.shape[:-1] != shape:
             raise MergeError(f"partial state shapes disagree: {tuple(s.o.shape)} / {tuple(s.lse.shape)}")
+    return order
+
+
+def merge_states(states: list[PartialState]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort by ``global_block_index``, reject duplicates, fold in float32 in that order."""
+    order = ordered_states(states)
     o, lse = order[0].o.float(), order[0].lse.float()
     for s in order[1:]:
         o, lse = merge_two(o, lse, s.o.float(), s.lse.float())
