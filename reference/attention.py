@@ -287,3 +287,30 @@ def split_size_for(policy_kind: str, fixed_size: int, seq_lens: list[int], n_kv:
     splits = max(1, -(-2 * num_sms // max(1, len(seq_lens) * n_kv)))
     size = -(-max_len // splits)
     return max(16, -(-size // 16) * 16)
+
+
+def invariant_attention(
+    q: torch.Tensor,            # [T, n_q, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor, # [B, M]
+    q_seq_idx: torch.Tensor,    # [T]
+    q_pos: torch.Tensor,        # [T], -1 marks padding
+    split_size: int | None,
+    scale: float | None = None,
+) -> torch.Tensor:              # [T, n_q, D]
+    """Batch-invariant attention: every query row, in prefill or decode, is computed alone as a
+    split-KV decode over its visible keys ``0 .. q_pos`` with splits at absolute positions
+    ``k * split_size``, folded in order. A row's result depends only on its own keys, never on
+    its batch mates or on whether it arrived in a prefill chunk or a decode step."""
+    out = torch.zeros(q.shape, dtype=torch.float32)                       # [T, n_q, D]
+    for t in range(q.shape[0]):
+        p = int(q_pos[t])
+        if p < 0:
+            continue
+        b = int(q_seq_idx[t])
+        size = split_size if split_size is not None else p + 1
+        o, lse = split_kv_partials(q[t:t + 1], k_cache, v_cache, block_tables[b:b + 1],
+                                   torch.tensor([p + 1]), size, scale)    # [1, S, n_q, D], [1, S, n_q]
+        out[t] = reduce_splits(o, lse)[0][0]
+    return out.to(q.dtype)

@@ -64,6 +64,7 @@ class EngineCore:
         self._collected: set[int] = set()
         self._next_id = 0
         self._outbox: dict[int, TurnOutput] = {}   # turns completed while generate() ran
+        self.logit_log: dict[int, list[torch.Tensor]] = {}   # per sequence, when record_logits(True)
 
     # ---------------------------------------------------------------- validation
     def _tokens(self, ids: Any, what: str, allow_empty: bool) -> list[int]:
@@ -202,6 +203,12 @@ class EngineCore:
                      for sid, s in self._seqs.items()},
         }
 
+    def record_logits(self, on: bool = True) -> None:
+        """Keep the float32 logits row of every sampled token in ``logit_log[seq_id]`` (tests, INVARIANT)."""
+        self.runner.record_logits = on
+        if not on:
+            self.logit_log.clear()
+
     # ---------------------------------------------------------------- one step
     def _step(self) -> None:
         batch = self.scheduler.schedule()
@@ -221,7 +228,9 @@ class EngineCore:
             seq.num_cached += chunk
             if batch.kind == "prefill":
                 seq.turn_prefilled += chunk
-        for seq, tok, lp in zip(batch.sample_seqs, result.tokens, result.logprobs):
+        for i, (seq, tok, lp) in enumerate(zip(batch.sample_seqs, result.tokens, result.logprobs)):
+            if result.logits is not None:
+                self.logit_log.setdefault(seq.seq_id, []).append(result.logits[i].clone())
             seq.prefill_done = True
             seq.append_sampled(tok, lp)
             if batch.kind == "decode":
@@ -253,10 +262,10 @@ class Engine(EngineCore):
         engine_cfg = engine_cfg or EngineConfig()
         super().__init__(model_cfg, engine_cfg)
         self.dtype = _DTYPES[engine_cfg.dtype]
-        self.model = Qwen3Model(model_cfg, weights, self.dtype)
+        self.model = Qwen3Model(model_cfg, weights, self.dtype, batch_invariant=engine_cfg.batch_invariant)
         self.kv = KVCache(model_cfg.num_hidden_layers, self.num_blocks, engine_cfg.block_size,
                           model_cfg.num_key_value_heads, model_cfg.head_dim, self.dtype)
-        self.runner = ReferenceRunner(self.model, self.kv, self.policy)
+        self.runner = ReferenceRunner(self.model, self.kv, self.policy, engine_cfg.batch_invariant)
         self.kernels = ReferenceKernels(self.dtype)
 
     @classmethod

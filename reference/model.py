@@ -22,6 +22,14 @@ from .weights import check_weights
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, batch_invariant: bool = False) -> torch.Tensor:
+    """``x [T, in] @ w[out, in].T``. Batch-invariant: one vector-matrix product per row, so a row's
+    result never depends on how many rows share the call (a BLAS may block a matrix product by ``T``)."""
+    if not batch_invariant or x.shape[0] == 0:
+        return x @ w.T
+    return torch.stack([w @ x[t] for t in range(x.shape[0])])
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's Qwen3RMSNorm: normalise in float32, round to the input dtype, scale."""
     x32 = x.float()
@@ -48,16 +56,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Qwen3Model:
     """The weights and the forward math. No cache: attention comes from the ``attend`` callback."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                 batch_invariant: bool = False) -> None:
         check_weights(cfg, weights)
         self.cfg = cfg
         self.dtype = dtype
+        self.batch_invariant = batch_invariant
         self.w = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in weights.items()}
         if cfg.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
     def layer_weight(self, i: int, name: str) -> torch.Tensor:
         return self.w[f"model.layers.{i}.{name}.weight"]
+
+    def proj(self, x: torch.Tensor, i: int, name: str) -> torch.Tensor:
+        """``x @ W.T`` for layer ``i``'s projection ``name``."""
+        return linear(x, self.layer_weight(i, name), self.batch_invariant)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """``input_ids, positions [T]`` -> final-normed hidden states ``[T, H]``."""
@@ -68,19 +82,19 @@ class Qwen3Model:
         x = self.w["model.embed_tokens.weight"][input_ids]                # [T, H]
         for i in range(cfg.num_hidden_layers):
             n = rms_norm(x, self.layer_weight(i, "input_layernorm"), cfg.rms_norm_eps)              # [T, H]
-            q = (n @ self.layer_weight(i, "self_attn.q_proj").T).view(T, nq, D)                     # [T, n_q, D]
-            k = (n @ self.layer_weight(i, "self_attn.k_proj").T).view(T, nkv, D)                    # [T, n_kv, D]
-            v = (n @ self.layer_weight(i, "self_attn.v_proj").T).view(T, nkv, D)                    # [T, n_kv, D]
+            q = self.proj(n, i, "self_attn.q_proj").view(T, nq, D)                                  # [T, n_q, D]
+            k = self.proj(n, i, "self_attn.k_proj").view(T, nkv, D)                                 # [T, n_kv, D]
+            v = self.proj(n, i, "self_attn.v_proj").view(T, nkv, D)                                 # [T, n_kv, D]
             q = apply_rope(rms_norm(q, self.layer_weight(i, "self_attn.q_norm"), cfg.rms_norm_eps), cos, sin)
             k = apply_rope(rms_norm(k, self.layer_weight(i, "self_attn.k_norm"), cfg.rms_norm_eps), cos, sin)
             o = attend(i, q, k, v).reshape(T, nq * D)                                               # [T, n_q*D]
-            x = x + o @ self.layer_weight(i, "self_attn.o_proj").T                                  # [T, H]
+            x = x + self.proj(o, i, "self_attn.o_proj")                                             # [T, H]
             m = rms_norm(x, self.layer_weight(i, "post_attention_layernorm"), cfg.rms_norm_eps)     # [T, H]
-            gate = m @ self.layer_weight(i, "mlp.gate_proj").T                                      # [T, I]
-            up = m @ self.layer_weight(i, "mlp.up_proj").T                                          # [T, I]
-            x = x + (torch.nn.functional.silu(gate) * up) @ self.layer_weight(i, "mlp.down_proj").T  # [T, H]
+            gate = self.proj(m, i, "mlp.gate_proj")                                                 # [T, I]
+            up = self.proj(m, i, "mlp.up_proj")                                                     # [T, I]
+            x = x + self.proj(torch.nn.functional.silu(gate) * up, i, "mlp.down_proj")              # [T, H]
         return rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> float32 ``[T, V]``."""
-        return (hidden @ self.w["lm_head.weight"].T).float()
+        return linear(hidden, self.w["lm_head.weight"], self.batch_invariant).float()

@@ -23,13 +23,16 @@ class StepResult:
     tokens: list[int]            # one per batch.sample_seqs
     logprobs: list[float]
     split_size: int | None       # decode steps: the split size used
+    logits: torch.Tensor | None = None   # float32 [S, V] on the CPU, when the engine records logits
 
 
 class ReferenceRunner:
-    def __init__(self, model: Qwen3Model, kv: KVCache, policy: SplitKVPolicy) -> None:
+    def __init__(self, model: Qwen3Model, kv: KVCache, policy: SplitKVPolicy, batch_invariant: bool = False) -> None:
         self.model = model
         self.kv = kv
         self.policy = policy
+        self.batch_invariant = batch_invariant
+        self.record_logits = False
 
     def execute(self, batch: StepBatch) -> StepResult:
         ids = torch.from_numpy(batch.input_ids)                           # [T]
@@ -40,12 +43,14 @@ class ReferenceRunner:
         lens = torch.from_numpy(batch.seq_lens).long()                    # [B]
         kv = self.kv
         split = None
-        if batch.kind == "decode":
+        if batch.kind == "decode" or self.batch_invariant:
             split = attention.split_size_for(self.policy.kind, self.policy.split_size, batch.seq_lens.tolist(),
                                              self.model.cfg.num_key_value_heads)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kv.write(layer, slots, k, v)
+            if self.batch_invariant:   # the same per-query computation in prefill and decode
+                return attention.invariant_attention(q, kv.k[layer], kv.v[layer], tables, qidx, pos, split)
             if batch.kind == "prefill":
                 return attention.paged_prefill(q, kv.k[layer], kv.v[layer], tables, lens, qidx, pos)
             return attention.split_kv_decode(q, kv.k[layer], kv.v[layer], tables, lens, split)
@@ -55,4 +60,5 @@ class ReferenceRunner:
         logits = self.model.logits(hidden[rows])                          # [S, V]
         positions = [int(batch.positions[r]) + 1 for r in batch.sample_rows]  # where the sampled tokens land
         toks, lps = sample_batch(logits, [s.params for s in batch.sample_seqs], positions)
-        return StepResult(toks, lps, split)
+        return StepResult(toks, lps, split if batch.kind == "decode" else None,
+                          logits if self.record_logits else None)
