@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import BlockTableError, MergeError
+from .rope import apply_rope, rope_cos_sin
 
 NEG_INF = float("-inf")
 
@@ -84,6 +85,18 @@ def gather_pages(cache: torch.Tensor, table_row: torch.Tensor, start: int, end: 
     return cache[pages, pos % block_size]                                 # [L, n_kv, D]
 
 
+def gather_keys(cache: torch.Tensor, table_row: torch.Tensor, start: int, end: int,
+                rope_theta: float | None = None) -> torch.Tensor:
+    """Keys ``[start, end)`` of one sequence, ``[L, n_kv, D]``. With ``rope_theta`` the cache holds
+    pre-RoPE keys (the fused-RoPE option) and they are rotated here, at their absolute positions,
+    with the same float32 cos/sin as the unfused path."""
+    k = gather_pages(cache, table_row, start, end)
+    if rope_theta is None:
+        return k
+    cos, sin = rope_cos_sin(torch.arange(start, end), k.shape[-1], rope_theta)
+    return apply_rope(k, cos, sin)
+
+
 def _expand_gqa(x: torch.Tensor, n_q: int) -> torch.Tensor:
     """``[L, n_kv, D] -> [L, n_q, D]``: query head ``h`` reads KV head ``h // group``."""
     group = n_q // x.shape[1]
@@ -103,6 +116,7 @@ def paged_prefill(
     q_seq_idx: torch.Tensor,    # [T] int
     q_pos: torch.Tensor,        # [T] int, -1 marks a padding row
     scale: float | None = None,
+    rope_theta: float | None = None,
 ) -> torch.Tensor:              # [T, n_q, D], same dtype as q
     """Each real query attends causally, by absolute position, over its sequence's pages.
 
@@ -117,7 +131,7 @@ def paged_prefill(
         if rows.numel() == 0:
             continue
         L = int(q_pos[rows].max()) + 1
-        k = _expand_gqa(gather_pages(k_cache, block_tables[b], 0, L), n_q).float()  # [L, n_q, D]
+        k = _expand_gqa(gather_keys(k_cache, block_tables[b], 0, L, rope_theta), n_q).float()  # [L, n_q, D]
         v = _expand_gqa(gather_pages(v_cache, block_tables[b], 0, L), n_q).float()  # [L, n_q, D]
         qb = q[rows].float()                                              # [t_b, n_q, D]
         s = torch.einsum("thd,lhd->htl", qb, k) * scale                   # [n_q, t_b, L]
@@ -147,6 +161,7 @@ def split_kv_partials(
     split_size: int,
     scale: float | None = None,
     max_splits: int | None = None,
+    rope_theta: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial states of every split: ``o [B, S, n_q, D]`` and ``lse [B, S, n_q]``, float32.
 
@@ -165,7 +180,7 @@ def split_kv_partials(
             start, end = k * split_size, min((k + 1) * split_size, lens[b])
             if start >= end:
                 continue  # empty split: o = 0, lse = -inf
-            kk = _expand_gqa(gather_pages(k_cache, block_tables[b], start, end), n_q).float()  # [L, n_q, D]
+            kk = _expand_gqa(gather_keys(k_cache, block_tables[b], start, end, rope_theta), n_q).float()  # [L, n_q, D]
             vv = _expand_gqa(gather_pages(v_cache, block_tables[b], start, end), n_q).float()  # [L, n_q, D]
             s = torch.einsum("hd,lhd->hl", q[b].float(), kk) * scale       # [n_q, L]
             m = s.max(dim=-1, keepdim=True).values                        # [n_q, 1]
@@ -212,11 +227,12 @@ def split_kv_decode(
     seq_lens: torch.Tensor,
     split_size: int | None,
     scale: float | None = None,
+    rope_theta: float | None = None,
 ) -> torch.Tensor:              # [B, n_q, D]
     """Decode attention of one query per sequence; ``split_size=None`` runs one split over all keys."""
     if split_size is None:
         split_size = max([int(x) for x in seq_lens] + [1])
-    o, lse = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale)
+    o, lse = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, rope_theta=rope_theta)
     out, _ = reduce_splits(o, lse)
     return out.to(q.dtype)
 
@@ -298,6 +314,7 @@ def invariant_attention(
     q_pos: torch.Tensor,        # [T], -1 marks padding
     split_size: int | None,
     scale: float | None = None,
+    rope_theta: float | None = None,
 ) -> torch.Tensor:              # [T, n_q, D]
     """Batch-invariant attention: every query row, in prefill or decode, is computed alone as a
     split-KV decode over its visible keys ``0 .. q_pos`` with splits at absolute positions
@@ -311,6 +328,6 @@ def invariant_attention(
         b = int(q_seq_idx[t])
         size = split_size if split_size is not None else p + 1
         o, lse = split_kv_partials(q[t:t + 1], k_cache, v_cache, block_tables[b:b + 1],
-                                   torch.tensor([p + 1]), size, scale)    # [1, S, n_q, D], [1, S, n_q]
+                                   torch.tensor([p + 1]), size, scale, rope_theta=rope_theta)  # [1, S, n_q, D]
         out[t] = reduce_splits(o, lse)[0][0]
     return out.to(q.dtype)

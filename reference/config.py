@@ -136,7 +136,8 @@ class EngineConfig:
 
     ``num_blocks=None`` sizes the pool for ``max_num_seqs`` full-length sequences.
     ``max_num_batched_tokens`` is the per-step token budget; longer prompts and observations
-    are prefilled in chunks of at most that many tokens.
+    are prefilled in chunks of at most that many tokens. ``batch_invariant`` makes a sequence's
+    logits bitwise independent of its batch mates and of its turn split (DESIGN §4 INVARIANT).
     """
 
     block_size: int = 16
@@ -147,6 +148,7 @@ class EngineConfig:
     split_kv: str = "fixed:64"
     dtype: str = "float32"
     batch_invariant: bool = False
+    rope_in_attention: bool = False     # cache pre-RoPE K; the attention kernels rotate keys as they read them
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -262,7 +262,8 @@ class Engine(EngineCore):
         engine_cfg = engine_cfg or EngineConfig()
         super().__init__(model_cfg, engine_cfg)
         self.dtype = _DTYPES[engine_cfg.dtype]
-        self.model = Qwen3Model(model_cfg, weights, self.dtype, batch_invariant=engine_cfg.batch_invariant)
+        self.model = Qwen3Model(model_cfg, weights, self.dtype, batch_invariant=engine_cfg.batch_invariant,
+                                rope_in_attention=engine_cfg.rope_in_attention)
         self.kv = KVCache(model_cfg.num_hidden_layers, self.num_blocks, engine_cfg.block_size,
                           model_cfg.num_key_value_heads, model_cfg.head_dim, self.dtype)
         self.runner = ReferenceRunner(self.model, self.kv, self.policy, engine_cfg.batch_invariant)
@@ -303,7 +304,8 @@ class Engine(EngineCore):
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             scratch.write(layer, pos, k, v)
-            return attention.paged_prefill(q, scratch.k[layer], scratch.v[layer], table, lens, qidx, pos)
+            theta = cfg.rope_theta if self.model.rope_in_attention else None
+            return attention.paged_prefill(q, scratch.k[layer], scratch.v[layer], table, lens, qidx, pos, rope_theta=theta)
 
         hidden = self.model.forward(torch.tensor(ids), pos, attend)
         return self.model.logits(hidden)

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from .config import ModelConfig
+from .rope import apply_rope, rope_cos_sin
 from .weights import check_weights
 
 #: attend(layer, q [T, n_q, D], k [T, n_kv, D], v [T, n_kv, D]) -> o [T, n_q, D]
@@ -37,31 +38,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 ``cos, sin [T, D]`` for rotate-half RoPE (frequencies repeated over both halves)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
-    freqs = positions.float()[:, None] * inv_freq[None, :]                # [T, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)                               # [T, D]
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [T, n, D]``: ``x*cos + rotate_half(x)*sin`` in float32, rounded to ``x``'s dtype."""
-    half = x.shape[-1] // 2
-    x32 = x.float()
-    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)      # [T, n, D]
-    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
-
-
 class Qwen3Model:
     """The weights and the forward math. No cache: attention comes from the ``attend`` callback."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, rope_in_attention: bool = False) -> None:
         check_weights(cfg, weights)
         self.cfg = cfg
         self.dtype = dtype
         self.batch_invariant = batch_invariant
+        self.rope_in_attention = rope_in_attention   # attend() gets pre-RoPE keys and rotates them itself
         self.w = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in weights.items()}
         if cfg.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
@@ -86,7 +72,9 @@ class Qwen3Model:
             k = self.proj(n, i, "self_attn.k_proj").view(T, nkv, D)                                 # [T, n_kv, D]
             v = self.proj(n, i, "self_attn.v_proj").view(T, nkv, D)                                 # [T, n_kv, D]
             q = apply_rope(rms_norm(q, self.layer_weight(i, "self_attn.q_norm"), cfg.rms_norm_eps), cos, sin)
-            k = apply_rope(rms_norm(k, self.layer_weight(i, "self_attn.k_norm"), cfg.rms_norm_eps), cos, sin)
+            k = rms_norm(k, self.layer_weight(i, "self_attn.k_norm"), cfg.rms_norm_eps)
+            if not self.rope_in_attention:
+                k = apply_rope(k, cos, sin)
             o = attend(i, q, k, v).reshape(T, nq * D)                                               # [T, n_q*D]
             x = x + self.proj(o, i, "self_attn.o_proj")                                             # [T, H]
             m = rms_norm(x, self.layer_weight(i, "post_attention_layernorm"), cfg.rms_norm_eps)     # [T, H]

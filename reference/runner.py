@@ -47,13 +47,16 @@ class ReferenceRunner:
             split = attention.split_size_for(self.policy.kind, self.policy.split_size, batch.seq_lens.tolist(),
                                              self.model.cfg.num_key_value_heads)
 
+        theta = self.model.cfg.rope_theta if self.model.rope_in_attention else None
+
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kv.write(layer, slots, k, v)
             if self.batch_invariant:   # the same per-query computation in prefill and decode
-                return attention.invariant_attention(q, kv.k[layer], kv.v[layer], tables, qidx, pos, split)
+                return attention.invariant_attention(q, kv.k[layer], kv.v[layer], tables, qidx, pos, split,
+                                                     rope_theta=theta)
             if batch.kind == "prefill":
-                return attention.paged_prefill(q, kv.k[layer], kv.v[layer], tables, lens, qidx, pos)
-            return attention.split_kv_decode(q, kv.k[layer], kv.v[layer], tables, lens, split)
+                return attention.paged_prefill(q, kv.k[layer], kv.v[layer], tables, lens, qidx, pos, rope_theta=theta)
+            return attention.split_kv_decode(q, kv.k[layer], kv.v[layer], tables, lens, split, rope_theta=theta)
 
         hidden = self.model.forward(ids, pos, attend)                      # [T, H]
         rows = torch.from_numpy(batch.sample_rows)
