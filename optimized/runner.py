@@ -16,7 +16,7 @@ import torch
 from reference.attention import split_size_for
 from reference.config import EngineConfig, ModelConfig
 from reference.errors import BlockTableError
-from reference.model import rope_cos_sin
+from reference.rope import rope_cos_sin
 from reference.runner import StepResult
 from reference.scheduler import StepBatch
 from reference.types import SamplingParams, SplitKVPolicy
