@@ -9,7 +9,6 @@ written as JSONL.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
@@ -97,7 +96,7 @@ def run(args: argparse.Namespace, console: Console) -> list[dict]:
                     eng.rollout_continue(sid, env.observe(sid, turn, out.token_ids))
             if not active:
                 break
-    trajectories = [dataclasses.asdict(eng.rollout_finish(s)) for s in sids]
+    trajectories = [eng.rollout_finish(s).to_dict() for s in sids]
     total = time.perf_counter() - t0
     table = Table(title=f"turnkv rollout: {args.engine} engine, model {args.model}, {args.batch_size} sequences")
     for col in ("turn", "seqs", "generated", "stop", "prefilled on resume", "full re-prefill", "blocks in use", "s"):

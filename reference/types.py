@@ -129,3 +129,24 @@ class Trajectory:
     def loss_mask(self) -> list[int]:
         """``assistant_mask`` shifted left by one: the mask over next-token logits."""
         return self.assistant_mask[1:] + [0]
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dictionary of every field (one JSONL line per trajectory)."""
+        return {
+            "seq_id": self.seq_id, "token_ids": self.token_ids, "assistant_mask": self.assistant_mask,
+            "logprobs": self.logprobs, "prompt_len": self.prompt_len,
+            "spans": [{"kind": s.kind, "start": s.start, "end": s.end} for s in self.spans],
+            "num_turns": self.num_turns, "stop_reason": self.stop_reason,
+        }
+
+    def to_verl(self) -> dict:
+        """The fields a verl-style trainer reads: the prompt, then everything after it as the response
+        (assistant turns and observations), with the mask selecting the sampled tokens."""
+        p = self.prompt_len
+        return {
+            "prompt_ids": self.token_ids[:p],
+            "response_ids": self.token_ids[p:],
+            "response_mask": self.assistant_mask[p:],
+            "response_logprobs": self.logprobs[p:] if self.logprobs is not None else None,
+            "num_turns": self.num_turns,
+        }
