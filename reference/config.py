@@ -48,6 +48,10 @@ class ModelConfig:
     @staticmethod
     def from_hf_dict(d: dict, name: str = "checkpoint") -> "ModelConfig":
         """Build from a Hugging Face Qwen3 ``config.json`` dictionary."""
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in d]
+        if missing:
+            raise ConfigError(f"config.json lacks {', '.join(missing)}")
         arch = d.get("model_type", "qwen3")
         if arch != "qwen3":
             raise ConfigError(f"only model_type 'qwen3' is supported, got {arch!r}")
@@ -149,12 +153,15 @@ class EngineConfig:
     dtype: str = "float32"
     batch_invariant: bool = False
     rope_in_attention: bool = False     # cache pre-RoPE K; the attention kernels rotate keys as they read them
+    swap_space: int = 0                 # pages of host memory for paused sequences' KV (0: recompute instead)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.swap_space < 0:
+            raise ConfigError(f"swap_space must be >= 0, got {self.swap_space}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:

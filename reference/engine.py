@@ -37,7 +37,7 @@ from .runner import ReferenceRunner, StepResult
 from .scheduler import Scheduler, StepBatch
 from .sequence import Sequence, SeqState
 from .types import SamplingParams, Trajectory, TurnOutput
-from .weights import load_checkpoint, random_weights
+from .weights import check_weights, load_checkpoint, random_weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -65,6 +65,7 @@ class EngineCore:
         self._next_id = 0
         self._outbox: dict[int, TurnOutput] = {}   # turns completed while generate() ran
         self.logit_log: dict[int, list[torch.Tensor]] = {}   # per sequence, when record_logits(True)
+        self.weights_version = 0
 
     # ---------------------------------------------------------------- validation
     def _tokens(self, ids: Any, what: str, allow_empty: bool) -> list[int]:
@@ -123,12 +124,97 @@ class EngineCore:
         self.scheduler.add(seq)
         return sid
 
-    def rollout_run_turns(self) -> dict[int, TurnOutput]:
-        """Run every waiting or running sequence until it pauses (turn end) or finishes."""
-        while self.scheduler.has_work():
+    def rollout_run_turns(self, max_steps: int | None = None) -> dict[int, TurnOutput]:
+        """Run every waiting or running sequence until it pauses (turn end) or finishes.
+
+        ``max_steps`` bounds the number of model steps (e.g. to stop early for a weight update);
+        sequences whose turn has not ended then stay waiting or running, and ``abort`` can end it."""
+        if max_steps is not None and max_steps < 0:
+            raise ConfigError(f"max_steps must be >= 0, got {max_steps}")
+        steps = 0
+        while self.scheduler.has_work() and (max_steps is None or steps < max_steps):
             self._step()
+            steps += 1
         out, self._outbox = self._outbox, {}
         return out
+
+    def rollout_add_group(self, prompt_ids: Any, params: list[SamplingParams]) -> list[int]:
+        """``len(params)`` agentic sequences of one prompt (GRPO). The prompt is prefilled once: its full
+        blocks are shared, reference counted, and copied on write; each member samples with its own params."""
+        prompt = self._tokens(prompt_ids, "prompt_ids", allow_empty=False)
+        checked = [self._params(sp) for sp in params]
+        if not checked:
+            raise ConfigError("a group needs at least one SamplingParams")
+        leader = self._add(prompt, checked[0], agentic=True)
+        sids = [leader]
+        for sp in checked[1:]:
+            sid = self._next_id
+            self._next_id += 1
+            seq = Sequence(sid, sp, True, list(prompt), len(prompt))
+            self._seqs[sid] = seq
+            self._seqs[leader].followers.append(seq)   # held until the leader's prompt KV exists
+            sids.append(sid)
+        return sids
+
+    def _shared_tokens(self, leader: Sequence) -> int:
+        return (leader.prompt_len // self.config.block_size) * self.config.block_size
+
+    def _release_followers(self, leader: Sequence) -> None:
+        """Queue the held group members, sharing the leader's full prompt blocks (if it still holds them)."""
+        n_blocks = leader.prompt_len // self.config.block_size
+        share = leader.num_cached >= n_blocks * self.config.block_size and len(leader.block_table) >= n_blocks
+        for seq in leader.followers:
+            if seq.state != SeqState.WAITING:
+                continue
+            if share and n_blocks:
+                seq.block_table = self.blocks.share(leader.block_table[:n_blocks])
+                seq.num_cached = min(n_blocks * self.config.block_size, seq.prompt_len - 1)
+            self.scheduler.add(seq)
+        leader.followers = []
+
+    def abort(self, sid: int) -> TurnOutput:
+        """End the sequence's open turn now (stop reason ``aborted``) and pause it; returns the partial turn.
+
+        Legal while a turn is open: WAITING (queued or resumed) or RUNNING after ``rollout_run_turns(max_steps=...)``."""
+        seq = self._seq(sid)
+        if seq.state not in (SeqState.WAITING, SeqState.RUNNING):
+            raise SequenceStateError(f"sequence {sid} is {seq.state.value}: no open turn to abort")
+        if seq.followers:
+            self._release_followers(seq)
+        out = seq.end_turn("aborted", str(self.policy))
+        self.scheduler.pause(seq)
+        return out
+
+    def update_weights(self, weights: Any, recompute_kv: bool = False) -> int:
+        """Swap the model weights in place (a state dict, or a checkpoint directory); returns the new version.
+
+        Cached KV was computed under the old weights. By default it is kept (stale, as most RL
+        rollout engines do); ``recompute_kv=True`` drops it so every sequence's next prefill
+        recomputes its context under the new weights. Each sampled token records the weights
+        version that produced it (``Trajectory.weights_versions``, ``TurnOutput.weights_version``)."""
+        if isinstance(weights, (str, Path)):
+            cfg, weights = load_checkpoint(weights)
+            if cfg.to_hf_dict() | {"eos_token_id": None} != self.model_config.to_hf_dict() | {"eos_token_id": None}:
+                raise ConfigError("the checkpoint's config does not match the engine's model")
+        if not isinstance(weights, dict):
+            raise ConfigError(f"update_weights takes a state dict or a checkpoint directory, got {type(weights).__name__}")
+        weights = dict(weights)
+        if self.model_config.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        check_weights(self.model_config, weights)
+        self._load_weights(weights)
+        self.weights_version += 1
+        if recompute_kv:
+            self._flush_ops()
+            for seq in self._seqs.values():
+                if seq.state in (SeqState.WAITING, SeqState.PAUSED):
+                    self.scheduler.drop_kv(seq)
+                elif seq.state == SeqState.RUNNING:   # mid-turn: back to the queue, recomputed from scratch
+                    self.scheduler.preempt(seq)
+        return self.weights_version
+
+    def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
 
     def rollout_continue(self, sid: int, observation_ids: Any = ()) -> None:
         """PAUSED -> WAITING with ``observation_ids`` appended; only ``[pending] + observation`` will be prefilled."""
@@ -145,7 +231,10 @@ class EngineCore:
     def rollout_finish(self, sid: int) -> Trajectory:
         """End a sequence in any state, free all its blocks, return its trajectory."""
         seq = self._seq(sid)
+        if seq.followers:
+            self._release_followers(seq)
         self.scheduler.finish(seq)
+        self._flush_ops()                  # drops a host copy of its KV, if it was swapped out
         self._outbox.pop(sid, None)
         del self._seqs[sid]
         self._collected.add(sid)
@@ -176,6 +265,7 @@ class EngineCore:
         ids = self._tokens(token_ids, "token_ids", allow_empty=False)
         if len(ids) > self.max_model_len:
             raise ContextLimitError(f"{len(ids)} tokens exceed max_model_len {self.max_model_len}")
+        self._flush_ops()
         return self._score(ids)
 
     # ---------------------------------------------------------------- introspection
@@ -214,8 +304,16 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if batch is None:
             return
+        if batch.ops:
+            self.runner.apply_ops(batch.ops)
         result = self._execute(batch)
         self._apply(batch, result)
+
+    def _flush_ops(self) -> None:
+        """Perform pending page operations now (before anything writes pages outside a step)."""
+        ops = self.scheduler.take_ops()
+        if ops:
+            self.runner.apply_ops(ops)
 
     def _execute(self, batch: StepBatch) -> StepResult:
         raise NotImplementedError
@@ -228,11 +326,13 @@ class EngineCore:
             seq.num_cached += chunk
             if batch.kind == "prefill":
                 seq.turn_prefilled += chunk
+            if seq.followers and seq.num_cached >= self._shared_tokens(seq):
+                self._release_followers(seq)
         for i, (seq, tok, lp) in enumerate(zip(batch.sample_seqs, result.tokens, result.logprobs)):
             if result.logits is not None:
                 self.logit_log.setdefault(seq.seq_id, []).append(result.logits[i].clone())
             seq.prefill_done = True
-            seq.append_sampled(tok, lp)
+            seq.append_sampled(tok, lp, self.weights_version)
             if batch.kind == "decode":
                 seq.turn_split_sizes.append(result.split_size)
             reason = None
@@ -283,6 +383,11 @@ class Engine(EngineCore):
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], **engine_kwargs: Any) -> "Engine":
         return cls(cfg, weights, EngineConfig(**engine_kwargs))
+
+    def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.model = Qwen3Model(self.model_config, weights, self.dtype, batch_invariant=self.config.batch_invariant,
+                                rope_in_attention=self.config.rope_in_attention)
+        self.runner.model = self.model
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.w.items() if not (k == "lm_head.weight" and self.model_config.tie_word_embeddings)}

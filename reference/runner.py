@@ -14,7 +14,7 @@ from . import attention
 from .kv_cache import KVCache
 from .model import Qwen3Model
 from .sampling import sample_batch
-from .scheduler import StepBatch
+from .scheduler import PageOps, StepBatch
 from .types import SplitKVPolicy
 
 
@@ -33,6 +33,18 @@ class ReferenceRunner:
         self.policy = policy
         self.batch_invariant = batch_invariant
         self.record_logits = False
+        self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV by seq_id
+
+    def apply_ops(self, ops: PageOps) -> None:
+        """Swap out, swap in, drop host copies, copy-on-write: in that order, before the step's forward."""
+        for sid, pages in ops.swap_out:
+            self.host[sid] = self.kv.read_pages(pages)
+        for sid, pages in ops.swap_in:
+            k, v = self.host.pop(sid)
+            self.kv.write_pages(pages, k, v)
+        for sid in ops.swap_discard:
+            self.host.pop(sid, None)
+        self.kv.copy_pages(ops.page_copies)
 
     def execute(self, batch: StepBatch) -> StepResult:
         ids = torch.from_numpy(batch.input_ids)                           # [T]

@@ -6,10 +6,15 @@ token for every sequence whose prefill is done). Prefill steps go first.
 
 Blocks: admission reserves pages for the sequence's whole context (``num_tokens``); a decode
 step grows each table by at most one page. Paused sequences keep their pages and are counted
-like everything else. When a request does not fit, KV is dropped (and later recomputed) in
-this order, never losing a token: paused sequences (longest paused first), then waiting
-sequences that hold pages (queue tail first), then, for decode only, running sequences
-(latest admitted first), which go back to the head of the queue.
+like everything else. When a request does not fit, room is made in this order, never losing a
+token: paused sequences (longest paused first), then waiting sequences that hold pages (queue
+tail first) have their KV **swapped** to host memory while the swap space lasts, else
+**dropped** (recomputed at their next prefill); then, for decode only, running sequences
+(latest admitted first) are preempted: KV dropped, back to the head of the queue.
+
+Device work the host side decides (swap out, swap in, copy-on-write page copies) is attached
+to the next step as a list of operations, which the runner performs before its forward pass,
+in that order; so a page freed by a swap-out can be reused in the same step.
 """
 
 from __future__ import annotations
@@ -22,7 +27,21 @@ import numpy as np
 from .config import EngineConfig
 from .errors import OutOfBlocksError
 from .kv_cache import BlockManager
+from .kv_cache import blocks_for as blocks_for_tokens
 from .sequence import Sequence, SeqState
+
+
+@dataclass(slots=True)
+class PageOps:
+    """Device work decided on the host, done by the runner before a step's forward pass, in this order."""
+
+    swap_out: list[tuple[int, list[int]]] = field(default_factory=list)   # (seq_id, pages) copied to host memory
+    swap_in: list[tuple[int, list[int]]] = field(default_factory=list)    # (seq_id, pages) restored from host memory
+    swap_discard: list[int] = field(default_factory=list)                 # seq_ids whose host copy is dropped
+    page_copies: list[tuple[int, int]] = field(default_factory=list)      # copy-on-write (src, dst) pages
+
+    def __bool__(self) -> bool:
+        return bool(self.swap_out or self.swap_in or self.swap_discard or self.page_copies)
 
 
 @dataclass(slots=True)
@@ -40,6 +59,7 @@ class StepBatch:
     seq_lens: np.ndarray         # [B] int32, cached tokens after this step's writes
     sample_rows: np.ndarray      # [S] int64, row of each sampling sequence's last token
     sample_seqs: list[Sequence] = field(default_factory=list)
+    ops: PageOps = field(default_factory=PageOps)
 
     @property
     def num_tokens(self) -> int:
@@ -55,6 +75,9 @@ class Scheduler:
         self.paused: list[Sequence] = []       # pause order
         self.evictions = 0                     # KV drops (recompute later)
         self.preemptions = 0                   # running sequences sent back to the queue
+        self.swaps = 0                         # KV swapped out to host memory
+        self.swap_used = 0                     # pages held in host memory
+        self.ops = PageOps()                   # device work for the next step
 
     # ---- state transitions -----------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -66,9 +89,21 @@ class Scheduler:
         self.add(seq)
 
     def pause(self, seq: Sequence) -> None:
-        self.running.remove(seq)
+        """End of a turn (or an abort): out of the running list or the queue, KV kept."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
         seq.state = SeqState.PAUSED
         self.paused.append(seq)
+
+    def preempt(self, seq: Sequence) -> None:
+        """A running sequence goes back to the head of the queue; its KV is dropped and recomputed."""
+        self.running.remove(seq)
+        self.drop_kv(seq)
+        seq.state = SeqState.WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
 
     def finish(self, seq: Sequence) -> None:
         """Take ``seq`` out of every queue and free its pages."""
@@ -77,19 +112,39 @@ class Scheduler:
                 q.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq.block_table)
-        seq.num_cached = 0
+        self.drop_kv(seq)
         seq.state = SeqState.FINISHED
+
+    def take_ops(self) -> PageOps:
+        ops, self.ops = self.ops, PageOps()
+        return ops
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     # ---- making room -------------------------------------------------------------------
-    def _drop_kv(self, seq: Sequence) -> None:
+    def drop_kv(self, seq: Sequence) -> None:
+        """Forget a sequence's KV, in the pool and in host memory; it is recomputed at its next prefill."""
         self.blocks.free(seq.block_table)
+        if seq.swapped:
+            self.ops.swap_discard.append(seq.seq_id)
+            self.swap_used -= seq.swapped
+            seq.swapped = 0
         seq.num_cached = 0
         seq.prefill_done = False
-        self.evictions += 1
+
+    def _evict(self, seq: Sequence) -> None:
+        """Free a non-running sequence's pages: swap its KV to host memory if there is room, else drop it."""
+        pages = blocks_for_tokens(seq.num_cached, self.blocks.block_size)
+        if pages and self.swap_used + pages <= self.cfg.swap_space:
+            self.ops.swap_out.append((seq.seq_id, seq.block_table[:pages]))
+            self.swap_used += pages
+            seq.swapped = pages
+            self.blocks.free(seq.block_table)
+            self.swaps += 1
+        else:
+            self.evictions += 1
+            self.drop_kv(seq)
 
     def _make_room(self, need: int, keep: set[int], allow_running: bool) -> bool:
         """Free pages until ``need`` are free; never touches sequences whose id is in ``keep``."""
@@ -98,17 +153,12 @@ class Scheduler:
         for seq in victims:
             if self.blocks.num_free >= need:
                 return True
-            self._drop_kv(seq)
+            self._evict(seq)
         while allow_running and self.blocks.num_free < need:
             candidates = [s for s in self.running if s.seq_id not in keep]
             if not candidates:
                 break
-            seq = candidates[-1]
-            self.running.remove(seq)
-            self._drop_kv(seq)
-            seq.state = SeqState.WAITING
-            self.waiting.appendleft(seq)
-            self.preemptions += 1
+            self.preempt(candidates[-1])
         return self.blocks.num_free >= need
 
     # ---- building a step ---------------------------------------------------------------
@@ -125,10 +175,16 @@ class Scheduler:
                 budget -= chunk
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
-            need = self.blocks.delta(seq.block_table, seq.num_tokens)
+            need = (self.blocks.delta(seq.block_table, seq.num_tokens)
+                    + self.blocks.shared_in_range(seq.block_table, seq.num_cached, seq.num_tokens))
             if need > self.blocks.num_free and not self._make_room(need, {seq.seq_id}, allow_running=False):
                 break
             self.blocks.grow(seq.block_table, seq.num_tokens)
+            if seq.swapped:                                # bring its KV back from host memory
+                self.ops.swap_in.append((seq.seq_id, seq.block_table[:seq.swapped]))
+                self.swap_used -= seq.swapped
+                seq.swapped = 0
+            self.ops.page_copies += self.blocks.copy_on_write(seq.block_table, seq.num_cached, seq.num_tokens)
             self.waiting.popleft()
             seq.state = SeqState.RUNNING
             seq.prefill_done = False
@@ -146,16 +202,19 @@ class Scheduler:
         ready = [s for s in self.running if s.prefill_done]
         if not ready:
             return None
-        need = sum(self.blocks.delta(s.block_table, s.num_tokens) for s in ready)
+        def pages_needed(seqs: list[Sequence]) -> int:
+            return sum(self.blocks.delta(s.block_table, s.num_tokens)
+                       + self.blocks.shared_in_range(s.block_table, s.num_cached, s.num_tokens) for s in seqs)
+
+        need = pages_needed(ready)
         if need > self.blocks.num_free:
-            keep = {ready[0].seq_id}
-            self._make_room(need, keep, allow_running=True)
+            self._make_room(need, {ready[0].seq_id}, allow_running=True)
             ready = [s for s in self.running if s.prefill_done]
-            need = sum(self.blocks.delta(s.block_table, s.num_tokens) for s in ready)
-            if need > self.blocks.num_free:
+            if pages_needed(ready) > self.blocks.num_free:
                 raise OutOfBlocksError("decode cannot grow a single sequence")  # unreachable: max_model_len fits the pool
         for s in ready:
             self.blocks.grow(s.block_table, s.num_tokens)
+            self.ops.page_copies += self.blocks.copy_on_write(s.block_table, s.num_cached, s.num_tokens)
         return self._build("decode", [(s, 1) for s in ready])
 
     def _build(self, kind: str, chosen: list[tuple[Sequence, int]]) -> StepBatch:
@@ -192,4 +251,5 @@ class Scheduler:
             seq_lens=np.asarray([s.num_cached + c for s, c in chosen], dtype=np.int32),
             sample_rows=np.asarray(sample_rows, dtype=np.int64),
             sample_seqs=sample_seqs,
+            ops=self.take_ops(),
         )

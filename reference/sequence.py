@@ -39,11 +39,16 @@ class Sequence:
     turn_prefilled: int = 0             # tokens prefilled during this turn (counted by the scheduler)
     turn_split_sizes: list[int | None] = field(default_factory=list)
     stop_reason: StopReason | None = None
+    swapped: int = 0                    # pages of KV held in host memory (swap space) instead of the pool
+    followers: list["Sequence"] = field(default_factory=list)   # group members waiting for this prompt's KV
+    weights_versions: list[int] = field(default_factory=list)   # per token: weights that sampled it (-1: not sampled)
+    weights_version: int = 0            # weights version of the last sampled token
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         self.assistant_mask = [0] * n
         self.logprobs = [0.0] * n
+        self.weights_versions = [-1] * n
         self.spans = [TurnSpan("prompt", 0, n)]
         self.turn_start = n
 
@@ -59,10 +64,12 @@ class Sequence:
     def turn_tokens(self) -> list[int]:
         return self.token_ids[self.turn_start:]
 
-    def append_sampled(self, token: int, logprob: float) -> None:
+    def append_sampled(self, token: int, logprob: float, weights_version: int = 0) -> None:
         self.token_ids.append(token)
         self.assistant_mask.append(1)
         self.logprobs.append(logprob)
+        self.weights_versions.append(weights_version)
+        self.weights_version = weights_version
 
     def end_turn(self, reason: StopReason, split_kv: str) -> TurnOutput:
         """Close the current turn: record its span and build its ``TurnOutput``."""
@@ -79,6 +86,7 @@ class Sequence:
             split_sizes=list(self.turn_split_sizes),
             prefilled_tokens=self.turn_prefilled,
             context_len=self.turn_start,
+            weights_version=self.weights_version,
         )
         self.turn_index += 1
         return out
@@ -89,6 +97,7 @@ class Sequence:
         self.token_ids.extend(obs)
         self.assistant_mask.extend([0] * len(obs))
         self.logprobs.extend([0.0] * len(obs))
+        self.weights_versions.extend([-1] * len(obs))
         self.spans.append(TurnSpan("observation", start, self.num_tokens))
         self.turn_start = self.num_tokens
         self.turn_prefilled = 0
@@ -105,4 +114,5 @@ class Sequence:
             spans=list(self.spans),
             num_turns=self.turn_index,
             stop_reason=self.stop_reason,
+            weights_versions=list(self.weights_versions),
         )

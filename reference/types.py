@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ConfigError
 
-StopReason = Literal["stop_token", "max_tokens", "context_limit"]
+StopReason = Literal["stop_token", "max_tokens", "context_limit", "aborted"]
 LogprobsMode = Literal["raw", "processed"]
 
 
@@ -33,6 +34,18 @@ class SamplingParams:
     logprobs_mode: LogprobsMode = "raw"
 
     def __post_init__(self) -> None:
+        for name in ("top_k", "max_tokens", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ConfigError(f"{name} must be an int, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ConfigError(f"{name} must be a number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if not isinstance(self.logprobs, bool):
+            raise ConfigError(f"logprobs must be a bool, got {self.logprobs!r}")
         if not (self.temperature >= 0.0) or self.temperature != self.temperature:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -45,7 +58,13 @@ class SamplingParams:
             raise ConfigError(f"seed must be in [0, 2**64), got {self.seed}")
         if self.logprobs_mode not in ("raw", "processed"):
             raise ConfigError(f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        try:
+            stops = tuple(self.stop_token_ids)
+        except TypeError:
+            raise ConfigError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from None
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in stops):
+            raise ConfigError(f"stop_token_ids must be ints, got {stops!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,8 +112,9 @@ class TurnOutput:
     finished: bool                 # True when the sequence cannot continue (context limit) or is not agentic
     split_kv: str                  # the split-KV policy in force, e.g. "fixed:64"
     split_sizes: list[int | None] = field(default_factory=list)  # split size used at each decode step (None: unsplit)
-    prefilled_tokens: int = 0      # tokens prefilled to start this turn (pending token + observation on resume)
+    prefilled_tokens: int = 0      # tokens prefilled during this turn (pending token + observation on resume)
     context_len: int = 0           # tokens in the context when the turn started
+    weights_version: int = 0       # version of the weights that sampled the turn's last token
 
 
 @dataclass(slots=True)
@@ -125,6 +145,7 @@ class Trajectory:
     spans: list[TurnSpan]
     num_turns: int
     stop_reason: StopReason | None
+    weights_versions: list[int] = field(default_factory=list)   # per token; -1 where not sampled
 
     def loss_mask(self) -> list[int]:
         """``assistant_mask`` shifted left by one: the mask over next-token logits."""
@@ -137,6 +158,7 @@ class Trajectory:
             "logprobs": self.logprobs, "prompt_len": self.prompt_len,
             "spans": [{"kind": s.kind, "start": s.start, "end": s.end} for s in self.spans],
             "num_turns": self.num_turns, "stop_reason": self.stop_reason,
+            "weights_versions": self.weights_versions,
         }
 
     def to_verl(self) -> dict:
