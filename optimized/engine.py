@@ -80,6 +80,9 @@ class Engine(EngineCore):
                         use_graphs: bool = True, **engine_kwargs: Any) -> "Engine":
         return cls(cfg, weights, cls._config(engine_kwargs), device=device, use_graphs=use_graphs)
 
+    def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.runner.load_weights(weights)
+
     @torch.no_grad()
     def _execute(self, batch: StepBatch) -> StepResult:
         return self.runner.execute(batch)

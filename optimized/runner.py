@@ -18,7 +18,7 @@ from reference.config import EngineConfig, ModelConfig
 from reference.errors import BlockTableError
 from reference.rope import rope_cos_sin
 from reference.runner import StepResult
-from reference.scheduler import StepBatch
+from reference.scheduler import PageOps, StepBatch
 from reference.types import SamplingParams, SplitKVPolicy
 
 from . import ops
@@ -106,7 +106,50 @@ class CudaRunner:
         self.use_graphs = use_graphs
         self.graphs: dict[tuple[int, int], dict] = {}
         self.pool = None
+        self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV (pinned)
+        self.record_logits = False
         self._mm_fp32 = self._probe_mm_out_dtype()
+
+    # ---------------------------------------------------------------- weights and pages
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy new weights into the existing tensors, so captured graphs stay valid."""
+        def put(dst: torch.Tensor, src: torch.Tensor) -> None:
+            dst.copy_(src.to(device=self.dev, dtype=dst.dtype))
+
+        put(self.embed, weights["model.embed_tokens.weight"])
+        if not self.cfg.tie_word_embeddings:
+            put(self.lm_head, weights["lm_head.weight"])
+        put(self.final_norm, weights["model.norm.weight"])
+        for i, L in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            for key, name in (("in_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
+                              ("wq", "self_attn.q_proj"), ("wk", "self_attn.k_proj"), ("wv", "self_attn.v_proj"),
+                              ("wo", "self_attn.o_proj"), ("q_norm", "self_attn.q_norm"),
+                              ("k_norm", "self_attn.k_norm"), ("wd", "mlp.down_proj")):
+                put(L[key], weights[p + name + ".weight"])
+            inter = self.cfg.intermediate_size
+            put(L["wgu"][:inter], weights[p + "mlp.gate_proj.weight"])
+            put(L["wgu"][inter:], weights[p + "mlp.up_proj.weight"])
+
+    def apply_ops(self, ops: PageOps) -> None:
+        """Swap out (to pinned host memory), swap in, drop host copies, copy-on-write: in that order."""
+        for sid, pages in ops.swap_out:
+            idx = torch.tensor(pages, device=self.dev)
+            self.host[sid] = ([k.index_select(0, idx).cpu() for k in self.k_cache],
+                              [v.index_select(0, idx).cpu() for v in self.v_cache])
+        for sid, pages in ops.swap_in:
+            idx = torch.tensor(pages, device=self.dev)
+            ks, vs = self.host.pop(sid)
+            for layer in range(len(self.k_cache)):
+                self.k_cache[layer].index_copy_(0, idx, ks[layer].to(self.dev))
+                self.v_cache[layer].index_copy_(0, idx, vs[layer].to(self.dev))
+        for sid in ops.swap_discard:
+            self.host.pop(sid, None)
+        if ops.page_copies:
+            src = torch.tensor([a for a, _ in ops.page_copies], device=self.dev)
+            dst = torch.tensor([b for _, b in ops.page_copies], device=self.dev)
+            for cache in self.k_cache + self.v_cache:
+                cache.index_copy_(0, dst, cache.index_select(0, src))
 
     # ---------------------------------------------------------------- pieces
     def _probe_mm_out_dtype(self) -> bool:
@@ -181,7 +224,7 @@ class CudaRunner:
         logits = self.logits(hidden.index_select(0, rows))                            # [S, V]
         ints, flts = _sampling_arrays(params, positions, len(params))
         toks, lps = ops.sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
-        return StepResult(toks.tolist(), lps.tolist(), None)
+        return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
 
     def _decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int]) -> StepResult:
         B = len(batch.seqs)
@@ -217,7 +260,8 @@ class CudaRunner:
             g["run"]()
         toks = g["toks"][:B].tolist()
         lps = g["lps"][:B].tolist()
-        return StepResult(toks, lps, split)
+        logits = g["logits"][:B].cpu() if self.record_logits else None
+        return StepResult(toks, lps, split, logits)
 
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         M = -(-max_len // self.block_size)
@@ -232,8 +276,9 @@ class CudaRunner:
 
         def run() -> None:
             hidden = self.forward(ids, pos, slots, tables, lens, None, split_size, max_splits)
-            toks, lps = ops.sample(self.logits(hidden), flts, ints)
-            out["toks"], out["lps"] = toks, lps
+            logits = self.logits(hidden)
+            toks, lps = ops.sample(logits, flts, ints)
+            out["toks"], out["lps"], out["logits"] = toks, lps, logits
 
         out["run"] = run
         if self.use_graphs:
