@@ -45,7 +45,7 @@ class OptimizedKernels:
         if max_splits is None:
             max_splits = max([attention.num_splits(n, split_size) for n in lens] + [1])
         return ops.split_kv_partials(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
-                                     self._i32(seq_lens), split_size, max_splits, scale)
+                                     self._i32(seq_lens), split_size, scale, max_splits)
 
     def split_kv_decode(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None):
         self._guard(k_cache, block_tables, seq_lens)
@@ -54,7 +54,7 @@ class OptimizedKernels:
         size = split_size if split_size is not None else max(lens + [1])
         max_splits = max([attention.num_splits(n, size) for n in lens] + [1])
         return ops.split_kv_decode(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
-                                   self._i32(seq_lens), size, max_splits, scale)
+                                   self._i32(seq_lens), size, scale, max_splits=max_splits)
 
     def merge_states(self, states: list[PartialState]):
         order = attention.ordered_states(states)

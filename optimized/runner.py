@@ -50,8 +50,8 @@ def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> N
 
 
 def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """int32 [6, n] (top_k, seed_lo, seed_hi, pos, mode, greedy) and float32 [2, n] (temperature, top_p)."""
-    ints = np.zeros((6, n), dtype=np.int64)
+    """int32 [5, n] (top_k, seed_lo, seed_hi, pos, mode) and float32 [2, n] (temperature, top_p)."""
+    ints = np.zeros((5, n), dtype=np.int64)
     flts = np.zeros((2, n), dtype=np.float32)
     flts[1] = 1.0
     for i, (sp, pos) in enumerate(zip(params, positions)):
@@ -63,6 +63,11 @@ def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int)
         flts[0, i] = sp.temperature
         flts[1, i] = sp.top_p
     return ints.astype(np.uint32).view(np.int32), flts
+
+
+def _sample(logits: torch.Tensor, flts: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.sample`` with the per-row parameters packed as ``flts [2, n]`` and ``ints [5, n]``."""
+    return ops.sample(logits, flts[0], ints[0], flts[1], ints[1], ints[2], ints[3], ints[4])
 
 
 class CudaRunner:
@@ -89,8 +94,9 @@ class CudaRunner:
             self.layers.append({
                 "in_norm": w(p + "input_layernorm.weight"),
                 "post_norm": w(p + "post_attention_layernorm.weight"),
-                "wq": w(p + "self_attn.q_proj.weight"), "wk": w(p + "self_attn.k_proj.weight"),
-                "wv": w(p + "self_attn.v_proj.weight"), "wo": w(p + "self_attn.o_proj.weight"),
+                "wqkv": torch.cat([w(p + "self_attn.q_proj.weight"), w(p + "self_attn.k_proj.weight"),
+                                   w(p + "self_attn.v_proj.weight")], 0).contiguous(),   # one GEMM for q, k, v
+                "wo": w(p + "self_attn.o_proj.weight"),
                 "q_norm": w(p + "self_attn.q_norm.weight"), "k_norm": w(p + "self_attn.k_norm.weight"),
                 "wgu": torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")], 0).contiguous(),
                 "wd": w(p + "mlp.down_proj.weight"),
@@ -123,10 +129,14 @@ class CudaRunner:
         for i, L in enumerate(self.layers):
             p = f"model.layers.{i}."
             for key, name in (("in_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
-                              ("wq", "self_attn.q_proj"), ("wk", "self_attn.k_proj"), ("wv", "self_attn.v_proj"),
                               ("wo", "self_attn.o_proj"), ("q_norm", "self_attn.q_norm"),
                               ("k_norm", "self_attn.k_norm"), ("wd", "mlp.down_proj")):
                 put(L[key], weights[p + name + ".weight"])
+            nq = self.cfg.num_attention_heads * self.cfg.head_dim
+            nkv = self.cfg.num_key_value_heads * self.cfg.head_dim
+            put(L["wqkv"][:nq], weights[p + "self_attn.q_proj.weight"])
+            put(L["wqkv"][nq:nq + nkv], weights[p + "self_attn.k_proj.weight"])
+            put(L["wqkv"][nq + nkv:], weights[p + "self_attn.v_proj.weight"])
             inter = self.cfg.intermediate_size
             put(L["wgu"][:inter], weights[p + "mlp.gate_proj.weight"])
             put(L["wgu"][inter:], weights[p + "mlp.up_proj.weight"])
@@ -175,16 +185,17 @@ class CudaRunner:
         residual = ops.embedding(ids, self.embed)                                     # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
-            q = torch.matmul(h, L["wq"].t()).view(T, nq, D)                           # [T, n_q, D]
-            k = torch.matmul(h, L["wk"].t()).view(T, nkv, D)                          # [T, n_kv, D]
-            v = torch.matmul(h, L["wv"].t()).view(T, nkv, D)                          # [T, n_kv, D]
-            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], pos, self.cos, self.sin, eps)
+            qkv = torch.matmul(h, L["wqkv"].t())                                      # [T, (n_q + 2 n_kv) D]
+            q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
+            k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
+            v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
+            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps)
             ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slots)
             if qidx is not None:
                 o = ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale)
             else:
                 o = ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens,
-                                        decode_split, max_splits, self.scale)
+                                        decode_split, self.scale, max_splits=max_splits)
             attn = torch.matmul(o.view(T, nq * D), L["wo"].t())                        # [T, H]
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
             a = ops.silu_mul(torch.matmul(h, L["wgu"].t()))                            # [T, I]
@@ -223,7 +234,7 @@ class CudaRunner:
         rows = self._upload(batch.sample_rows, torch.int64)
         logits = self.logits(hidden.index_select(0, rows))                            # [S, V]
         ints, flts = _sampling_arrays(params, positions, len(params))
-        toks, lps = ops.sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
+        toks, lps = _sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
         return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
 
     def _decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int]) -> StepResult:
@@ -237,7 +248,7 @@ class CudaRunner:
         if g is None:
             g = self._capture(bucket, max_len, split, max_splits)
             self.graphs[key] = g
-        # one packed int32 upload: ids | pos | slots | lens | ints(6) | flts(2, as bits) | tables
+        # one packed int32 upload: ids | pos | slots | lens | ints(5) | flts(2, as bits) | tables
         M = g["M"]
         host = g["host"]
         host[:] = 0
@@ -248,11 +259,11 @@ class CudaRunner:
         host[2 * n:2 * n + B] = batch.slot_mapping
         host[3 * n:3 * n + B] = batch.seq_lens
         ints, flts = _sampling_arrays(params, positions, n)
-        host[4 * n:10 * n] = ints.reshape(-1)
-        host[10 * n:12 * n] = flts.reshape(-1).view(np.int32)
+        host[4 * n:9 * n] = ints.reshape(-1)
+        host[9 * n:11 * n] = flts.reshape(-1).view(np.int32)
         tab = np.full((n, M), -1, dtype=np.int32)
         tab[:B, :batch.block_tables.shape[1]] = batch.block_tables
-        host[12 * n:] = tab.reshape(-1)
+        host[11 * n:] = tab.reshape(-1)
         g["dev"].copy_(g["host_t"], non_blocking=True)
         if self.use_graphs:
             g["graph"].replay()
@@ -265,19 +276,19 @@ class CudaRunner:
 
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         M = -(-max_len // self.block_size)
-        host_t = torch.zeros(12 * n + n * M, dtype=torch.int32).pin_memory()
+        host_t = torch.zeros(11 * n + n * M, dtype=torch.int32).pin_memory()
         dev = torch.zeros_like(host_t, device=self.dev)
         ids, pos, slots, lens = (dev[i * n:(i + 1) * n] for i in range(4))
-        ints = dev[4 * n:10 * n].view(6, n)
-        flts = dev[10 * n:12 * n].view(torch.float32).view(2, n)
-        tables = dev[12 * n:].view(n, M)
+        ints = dev[4 * n:9 * n].view(5, n)
+        flts = dev[9 * n:11 * n].view(torch.float32).view(2, n)
+        tables = dev[11 * n:].view(n, M)
         out: dict = {"host_t": host_t, "host": host_t.numpy(), "dev": dev, "M": M}
         split_size = split if split is not None else max_len
 
         def run() -> None:
             hidden = self.forward(ids, pos, slots, tables, lens, None, split_size, max_splits)
             logits = self.logits(hidden)
-            toks, lps = ops.sample(logits, flts, ints)
+            toks, lps = _sample(logits, flts, ints)
             out["toks"], out["lps"], out["logits"] = toks, lps, logits
 
         out["run"] = run
