@@ -89,9 +89,15 @@ def load_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{path} holds no *.safetensors")
+    missing = [f for f in files if not (path / f).is_file()]
+    if missing:
+        raise ConfigError(f"{path}: shard(s) listed but absent: {', '.join(missing)}")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
-        weights |= load_file(str(path / f))
+        try:
+            weights |= load_file(str(path / f))
+        except Exception as e:   # safetensors raises its own error types on a damaged file
+            raise ConfigError(f"{path / f}: cannot read safetensors ({e})") from None
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     check_weights(cfg, weights)
