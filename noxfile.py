@@ -14,7 +14,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests", "conformance", "kernels", "docs", "lint"]
+nox.options.sessions = ["tests", "conformance", "kernels", "benches-cpu", "docs", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = os.environ.get("TURNKV_TORCH", "torch==2.13.0")
@@ -71,6 +71,17 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def benches(session: nox.Session) -> None:
-    """GPU benchmarks (pytest-benchmark); results land under benches/results/."""
+    """GPU benchmarks (pytest-benchmark); results land under benches/results/.
+
+    On a GPU machine set ``TURNKV_TORCH`` to the torch you want (or run ``bash benches/run_gpu.sh``
+    with the machine's own Python)."""
     _install(session, "bench")
-    session.run("pytest", "benches", "-q", *session.posargs)
+    session.run("pytest", "benches", "-q", "--bench-scale", "gpu", *session.posargs)
+
+
+@nox.session(name="benches-cpu")
+def benches_cpu(session: nox.Session) -> None:
+    """The bench harness at CPU scale (tiny model, reference engine): checks, JSON, table and plot."""
+    _install(session, "bench")
+    session.run("pytest", "benches", "-q", "--bench-scale", "cpu", "--bench-out",
+                f"{session.create_tmp()}/bench", *session.posargs)

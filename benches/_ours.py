@@ -1,0 +1,90 @@
+"""The kernels under test, one adapter per entry point: ``optimized.ops`` (our CUDA kernels
+through CuPy) on the GPU scale, the reference's torch math on the CPU scale. Every signature
+that depends on ``optimized/ops.py`` lives here."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from _bench import Scale
+from reference import attention
+from reference.attention import split_size_for
+
+
+def split_for(policy: str, B: int, ctx: int, n_kv: int) -> int:
+    """Split size of a decode over ``B`` sequences of ``ctx`` keys under ``policy`` (``fixed:N`` | ``auto``)."""
+    kind, _, n = policy.partition(":")
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if torch.cuda.is_available() else 132
+    size = split_size_for(kind, int(n or 0), [ctx] * B, n_kv, num_sms=sms)
+    return size if size is not None else ctx
+
+
+def decode(scale: Scale, policy: str, q, k_cache, v_cache, tables, lens, ctx: int, sm_scale: float):
+    """Closure: split-KV decode of ``q [B, n_q, D]`` (the engine's decode attention)."""
+    B, n_kv = q.shape[0], k_cache.shape[2]
+    split = split_for(policy, B, ctx, n_kv)
+    max_splits = math.ceil(ctx / split)
+    if scale.gpu:
+        from optimized import ops
+        return lambda: ops.split_kv_decode(q, k_cache, v_cache, tables, lens, split, sm_scale, max_splits=max_splits)
+    t, sl = tables.long(), lens.long()
+    return lambda: attention.split_kv_decode(q, k_cache, v_cache, t, sl, split, sm_scale)
+
+
+def prefill(scale: Scale, q, k_cache, v_cache, tables, lens, q_seq_idx, q_pos, sm_scale: float):
+    """Closure: paged continued prefill of ``q [T, n_q, D]``."""
+    if scale.gpu:
+        from optimized import ops
+        return lambda: ops.paged_prefill(q, k_cache, v_cache, tables, lens, q_seq_idx, q_pos, sm_scale)
+    t, sl, qi, qp = tables.long(), lens.long(), q_seq_idx.long(), q_pos.long()
+    return lambda: attention.paged_prefill(q, k_cache, v_cache, t, sl, qi, qp, sm_scale)
+
+
+def rmsnorm(scale: Scale, x, w, eps: float):
+    if scale.gpu:
+        from optimized import ops
+        return lambda: ops.rmsnorm(x, w, eps)
+    from reference.model import rms_norm
+    return lambda: rms_norm(x, w, eps)
+
+
+def add_rmsnorm(scale: Scale, x, residual, w, eps: float):
+    """Closure: ``residual += x`` in place, returns ``rmsnorm(residual)``."""
+    if scale.gpu:
+        from optimized import ops
+        return lambda: ops.add_rmsnorm(x, residual, w, eps)
+    from reference.model import rms_norm
+
+    def run():
+        residual.add_(x)
+        return rms_norm(residual, w, eps)
+    return run
+
+
+def qk_norm_rope(scale: Scale, q, k, qw, kw, cos_half, sin_half, positions, eps: float):
+    """Closure: per-head RMSNorm then rotate-half RoPE of ``q`` and ``k``, in place."""
+    if scale.gpu:
+        from optimized import ops
+        return lambda: ops.qk_norm_rope(q, k, qw, kw, cos_half, sin_half, positions, eps)
+    from reference.model import apply_rope, rms_norm
+    cos = torch.cat([cos_half, cos_half], -1)
+    sin = torch.cat([sin_half, sin_half], -1)
+
+    def run():
+        c, s_ = cos[positions.long()], sin[positions.long()]
+        q.copy_(apply_rope(rms_norm(q, qw, eps), c, s_))
+        k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_))
+    return run
+
+
+def sample(scale: Scale, logits, params, positions):
+    """Closure: one token (and its logprob) per row of float32 ``logits [B, V]``."""
+    if scale.gpu:
+        from optimized import ops
+        packed = ops.pack_sampling_params(params, positions, logits.device)
+        return lambda: ops.sample(logits, **packed)
+    from reference.sampling import sample_batch
+    return lambda: sample_batch(logits, params, positions)

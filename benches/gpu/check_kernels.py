@@ -1,0 +1,624 @@
+#!/usr/bin/env python
+"""GPU self-check of the optimized engine's CUDA kernels against their reference twins.
+
+    python benches/gpu/check_kernels.py [--seed N] [--time] [--only SECTION ...]
+
+Every op of ``optimized/ops.py`` runs on random inputs (a fresh seed each run, printed; ``--seed``
+replays one) and is compared with its twin in ``reference/`` run in fp32 on the CPU on the same
+bf16-rounded inputs. Floating-point outputs obey the flash-attention rule:
+
+    error(ours vs fp32 reference) <= 2 x error(bf16 torch run of the same math vs fp32 reference)
+                                     + one bf16 rounding step (2^-8 x the reference's magnitude)
+
+checked on the max and on the mean of the absolute error (both printed before the verdict).
+Attention caches hold NaN in every slot no sequence owns (unused pages, and the tail of last
+pages), and padding query rows hold NaN too: a kernel that reads or multiplies one fails.
+Sampling: greedy tokens must be equal; sampled tokens must equal ``reference.sampling.sample_one``
+on >= 95% of rows (share printed); logprobs within 1e-3 where the tokens agree.
+
+Every check runs (no stop at the first failure); a summary table follows; the exit status is
+non-zero if any check failed. ``--time`` also times split-KV decode and paged prefill with CUDA
+events after warm-up (GB/s of K/V read; TFLOP/s of causal attention) next to torch SDPA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from reference import attention as ref_attn  # noqa: E402
+from reference import model as ref_model  # noqa: E402
+from reference import sampling as ref_samp  # noqa: E402
+from reference.types import SamplingParams  # noqa: E402
+
+from optimized import kernels, ops  # noqa: E402
+
+STEP = 2.0 ** -8  # one bf16 rounding step, relative
+
+
+# --------------------------------------------------------------------------------------
+# bookkeeping
+# --------------------------------------------------------------------------------------
+
+class Checks:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, bool, str]] = []
+
+    def record(self, section: str, case: str, ok: bool, detail: str) -> None:
+        self.rows.append((section, case, ok, detail))
+        print(f"  [{'ok' if ok else 'FAIL'}] {section} / {case}: {detail}", flush=True)
+
+    def run(self, section: str, case: str, fn) -> None:
+        """``fn`` returns a list of (ok, detail) pairs; an exception is one failure."""
+        try:
+            for ok, detail in fn():
+                self.record(section, case, bool(ok), detail)
+        except Exception as e:  # noqa: BLE001 -- collect every failure
+            traceback.print_exc()
+            self.record(section, case, False, f"exception: {type(e).__name__}: {e}")
+
+    def summary(self) -> int:
+        print("\n" + "=" * 100)
+        print(f"{'section':<16} {'case':<44} {'result':<6} detail")
+        print("-" * 100)
+        for section, case, ok, detail in self.rows:
+            print(f"{section:<16} {case[:44]:<44} {'ok' if ok else 'FAIL':<6} {detail[:120]}")
+        failed = sum(1 for r in self.rows if not r[2])
+        print("-" * 100)
+        print(f"{len(self.rows) - failed} passed, {failed} failed")
+        return 1 if failed else 0
+
+
+def fa_rule(name: str, ours: torch.Tensor, ref32: torch.Tensor, refbf: torch.Tensor,
+            mask: torch.Tensor | None = None) -> list[tuple[bool, str]]:
+    """The flash-attention rule on max and mean abs error; also requires finite output."""
+    o = ours.detach().double().cpu()
+    r = ref32.detach().double().cpu()
+    b = refbf.detach().double().cpu()
+    if mask is not None:
+        m = mask.cpu()
+        o, r, b = o[m], r[m], b[m]
+    finite = bool(torch.isfinite(o).all())
+    if o.numel() == 0:
+        return [(True, f"{name}: empty")]
+    e, eb = (o - r).abs(), (b - r).abs()
+    mag_max, mag_mean = float(r.abs().max()), float(r.abs().mean())
+    emax, emean = float(e.max()), float(e.mean())
+    bmax, bmean = float(eb.max()), float(eb.mean())
+    tmax, tmean = 2 * bmax + STEP * mag_max, 2 * bmean + STEP * mag_mean
+    detail = (f"{name}: max {emax:.3e} (bf16 run {bmax:.3e}, bound {tmax:.3e}) "
+              f"mean {emean:.3e} (bf16 run {bmean:.3e}, bound {tmean:.3e})" + ("" if finite else " NON-FINITE"))
+    print(f"    {detail}")
+    return [(finite and emax <= tmax and emean <= tmean, detail)]
+
+
+def exact(name: str, ours: torch.Tensor, ref: torch.Tensor) -> list[tuple[bool, str]]:
+    o, r = ours.detach().cpu(), ref.detach().cpu()
+    if o.dtype == torch.bfloat16:
+        o, r = o.view(torch.int16), r.view(torch.int16)
+    same = bool(torch.equal(o, r))
+    bad = int((o != r).sum()) if o.shape == r.shape else -1
+    return [(same, f"{name}: {'bitwise equal' if same else f'{bad} elements differ'}")]
+
+
+def bf16_agreement(ours: torch.Tensor, refbf: torch.Tensor) -> str:
+    a = ours.detach().cpu().view(torch.int16)
+    b = refbf.detach().cpu().to(torch.bfloat16).view(torch.int16)
+    return f"bitwise-equal share vs torch bf16 run {float((a == b).double().mean()):.4f}"
+
+
+# --------------------------------------------------------------------------------------
+# paged caches
+# --------------------------------------------------------------------------------------
+
+def build_paged(lens: list[int], bs: int, n_kv: int, D: int, gen: torch.Generator, dev: torch.device,
+                extra_pages: int = 5):
+    """bf16 caches with NaN in every slot no sequence owns; random page order; int32 tables."""
+    need = [-(-L // bs) for L in lens]
+    num_blocks = sum(need) + extra_pages
+    perm = torch.randperm(num_blocks, generator=gen)
+    M = max(need + [1]) + 1
+    bt = torch.full((len(lens), M), -1, dtype=torch.int32)
+    valid = torch.zeros(num_blocks, bs, dtype=torch.bool)
+    off = 0
+    for b, (L, n) in enumerate(zip(lens, need)):
+        pages = perm[off:off + n]
+        off += n
+        bt[b, :n] = pages.to(torch.int32)
+        for j, pg in enumerate(pages.tolist()):
+            valid[pg, : min(bs, L - j * bs)] = True
+    k = (torch.randn(num_blocks, bs, n_kv, D, generator=gen) + 0.1).to(torch.bfloat16)
+    v = (torch.randn(num_blocks, bs, n_kv, D, generator=gen) + 0.1).to(torch.bfloat16)
+    k[~valid] = float("nan")
+    v[~valid] = float("nan")
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return k.to(dev), v.to(dev), bt.to(dev), seq_lens.to(dev)
+
+
+def gather_dev(cache: torch.Tensor, row: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    bs = cache.shape[1]
+    pos = torch.arange(start, end, device=cache.device)
+    pages = row.long()[pos // bs]
+    return cache[pages, pos % bs]
+
+
+def dense_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qpos: torch.Tensor, scale: float) -> torch.Tensor:
+    """The bf16 torch run: bf16 matmuls, fp32 softmax rounded to bf16. q [t, n_q, D], k/v [L, n_kv, D]."""
+    n_q = q.shape[1]
+    g = n_q // k.shape[1]
+    kk = k.repeat_interleave(g, dim=1)
+    vv = v.repeat_interleave(g, dim=1)
+    s = torch.einsum("thd,lhd->htl", q, kk) * scale                      # bf16
+    vis = torch.arange(k.shape[0], device=q.device)[None, :] <= qpos[:, None]
+    s = torch.where(vis[None], s, torch.full_like(s, float("-inf")))
+    p = torch.softmax(s.float(), dim=-1)
+    p = torch.where(vis[None], p, torch.zeros_like(p)).to(torch.bfloat16)
+    return torch.einsum("htl,lhd->thd", p, vv)                          # bf16
+
+
+# --------------------------------------------------------------------------------------
+# attention checks
+# --------------------------------------------------------------------------------------
+
+def check_prefill(C: Checks, dev, gen) -> None:
+    # (name, D, n_q, n_kv, block_size, [(seq_len, new_tokens, padding_rows_after_chunk)], interleave)
+    cases = [
+        ("d128 gqa4 bs16 empty prefix", 128, 32, 8, 16, [(100, 100, 0)], False),
+        ("d128 gqa8 bs32 long prefix", 128, 64, 8, 32, [(3000, 70, 2)], False),
+        ("d64 gqa2 bs16 several seqs+pad", 64, 16, 8, 16,
+         [(1, 1, 3), (16, 16, 0), (17, 5, 1), (33, 33, 4), (64, 2, 0), (65, 65, 7), (200, 37, 2)], False),
+        ("d32 gqa1 bs32 block boundaries", 32, 4, 4, 32, [(32, 32, 0), (64, 32, 1), (31, 31, 0), (33, 2, 5)], False),
+        ("d128 gqa5 bs16 (qwen3-14b)", 128, 40, 8, 16, [(130, 130, 0), (257, 20, 3)], False),
+        ("d64 gqa16 bs32", 64, 32, 2, 32, [(90, 90, 1), (40, 9, 0)], False),
+        ("d128 gqa1 bs16", 128, 8, 8, 16, [(77, 77, 0), (160, 33, 1)], False),
+        ("d64 gqa4 interleaved rows", 64, 16, 4, 16, [(50, 12, 0), (70, 12, 0), (20, 12, 0)], True),
+        ("d128 gqa4 bs32 4097", 128, 32, 8, 32, [(4097, 129, 3)], False),
+    ]
+    for name, D, n_q, n_kv, bs, seqs, interleave in cases:
+        def run(name=name, D=D, n_q=n_q, n_kv=n_kv, bs=bs, seqs=seqs, interleave=interleave):
+            lens = [s[0] for s in seqs]
+            kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+            seq_idx, pos = [], []
+            for b, (L, new, pad) in enumerate(seqs):
+                seq_idx += [b] * new + [b if i % 2 else -1 for i in range(pad)]
+                pos += list(range(L - new, L)) + [-1] * pad
+            if interleave:
+                order = torch.randperm(len(pos), generator=gen).tolist()
+                seq_idx = [seq_idx[i] for i in order]
+                pos = [pos[i] for i in order]
+            T = len(pos)
+            qi = torch.tensor(seq_idx, dtype=torch.int32, device=dev)
+            qp = torch.tensor(pos, dtype=torch.int32, device=dev)
+            q = torch.randn(T, n_q, D, generator=gen).to(torch.bfloat16)
+            q[torch.tensor(pos) < 0] = float("nan")  # padding rows must not be read
+            q = q.to(dev)
+            scale = D ** -0.5
+            outs = {v: ops.paged_prefill(q, kc, vc, bt, sl, qi, qp, scale, variant=v)
+                    for v in getattr(ops, "PREFILL_VARIANTS", {}).get(D, {"default": None})}
+            torch.cuda.synchronize()
+            ref32 = ref_attn.paged_prefill(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), bt.long().cpu(),
+                                           sl.long().cpu(), qi.long().cpu(), qp.long().cpu(), scale)
+            refbf = torch.zeros(T, n_q, D, dtype=torch.bfloat16, device=dev)
+            for b, L in enumerate(lens):
+                rows = torch.nonzero((qi == b) & (qp >= 0)).flatten()
+                if rows.numel() == 0:
+                    continue
+                Lb = int(qp[rows].max()) + 1
+                refbf[rows] = dense_bf16(q[rows], gather_dev(kc, bt[b], 0, Lb), gather_dev(vc, bt[b], 0, Lb),
+                                         qp[rows], scale)
+            real = (qp >= 0).cpu()
+            res = []
+            for v, out in outs.items():
+                res += fa_rule(f"out[{v}]", out, ref32, refbf, real[:, None, None].expand(T, n_q, D))
+                pad_zero = bool((out[~real.to(dev)] == 0).all())
+                res.append((pad_zero, f"[{v}] padding rows zero: {pad_zero}"))
+            return res
+        C.run("paged_prefill", name, run)
+
+
+def check_split_kv(C: Checks, dev, gen) -> None:
+    lens = [1, 15, 16, 17, 4097]
+    configs = [
+        ("d128 gqa4 bs16", 128, 32, 8, 16, [1, 7, 16, 64, 1000]),
+        ("d64 gqa2 bs32", 64, 16, 8, 32, [7, 16, 64, 1000]),
+        ("d32 gqa1 bs16", 32, 4, 4, 16, [1, 16, 1000]),
+        ("d128 gqa8 bs32", 128, 64, 8, 32, [16, 64, 1000]),
+        ("d128 gqa5 bs16", 128, 40, 8, 16, [64]),
+        ("d64 gqa32 bs16 (2 head groups)", 64, 32, 1, 16, [64, 7]),
+    ]
+    for name, D, n_q, n_kv, bs, splits in configs:
+        kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+        B = len(lens)
+        q = (torch.randn(B, n_q, D, generator=gen) + 0.05).to(torch.bfloat16).to(dev)
+        scale = D ** -0.5
+        qc, kcc, vcc, btc, slc = q.float().cpu(), kc.float().cpu(), vc.float().cpu(), bt.long().cpu(), sl.long().cpu()
+        ref32 = ref_attn.split_kv_decode(qc, kcc, vcc, btc, slc, None, scale)  # unsplit fp32
+        refbf = torch.stack([dense_bf16(q[b:b + 1], gather_dev(kc, bt[b], 0, L), gather_dev(vc, bt[b], 0, L),
+                                        torch.tensor([L - 1], device=dev), scale)[0] for b, L in enumerate(lens)])
+        for S in splits:
+            def run(S=S, D=D, n_q=n_q):
+                res = []
+                o_part, lse_part = ops.split_kv_partials(q, kc, vc, bt, sl, S, scale)
+                out = ops.split_kv_reduce(o_part, lse_part)
+                out2 = ops.split_kv_decode(q, kc, vc, bt, sl, S, scale)
+                torch.cuda.synchronize()
+                res += fa_rule(f"S={S} decode vs unsplit", out, ref32, refbf)
+                res += exact("split_kv_decode == partials+reduce", out2, out)
+                # empty splits: o = 0 and lse = -inf exactly; no NaN anywhere
+                nsp = torch.tensor([-(-L // S) for L in lens])
+                idx = torch.arange(o_part.shape[1])
+                empty = (idx[None, :] >= nsp[:, None]).to(dev)  # [B, S]
+                lp, op_ = lse_part.cpu(), o_part.cpu()
+                emp = empty.cpu()
+                ok_empty = bool((lp[emp] == float("-inf")).all()) and bool((op_[emp] == 0).all())
+                res.append((ok_empty, f"{int(emp.sum())} empty split slots: o=0, lse=-inf: {ok_empty}"))
+                nonfinite = int((~torch.isfinite(op_)).sum())
+                res.append((nonfinite == 0, f"o_part non-finite entries: {nonfinite}"))
+                if S >= 16 or max(lens) <= 100:
+                    ro, rl = ref_attn.split_kv_partials(qc, kcc, vcc, btc, slc, S, scale, max_splits=o_part.shape[1])
+                    fin = torch.isfinite(rl)
+                    lerr = float((lp[fin] - rl[fin]).abs().max()) if fin.any() else 0.0
+                    oerr = float((op_ - ro).abs().max())
+                    same_inf = bool(torch.equal(torch.isfinite(lp), fin))
+                    ok = same_inf and lerr <= 2e-2 and oerr <= 2e-2 * max(1.0, float(ro.abs().max()))
+                    res.append((ok, f"partials vs reference: lse max err {lerr:.2e}, o max err {oerr:.2e}, "
+                                    f"empty pattern equal {same_inf}"))
+                # reduce alone vs reference reduce_splits on our partials (same fp32 inputs)
+                rr, rlse = ref_attn.reduce_splits(op_, lp)
+                lse_out = torch.empty(q.shape[0], n_q, dtype=torch.float32, device=dev)
+                out3 = ops.split_kv_reduce(o_part, lse_part, lse_out=lse_out)
+                err = float((out3.float().cpu() - rr).abs().max())
+                bound = STEP * float(rr.abs().max())
+                lerr = float((lse_out.cpu() - rlse).abs().max())
+                res.append((err <= bound and lerr <= 1e-4,
+                            f"reduce vs reduce_splits: o max err {err:.2e} (bound {bound:.2e}), lse {lerr:.2e}"))
+                return res
+            C.run("split_kv", f"{name} S={S}", run)
+
+
+def check_merge(C: Checks, dev, gen) -> None:
+    def run():
+        N, R, D = 6, 37, 128
+        o = torch.randn(N, R, D, generator=gen)
+        lse = torch.randn(N, R, generator=gen) * 4
+        lse[1, :] = float("-inf")          # an empty state
+        lse[:, 5] = float("-inf")          # a row empty in every state
+        lse[0, 7:12] = float("-inf")       # empty first states
+        o[lse == float("-inf")] = 0.0
+        states = [ref_attn.PartialState(o[i], lse[i], i) for i in range(N)]
+        ro, rl = ref_attn.merge_states(states)
+        mo, ml = ops.merge_states(o.to(dev), lse.to(dev))
+        torch.cuda.synchronize()
+        oerr = float((mo.cpu() - ro).abs().max())
+        fin = torch.isfinite(rl)
+        lerr = float((ml.cpu()[fin] - rl[fin]).abs().max())
+        inf_ok = bool(torch.equal(torch.isfinite(ml.cpu()), fin)) and bool((mo.cpu()[~fin] == 0).all())
+        return [(oerr <= 1e-5 and lerr <= 1e-5 and inf_ok,
+                 f"o max err {oerr:.2e}, lse max err {lerr:.2e}, empty rows -> o=0/lse=-inf: {inf_ok}")]
+    C.run("merge_states", "N=6 R=37 D=128 with empty states", run)
+
+
+# --------------------------------------------------------------------------------------
+# elementwise / norm checks
+# --------------------------------------------------------------------------------------
+
+def check_elementwise(C: Checks, dev, gen) -> None:
+    eps = 1e-6
+
+    def rms32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x = x.double()
+        return (w.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def run_rms():
+        res = []
+        for T, H in ((37, 4096), (5, 1024), (3, 5120), (1, 64)):
+            x = (torch.randn(T, H, generator=gen) * 2 + 0.1).to(torch.bfloat16)
+            w = (torch.rand(H, generator=gen) + 0.5).to(torch.bfloat16)
+            ours = ops.rmsnorm(x.to(dev), w.to(dev), eps)
+            refbf = ref_model.rms_norm(x, w, eps)
+            res += fa_rule(f"rmsnorm T={T} H={H}", ours, rms32(x, w), refbf)
+            res[-1] = (res[-1][0], res[-1][1] + "; " + bf16_agreement(ours, refbf))
+        return res
+
+    def run_add_rms():
+        res = []
+        for T, H in ((19, 4096), (2, 1024)):
+            x = (torch.randn(T, H, generator=gen) + 0.1).to(torch.bfloat16)
+            r = (torch.randn(T, H, generator=gen) * 3).to(torch.bfloat16)
+            w = (torch.rand(H, generator=gen) + 0.5).to(torch.bfloat16)
+            new_r = r + x  # bf16 add, one rounding (computed before the in-place op)
+            rd = r.clone().to(dev)
+            ours = ops.add_rmsnorm(x.to(dev), rd, w.to(dev), eps)
+            res += exact(f"add_rmsnorm residual T={T}", rd, new_r)
+            res += fa_rule(f"add_rmsnorm T={T} H={H}", ours, rms32(new_r, w), ref_model.rms_norm(new_r, w, eps))
+        return res
+
+    def run_rope():
+        res = []
+        theta = 1e6
+        for T, n_q, n_kv, D in ((23, 32, 8, 128), (4, 4, 2, 64), (3, 4, 4, 32)):
+            max_pos = 5000
+            positions = torch.randint(0, max_pos, (T,), generator=gen)
+            cos_full, sin_full = ref_model.rope_cos_sin(torch.arange(max_pos), D, theta)  # [max_pos, D]
+            cos_t, sin_t = cos_full[:, : D // 2].contiguous(), sin_full[:, : D // 2].contiguous()
+            q = (torch.randn(T, n_q, D, generator=gen) * 2).to(torch.bfloat16)
+            k = (torch.randn(T, n_kv, D, generator=gen) * 2).to(torch.bfloat16)
+            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16)
+            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16)
+            # q and k as column slices of one fused buffer (row strides), like a qkv projection output
+            fused = torch.empty(T, (n_q + 2 * n_kv) * D, dtype=torch.bfloat16, device=dev)
+            fused[:, : n_q * D] = q.view(T, -1).to(dev)
+            fused[:, n_q * D:(n_q + n_kv) * D] = k.view(T, -1).to(dev)
+            qd = fused[:, : n_q * D].view(T, n_q, D)
+            kd = fused[:, n_q * D:(n_q + n_kv) * D].view(T, n_kv, D)
+            ops.qk_norm_rope(qd, kd, qw.to(dev), kw.to(dev), cos_t.to(dev), sin_t.to(dev),
+                             positions.to(torch.int32).to(dev), eps)
+            cos, sin = ref_model.rope_cos_sin(positions, D, theta)
+            for name, x, w, ours in (("q", q, qw, qd), ("k", k, kw, kd)):
+                refbf = ref_model.apply_rope(ref_model.rms_norm(x, w, eps), cos, sin)
+                x32 = x.double()
+                n32 = w.double() * x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+                half = D // 2
+                rot = torch.cat([-n32[..., half:], n32[..., :half]], dim=-1)
+                ref32 = n32 * cos.double()[:, None, :] + rot * sin.double()[:, None, :]
+                r = fa_rule(f"qk_norm_rope {name} T={T} D={D}", ours, ref32, refbf)
+                res.append((r[0][0], r[0][1] + "; " + bf16_agreement(ours, refbf)))
+        return res
+
+    def run_silu():
+        res = []
+        for T, I in ((17, 12288), (3, 64)):
+            x = (torch.randn(T, 2 * I, generator=gen) * 2).to(torch.bfloat16)
+            ours = ops.silu_mul(x.to(dev))
+            g, u = x[:, :I], x[:, I:]
+            ref32 = torch.nn.functional.silu(g.double()) * u.double()
+            refbf = torch.nn.functional.silu(g) * u
+            res += fa_rule(f"silu_mul T={T} I={I}", ours, ref32, refbf)
+        return res
+
+    def run_embed():
+        V, H, T = 1000, 256, 33
+        table = torch.randn(V, H, generator=gen).to(torch.bfloat16)
+        ids = torch.randint(0, V, (T,), generator=gen).to(torch.int32)
+        ours = ops.embedding(ids.to(dev), table.to(dev))
+        return exact("embedding", ours, table[ids.long()])
+
+    def run_store():
+        res = []
+        for n_kv, D, bs in ((8, 128, 16), (2, 64, 32)):
+            T, nb = 29, 6
+            kc = torch.full((nb, bs, n_kv, D), float("nan"), dtype=torch.bfloat16)
+            vc = kc.clone()
+            slots = torch.randperm(nb * bs, generator=gen)[:T].to(torch.int32)
+            slots[3] = -1
+            slots[10] = -1
+            fused = (torch.randn(T, 3 * n_kv * D, generator=gen)).to(torch.bfloat16)
+            k = fused[:, n_kv * D: 2 * n_kv * D].view(T, n_kv, D)
+            v = fused[:, 2 * n_kv * D:].view(T, n_kv, D)
+            kcd, vcd, fd = kc.to(dev), vc.to(dev), fused.to(dev)
+            ops.store_kvcache(fd[:, n_kv * D: 2 * n_kv * D].view(T, n_kv, D), fd[:, 2 * n_kv * D:].view(T, n_kv, D),
+                              kcd, vcd, slots.to(dev))
+            keep = slots >= 0
+            s = slots[keep].long()
+            kc[s // bs, s % bs] = k[keep]
+            vc[s // bs, s % bs] = v[keep]
+            res += exact(f"store_kvcache k n_kv={n_kv} D={D}", kcd, kc)
+            res += exact(f"store_kvcache v n_kv={n_kv} D={D}", vcd, vc)
+        return res
+
+    C.run("rmsnorm", "rmsnorm", run_rms)
+    C.run("rmsnorm", "add_rmsnorm", run_add_rms)
+    C.run("rope", "qk_norm_rope (strided q/k)", run_rope)
+    C.run("activation", "silu_mul", run_silu)
+    C.run("embedding", "embedding", run_embed)
+    C.run("kv_cache", "store_kvcache (strided k/v, -1 slots)", run_store)
+
+
+# --------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------
+
+def check_sampling(C: Checks, dev, gen) -> None:
+    def rows_for(V: int, n: int, ties: bool) -> torch.Tensor:
+        scale = torch.tensor([1.0, 3.0, 8.0])[torch.randint(0, 3, (n,), generator=gen)]
+        x = torch.randn(n, V, generator=gen) * scale[:, None]
+        if ties:
+            x = torch.round(x * 2) / 2
+        return x
+
+    settings = [  # (temperature, top_k, top_p)
+        (0.7, 50, 0.9), (1.0, 0, 1.0), (1.3, 0, 0.95), (0.8, 20, 1.0), (1.0, 1, 1.0), (0.6, 100000, 0.5),
+        (1.0, 0, 0.8), (2.0, 5, 0.99),
+    ]
+
+    def run_case(V: int, n_rows: int, ties: bool, greedy: bool):
+        logits = rows_for(V, n_rows, ties)
+        params, positions = [], []
+        for i in range(n_rows):
+            seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 3 + i
+            mode = "processed" if i % 2 else "raw"
+            if greedy:
+                sp = SamplingParams(temperature=0.0, seed=seed, logprobs_mode=mode)
+            else:
+                t, k, p = settings[i % len(settings)]
+                sp = SamplingParams(temperature=t, top_k=k, top_p=p, seed=seed, logprobs_mode=mode)
+            params.append(sp)
+            positions.append(int(torch.randint(0, 100000, (1,), generator=gen)))
+        pk = ops.pack_sampling_params(params, positions, dev)
+        toks, lps = ops.sample(logits.to(dev), **pk)
+        torch.cuda.synchronize()
+        toks, lps = toks.cpu().tolist(), lps.cpu().tolist()
+        agree, lp_err, lp_bad = 0, 0.0, 0
+        for i in range(n_rows):
+            rt, rlp = ref_samp.sample_one(logits[i], params[i], positions[i])
+            if rt == toks[i]:
+                agree += 1
+                err = abs(rlp - lps[i])
+                lp_err = max(lp_err, err)
+                lp_bad += err > 1e-3
+        share = agree / n_rows
+        need = 1.0 if greedy else 0.95
+        return [(share >= need, f"token agreement {agree}/{n_rows} = {share:.3f} (need {need:.2f})"),
+                (lp_bad == 0, f"logprob max abs err {lp_err:.2e} on agreeing rows ({lp_bad} over 1e-3)")]
+
+    C.run("sampling", "greedy V=151936", lambda: run_case(151936, 24, False, True))
+    C.run("sampling", "greedy V=151936 with ties", lambda: run_case(151936, 16, True, True))
+    C.run("sampling", "sampled V=151936", lambda: run_case(151936, 64, False, False))
+    C.run("sampling", "sampled V=151936 with ties", lambda: run_case(151936, 32, True, False))
+    C.run("sampling", "sampled V=1000", lambda: run_case(1000, 64, False, False))
+    C.run("sampling", "sampled V=7 (< threads)", lambda: run_case(7, 32, False, False))
+
+    def run_hash():  # flat logits: the token is argmax of the Gumbel noise alone -> exercises the hash
+        V, n = 50000, 16
+        logits = torch.zeros(n, V) + 0.25
+        params = [SamplingParams(temperature=1.0, seed=(2**64 - 1 - i * 977) % 2**64) for i in range(n)]
+        positions = [i * 12345 for i in range(n)]
+        toks, _ = ops.sample(logits.to(dev), **ops.pack_sampling_params(params, positions, dev))
+        ref = [ref_samp.sample_one(logits[i], params[i], positions[i])[0] for i in range(n)]
+        same = sum(int(a == b) for a, b in zip(toks.cpu().tolist(), ref))
+        return [(same == n, f"flat logits (pure Gumbel argmax): {same}/{n} equal")]
+
+    C.run("sampling", "counter hash (flat logits, 64-bit seeds)", run_hash)
+
+    def run_repro():
+        V, n = 151936, 8
+        logits = rows_for(V, n, False).to(dev)
+        params = [SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=11 + i) for i in range(n)]
+        pk = ops.pack_sampling_params(params, list(range(n)), dev)
+        a = ops.sample(logits, **pk)[0].cpu()
+        b = ops.sample(logits, **pk)[0].cpu()
+        # batch invariance: row 3 alone gives the same token
+        pk1 = {k: v[3:4].contiguous() for k, v in pk.items()}
+        c = ops.sample(logits[3:4].contiguous(), **pk1)[0].cpu()
+        return [(bool(torch.equal(a, b)) and int(c[0]) == int(a[3]), "run-to-run and batch-composition reproducible")]
+
+    C.run("sampling", "reproducibility", run_repro)
+
+
+# --------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------
+
+def _time(fn, iters: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters * 1e-3  # seconds
+
+
+def timing(dev, gen) -> None:
+    print("\n== timing (CUDA events, mean of 20 after 3 warm-ups) ==")
+    D, n_q, n_kv, bs = 128, 32, 8, 16
+    for B, L, S in ((64, 4096, 512), (64, 4096, 4096), (8, 32768, 2048), (256, 2048, 512)):
+        lens = [L] * B
+        need = -(-L // bs)
+        nb = B * need
+        kc = torch.randn(nb, bs, n_kv, D, device=dev, dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        bt = torch.randperm(nb, device=dev).to(torch.int32).view(B, need)
+        sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+        q = torch.randn(B, n_q, D, device=dev, dtype=torch.bfloat16)
+        ms = -(-L // S)
+        t = _time(lambda: ops.split_kv_decode(q, kc, vc, bt, sl, S, max_splits=ms))
+        gb = 2 * B * L * n_kv * D * 2 / 1e9
+        print(f"split_kv_decode B={B} L={L} S={S} n_q={n_q} n_kv={n_kv} D={D}: {t * 1e6:8.1f} us, "
+              f"{gb / t:7.1f} GB/s of K/V")
+        del kc, vc
+    for T, n_q, n_kv in ((4096, 32, 8), (8192, 32, 8), (2048, 64, 8)):
+        kc = torch.randn(T // bs, bs, n_kv, D, device=dev, dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        bt = torch.arange(T // bs, device=dev, dtype=torch.int32).view(1, -1)
+        sl = torch.tensor([T], dtype=torch.int32, device=dev)
+        q = torch.randn(T, n_q, D, device=dev, dtype=torch.bfloat16)
+        qi = torch.zeros(T, dtype=torch.int32, device=dev)
+        qp = torch.arange(T, dtype=torch.int32, device=dev)
+        flops = 4 * n_q * D * T * (T + 1) / 2
+        for var in ops.PREFILL_VARIANTS[D]:
+            if var == "default":
+                continue
+            tv = _time(lambda: ops.paged_prefill(q, kc, vc, bt, sl, qi, qp, variant=var))
+            print(f"paged_prefill[{var}] T={T} n_q={n_q} n_kv={n_kv} D={D}: {tv * 1e3:.3f} ms = "
+                  f"{flops / tv / 1e12:.1f} TFLOP/s")
+        t = _time(lambda: ops.paged_prefill(q, kc, vc, bt, sl, qi, qp))
+        qd, kd, vd = q.transpose(0, 1)[None], kc.view(T, n_kv, D).transpose(0, 1)[None], vc.view(T, n_kv, D).transpose(0, 1)[None]
+        try:
+            ts = _time(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=True))
+            sdpa = f"; torch SDPA (dense, causal) {ts * 1e3:.3f} ms = {flops / ts / 1e12:.1f} TFLOP/s"
+        except Exception as e:  # noqa: BLE001
+            sdpa = f"; SDPA failed: {e}"
+        print(f"paged_prefill T={T} n_q={n_q} n_kv={n_kv} D={D}: {t * 1e3:.3f} ms = {flops / t / 1e12:.1f} TFLOP/s{sdpa}")
+    # resume-shaped: B sequences, 32 new tokens each over an 8192-token prefix
+    B, new, L, n_q, n_kv = 16, 32, 8192, 32, 8
+    need = L // bs
+    kc = torch.randn(B * need, bs, n_kv, D, device=dev, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(B * need, device=dev).to(torch.int32).view(B, need)
+    sl = torch.full((B,), L, dtype=torch.int32, device=dev)
+    qi = torch.arange(B, device=dev, dtype=torch.int32).repeat_interleave(new)
+    qp = torch.arange(L - new, L, device=dev, dtype=torch.int32).repeat(B)
+    q = torch.randn(B * new, n_q, D, device=dev, dtype=torch.bfloat16)
+    t = _time(lambda: ops.paged_prefill(q, kc, vc, bt, sl, qi, qp))
+    gb = 2 * B * L * n_kv * D * 2 / 1e9
+    print(f"paged_prefill resume B={B} new={new} prefix={L}: {t * 1e6:.1f} us, {gb / t:.1f} GB/s of K/V, "
+          f"{4 * n_q * D * B * new * L / t / 1e12:.1f} TFLOP/s")
+
+
+# --------------------------------------------------------------------------------------
+
+SECTIONS = {
+    "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
+    "elementwise": check_elementwise, "sampling": check_sampling,
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=None, help="replay a run (default: a fresh random seed)")
+    ap.add_argument("--time", action="store_true", help="also time split-KV decode and paged prefill")
+    ap.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="run only these sections")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("check_kernels: no CUDA device", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}  (replay: python benches/gpu/check_kernels.py --seed {seed})")
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t0 = time.time()
+    kernels.load_all()
+    print(f"kernels compiled/loaded in {time.time() - t0:.1f} s")
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    C = Checks()
+    for name in (args.only or list(SECTIONS)):
+        print(f"\n== {name} ==", flush=True)
+        t1 = time.time()
+        SECTIONS[name](C, dev, gen)
+        print(f"   ({time.time() - t1:.1f} s)")
+    if args.time:
+        try:
+            timing(dev, gen)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            C.record("timing", "timing", False, f"exception: {e}")
+    return C.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
