@@ -14,7 +14,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests", "conformance", "kernels", "benches-cpu", "docs", "lint"]
+nox.options.sessions = ["tests", "distributed", "conformance", "kernels", "benches-cpu", "docs", "lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = os.environ.get("TURNKV_TORCH", "torch==2.13.0")
@@ -29,7 +29,7 @@ def _install(session: nox.Session, extras: str) -> None:
 def tests(session: nox.Session) -> None:
     """The reference engine's own tests (model vs transformers, rollout semantics, errors)."""
     _install(session, "test")
-    session.run("pytest", "tests", "-q", *session.posargs)
+    session.run("pytest", "tests", "-q", "--ignore=tests/test_distributed.py", *session.posargs)
 
 
 @nox.session
@@ -41,6 +41,13 @@ def conformance(session: nox.Session, engine: str) -> None:
     if not any(a.startswith("--engine") for a in args):
         args = ["--engine", engine, *args]
     session.run("pytest", "conformance", "-q", *args)
+
+
+@nox.session
+def distributed(session: nox.Session) -> None:
+    """TP x CP reference engine on torch.distributed: 4 CPU processes with gloo (NCCL cases where GPUs exist)."""
+    _install(session, "test")
+    session.run("pytest", "tests/test_distributed.py", "-q", *session.posargs)
 
 
 @nox.session
