@@ -35,6 +35,25 @@ def require_cuda(device: str | torch.device) -> torch.device:
     return dev
 
 
+def check_supported(cfg: ModelConfig, ecfg: EngineConfig) -> None:
+    """The shapes the CUDA kernels are built for; anything else is a typed ``ConfigError`` at construction."""
+    from .ops import ATTN_HEAD_DIMS
+    bs = ecfg.block_size
+    problems = []
+    if cfg.head_dim not in ATTN_HEAD_DIMS:
+        problems.append(f"head_dim {cfg.head_dim} (kernels exist for {ATTN_HEAD_DIMS})")
+    if bs & (bs - 1):
+        problems.append(f"block_size {bs} (a power of two is needed)")
+    if cfg.hidden_size % 8 or cfg.intermediate_size % 8:
+        problems.append("hidden_size and intermediate_size must be multiples of 8")
+    if ecfg.batch_invariant:
+        problems.append("batch_invariant=True (not built for the optimized engine yet)")
+    if ecfg.rope_in_attention:
+        problems.append("rope_in_attention=True (not built for the optimized engine yet)")
+    if problems:
+        raise ConfigError("the optimized engine does not support " + "; ".join(problems))
+
+
 class Engine(EngineCore):
     """Same public interface as ``reference.Engine``; bf16 on a CUDA GPU."""
 
@@ -47,6 +66,7 @@ class Engine(EngineCore):
         engine_cfg = engine_cfg or EngineConfig(**DEFAULTS)
         if engine_cfg.dtype != "bfloat16":
             raise ConfigError("the optimized engine computes in bfloat16; pass dtype='bfloat16'")
+        check_supported(model_cfg, engine_cfg)
         super().__init__(model_cfg, engine_cfg)
         torch.cuda.set_device(dev)
         self.device = str(dev)
