@@ -12,7 +12,10 @@ The hash (all arithmetic modulo 2**32)::
     mix(x):  x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16
     h   = mix(mix(mix(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ pos)
     r_i = mix(mix(h ^ i) + 0x632BE5AB)
-    u_i = ((r_i >> 8) + 0.5) / 2**24          # float32, exactly representable, in (0, 1)
+    u_i = ((r_i >> 8) + 0.5) / 2**24          # float32, in (0, 1]: the top value rounds to exactly 1.0
+
+``u_i = 1`` gives ``g_i = +inf``: that entry wins if the filters keep it. The argmax runs over
+the surviving entries only (``-inf + inf`` would be NaN).
 
 Filters, applied to ``l = logits / T`` in float32:
   * top-k (``0 < k < V``): keep entries with ``l_i >= (k-th largest l)`` (ties at the k-th value kept).
@@ -61,7 +64,7 @@ def sequence_key(seed: int, pos: int) -> int:
 
 
 def uniforms(seed: int, pos: int, vocab_size: int) -> torch.Tensor:
-    """``u_i`` for every vocabulary entry: float32 ``[V]`` in (0, 1)."""
+    """``u_i`` for every vocabulary entry: float32 ``[V]`` in (0, 1]."""
     h = sequence_key(seed, pos)
     i = torch.arange(vocab_size, dtype=torch.int64)                      # [V]
     r = mix32((mix32(i ^ h) + STREAM) & M32)                              # [V]
@@ -105,7 +108,8 @@ def sample_one(logits: torch.Tensor, sp: SamplingParams, pos: int) -> tuple[int,
         return tok, float(raw[tok])
     l = filtered_logits(logits, sp)                                      # [V]
     g = gumbel(sp.seed, pos, l.shape[0])                                 # [V]
-    tok = int(torch.argmax(l + g))
+    keep = torch.isfinite(l)                                             # [V] the filters' survivors
+    tok = int(torch.argmax(torch.where(keep, l + g, float("-inf"))))
     if sp.logprobs_mode == "raw":
         return tok, float(raw[tok])
     return tok, float(torch.log_softmax(l, dim=-1)[tok])

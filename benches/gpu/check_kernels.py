@@ -508,6 +508,23 @@ def check_sampling(C: Checks, dev, gen) -> None:
 
     C.run("sampling", "counter hash (flat logits, 64-bit seeds)", run_hash)
 
+    def run_u1():
+        # seed 7, position 195: u_44323 = ((r>>8) + 0.5) / 2^24 rounds to 1.0 in float32, so g = +inf.
+        # Only token 5 survives top_k=1: the kernel must return it (the reference's argmax over
+        # l + g sees -inf + inf = NaN at 44323 and returns that filtered token instead).
+        V = 151936
+        logits = torch.zeros(1, V)
+        logits[0, 5] = 10.0
+        sp = SamplingParams(temperature=1.0, top_k=1, seed=7)
+        g = ref_samp.gumbel(7, 195, V)
+        toks, _ = ops.sample(logits.to(dev), **ops.pack_sampling_params([sp], [195], dev))
+        ours = int(toks[0])
+        ref = ref_samp.sample_one(logits[0], sp, 195)[0]
+        return [(ours == 5, f"g[44323] = {float(g[44323])}; kernel -> {ours} (survivor 5 expected); "
+                            f"reference sample_one -> {ref}")]
+
+    C.run("sampling", "u=1 edge (g=+inf on a filtered entry)", run_u1)
+
     def run_repro():
         V, n = 151936, 8
         logits = rows_for(V, n, False).to(dev)
@@ -571,20 +588,38 @@ def check_graph(C: Checks, dev, gen) -> None:
 # --------------------------------------------------------------------------------------
 
 def _time(fn, iters: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+    """Seconds per call of ``fn``, GPU time only: ``iters`` calls captured in one CUDA graph, replayed
+    after warm-up (so Python launch overhead is not measured). Falls back to eager timing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+        g.replay()
+        torch.cuda.synchronize()
+        a.record()
+        g.replay()
+        b.record()
+    except Exception as e:  # noqa: BLE001
+        print(f"    (graph timing failed: {e}; timing eagerly)")
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) / iters * 1e-3  # seconds
 
 
 def timing(dev, gen) -> None:
-    print("\n== timing (CUDA events, mean of 20 after 3 warm-ups) ==")
+    print("\n== timing (CUDA events over a CUDA graph of 20 calls, after 3 warm-ups: GPU time only) ==")
     D, n_q, n_kv, bs = 128, 32, 8, 16
     for B, L, S in ((64, 4096, 512), (64, 4096, 4096), (8, 32768, 2048), (256, 2048, 512)):
         lens = [L] * B

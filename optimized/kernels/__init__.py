@@ -1,0 +1,79 @@
+"""CUDA kernels of the optimized engine, compiled at run time through CuPy's ``RawModule`` (NVRTC).
+
+One ``.cu`` file per reference twin lives next to this module (``attention.cu``, ``sampling.cu``,
+``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``). Each exposes plain
+``extern "C" __global__`` kernels (templated internals are instantiated under explicit names such as
+``paged_prefill_d128``) and includes only ``<cuda_bf16.h>``, so the same file builds with ``nvcc``
+(see ``python -m optimized.kernels.build_check``) and with NVRTC.
+
+``load(name)`` compiles ``<name>.cu`` once per process and device (memoised). CuPy also caches the
+compiled binary on disk, keyed by the source text, the options and the NVRTC version, so a second
+process on the same machine skips compilation: the cache lives in ``~/.cupy/kernel_cache`` unless
+the ``CUPY_CACHE_DIR`` environment variable names another folder (set it before CuPy compiles
+anything, e.g. to a folder shared by the workers of one machine). Compile (call ``load`` or run
+one launch of each kernel) before any CUDA-graph capture.
+
+CuPy is imported lazily, inside the functions, so ``import optimized`` works without CuPy.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent
+
+#: every kernel source of the package (file stem -> the kernels it defines)
+SOURCES: dict[str, tuple[str, ...]] = {
+    "attention": (
+        "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128", "paged_prefill_d128_bn32",
+        "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
+        "split_kv_reduce", "merge_states",
+    ),
+    "sampling": ("sample",),
+    "rmsnorm": ("rmsnorm", "add_rmsnorm"),
+    "rope": ("qk_norm_rope",),
+    "activation": ("silu_mul",),
+    "embedding": ("embedding",),
+    "kv_cache": ("store_kvcache",),
+}
+
+#: fixed NVRTC options. The target architecture is not listed: CuPy appends ``-arch=sm_XY`` of
+#: the *current device* itself (and ``-ftz=true``); a second architecture flag would clash with it.
+OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+_lock = threading.Lock()
+_modules: dict[tuple[str, int], object] = {}
+
+
+def source(name: str) -> str:
+    """The text of ``<name>.cu``."""
+    if name not in SOURCES:
+        raise KeyError(f"unknown kernel source {name!r}; known: {sorted(SOURCES)}")
+    return (KERNEL_DIR / f"{name}.cu").read_text()
+
+
+def load(name: str):
+    """``cupy.RawModule`` of ``<name>.cu`` for the current CuPy device, compiled once per process."""
+    import cupy  # lazy: optional dependency
+
+    dev = cupy.cuda.Device().id
+    key = (name, dev)
+    mod = _modules.get(key)
+    if mod is None:
+        with _lock:
+            mod = _modules.get(key)
+            if mod is None:
+                mod = cupy.RawModule(code=source(name), options=OPTIONS)
+                mod.compile()  # compile now (not at the first launch, which may sit inside a graph capture)
+                _modules[key] = mod
+    return mod
+
+
+def load_all() -> None:
+    """Compile every kernel source for the current device (warm-up before graph capture)."""
+    for name in SOURCES:
+        load(name)
+
+
+__all__ = ["KERNEL_DIR", "OPTIONS", "SOURCES", "load", "load_all", "source"]

@@ -1,0 +1,674 @@
+// attention.cu -- paged attention kernels of the optimized engine.
+//
+// Reference twins: reference/attention.py
+//   paged_prefill_d{32,64,128}        <-> paged_prefill
+//   split_kv_partials_d{32,64,128}    <-> split_kv_partials
+//   split_kv_reduce                   <-> reduce_splits / merge_two
+//   merge_states                      <-> merge_states (sorting and duplicate checks stay in Python)
+//
+// Layouts (shared with the reference):
+//   q            bf16 [T, n_q, D]  (token row stride q_stride elements; heads and D contiguous)
+//   k/v_cache    bf16 [num_blocks, block_size, n_kv, D]; token p of a sequence lives in page
+//                block_table[p / block_size], slot p % block_size (block_size a power of two)
+//   block_tables int32 [B, max_blocks], -1 past a sequence's last block
+//   seq_lens     int32 [B]
+//   GQA: query head h reads KV head h / (n_q / n_kv).
+//
+// Tensor-core conventions (PTX ISA, mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32):
+//   g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group)
+//   A (16x16, row-major), 4 x .b32, each two bf16 (lower half = lower column):
+//     a0: (row g,   cols 2t, 2t+1)    a1: (row g+8, cols 2t, 2t+1)
+//     a2: (row g,   cols 2t+8, 2t+9)  a3: (row g+8, cols 2t+8, 2t+9)
+//   B (16x8, "col"), 2 x .b32:  b0: (k 2t, 2t+1; n g)   b1: (k 2t+8, 2t+9; n g)
+//   C/D (16x8 f32): c0,c1: (row g, cols 2t, 2t+1)   c2,c3: (row g+8, cols 2t, 2t+1)
+//   => the C fragments of two adjacent 8-column tiles are, once packed to bf16, exactly the A
+//      fragment of the 16-column k-step they cover (used for P in O += P V).
+//   ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i; matrix i lands in register i;
+//   without .trans a lane receives (row g, cols 2t, 2t+1) of each 8x8 matrix, with .trans
+//   (rows 2t, 2t+1; col g).
+//
+// Shared-memory rows are padded to D + 8 bf16 (16 bytes) so that the 8 row addresses of one
+// ldmatrix phase fall in 8 distinct 16-byte bank groups (no conflicts for D in {32, 64, 128}).
+//
+// NaN safety: stale cache slots (past seq_len, or unused pages) may hold NaN. K/V rows past the
+// range a tile needs are never loaded (cp.async with src-size 0 zero-fills them), and every
+// masked score is *selected* to -inf and its probability *selected* to exactly 0 -- a masked
+// probability is never produced by arithmetic on a masked score.
+
+#include <cuda_bf16.h>
+
+namespace {
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+__device__ __forceinline__ bool finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+// 2^x with one MUFU instruction (what exp2f becomes under -ftz=true, which CuPy always passes)
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// 16-byte asynchronous global -> shared copy; pred == false zero-fills the 16 bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
+  const int n = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// d += a * b  (m16n8k16, bf16 inputs, fp32 accumulate)
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+  return *reinterpret_cast<u32*>(&v);
+}
+
+// A fragments of a 16-row Q tile (rows of `row0`, all D columns) from padded shared memory.
+template <int D>
+__device__ __forceinline__ void load_q_frags(u32 (&qf)[D / 16][4], const __nv_bfloat16* sQ, int row0, int lane) {
+  constexpr int LD = D + 8;
+  const int mi = lane >> 3;
+  const int row = row0 + ((mi & 1) << 3) + (lane & 7);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int col = kk * 16 + ((mi >> 1) << 3);
+    ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], smem_u32(sQ + row * LD + col));
+  }
+}
+
+// s[nt] (16 rows x 8 keys, nt < NKT) = Q (16 x D) . K^T for the NKT*8 keys starting at sK row 0.
+template <int D, int NKT>
+__device__ __forceinline__ void tile_scores(const u32 (&qf)[D / 16][4], const __nv_bfloat16* sK, int lane,
+                                            float (&s)[NKT][4]) {
+  constexpr int LD = D + 8;
+#pragma unroll
+  for (int nt = 0; nt < NKT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  const int mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int nt = 0; nt < NKT; nt += 2) {
+      // matrices: (keys nt*8+0..7, dims kk*16+0..7), (same keys, dims +8), (keys +8, dims +0), (keys +8, dims +8)
+      const int key = nt * 8 + ((mi >> 1) << 3) + (lane & 7);
+      const int dim = kk * 16 + ((mi & 1) << 3);
+      u32 b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, smem_u32(sK + key * LD + dim));
+      mma_bf16(s[nt], qf[kk], b0, b1);
+      mma_bf16(s[nt + 1], qf[kk], b2, b3);
+    }
+  }
+}
+
+// o (16 rows x D) += P (16 x NKT*8, fp32 probabilities in C layout) . V (NKT*8 keys from sV row 0)
+template <int D, int NKT>
+__device__ __forceinline__ void tile_pv(const float (&p)[NKT][4], const __nv_bfloat16* sV, int lane,
+                                        float (&o)[D / 8][4]) {
+  constexpr int LD = D + 8;
+  const int mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < NKT / 2; ++kk) {
+    u32 a[4];
+    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);          // row g,   keys 2t, 2t+1
+    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);          // row g+8, keys 2t, 2t+1
+    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);  // row g,   keys 2t+8, 2t+9
+    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);  // row g+8, keys 2t+8, 2t+9
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt += 2) {
+      // matrices (transposed): (keys +0..7, dims nt*8+0..7), (keys +8, dims +0), (keys +0, dims +8), (keys +8, dims +8)
+      const int key = kk * 16 + ((mi & 1) << 3) + (lane & 7);
+      const int dim = nt * 8 + ((mi >> 1) << 3);
+      u32 b0, b1, b2, b3;
+      ldsm_x4_t(b0, b1, b2, b3, smem_u32(sV + key * LD + dim));
+      mma_bf16(o[nt], a, b0, b1);
+      mma_bf16(o[nt + 1], a, b2, b3);
+    }
+  }
+}
+
+// One online-softmax step for the two rows this thread holds (h = 0: row g, h = 1: row g+8).
+// s: raw scores of NKT*8 keys starting at absolute key position kv0 (+ the thread's column offset),
+// visible iff key <= lim[h] (lim < 0: nothing visible). On return s holds exact-0-or-exp2 probabilities.
+// m_ is kept in the log2 domain (scores scaled by sl2 = scale*log2(e) > 0, so the raw maximum scales
+// to the scaled one); p = 2^(s*sl2 - m) is one FFMA and one MUFU.EX2.
+template <int D, int NKT>
+__device__ __forceinline__ void online_softmax(float (&s)[NKT][4], int kv0, const int (&lim)[2], float sl2, int lane,
+                                               float (&m_)[2], float (&l_)[2], float (&o)[D / 8][4]) {
+  const int c0 = kv0 + 2 * (lane & 3);
+  // every key of the tile visible to both of this thread's rows: no per-element mask needed
+  const bool full = kv0 + NKT * 8 - 1 <= min(lim[0], lim[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = neg_inf();
+    if (full) {
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = c0 + nt * 8 + e;
+          const float v = (key <= lim[h]) ? s[nt][2 * h + e] : neg_inf();  // masked: selected away
+          s[nt][2 * h + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_[h], mx * sl2);
+    const float m_use = (m_new == neg_inf()) ? 0.f : m_new;  // never -inf - -inf
+    const float alpha = fast_exp2(m_[h] - m_use);            // 0 while the row has seen nothing
+    m_[h] = m_new;
+    float rs = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NKT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = s[nt][2 * h + e];
+        const float p = (v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));  // masked -> exactly 0
+        s[nt][2 * h + e] = p;
+        rs += p;
+      }
+    }
+    l_[h] = l_[h] * alpha + rs;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][2 * h] *= alpha;
+      o[nt][2 * h + 1] *= alpha;
+    }
+  }
+}
+
+// Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh starting at key position kv0;
+// rows at positions >= kv_end are zero-filled, never read). block_size = 2^bs_log2 (the host checks
+// it is a power of two: shifts and masks, no integer division).
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* __restrict__ k_cache,
+                                             const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ bt,
+                                             int kv0, int kv_end, int n_kv, int kvh, int block_size, int bs_log2,
+                                             int tid) {
+  constexpr int LD = D + 8;
+  constexpr int CH = D / 8;            // 16-byte chunks per row
+  constexpr int RSTEP = THREADS / CH;  // rows covered per sweep
+  static_assert(THREADS % CH == 0, "threads must cover whole rows");
+  const int c = tid % CH;
+  const long long head_off = (long long)kvh * D + c * 8;
+  const long long row_elems = (long long)n_kv * D;  // elements per cache slot
+#pragma unroll
+  for (int r = tid / CH; r < BN; r += RSTEP) {
+    const int pos = kv0 + r;
+    bool ok = pos < kv_end;
+    long long off = 0;
+    if (ok) {
+      const int blk = pos >> bs_log2;
+      const int slot = pos & (block_size - 1);
+      const int page = bt[blk];
+      ok = page >= 0;
+      off = ok ? ((long long)page * block_size + slot) * row_elems + head_off : 0;
+    }
+    cp_async16(smem_u32(sK + r * LD + c * 8), k_cache + off, ok);
+    cp_async16(smem_u32(sV + r * LD + c * 8), v_cache + off, ok);
+  }
+}
+
+__device__ __forceinline__ int log2_pow2(int x) { return __ffs(x) - 1; }  // x a power of two
+
+// ------------------------------------------------------------------------------------------------
+// paged_prefill
+//
+// Math (twin: reference paged_prefill): query t of sequence b at position p attends keys 0..p of b:
+//   out[t, h] = sum_j softmax_j(scale * q[t, h] . k[b, j]) v[b, j],   j <= p (j < seq_len[b])
+// Padding rows (q_pos < 0, or a sequence index outside [0, B)) write zeros and read nothing.
+//
+// CTA = (tile of TT = 64 / G consecutive query tokens, one KV head). Its BM = 64 rows are
+// token-major (row r <-> token t0 + r / G, query head kvh*G + r % G), so GQA heads sharing the KV
+// head read each K/V tile once. 4 warps x 16 rows; keys in tiles of 64, double-buffered through
+// cp.async; S = Q K^T and O += P V on tensor cores; flash-attention-2 online softmax in fp32
+// (tiles entirely visible to a thread's rows skip the per-element mask).
+// The tokens of one CTA may belong to several sequences: the CTA runs one pass per distinct
+// sequence (in increasing index order), rows of other sequences fully masked in that pass, so no
+// layout of q_seq_idx can make a row read another sequence. A sequence's rows need not be
+// contiguous for correctness; contiguous rows (a chunk per sequence) keep passes to ~1 per CTA.
+// Heavy tiles (late in T) are scheduled first.
+// ------------------------------------------------------------------------------------------------
+template <int D, int BN_>
+struct PrefillCfg {
+  // dynamic shared memory: 2 stages x (K [BN][LD], V [BN][LD]) bf16 -> 4 * BN * LD * 2 bytes
+  // (BN = 64: D=128 69632, D=64 36864, D=32 20480; ops.py computes the same number). The Q tile
+  // [BM][LD] lives in stage 1 until its fragments are in registers; the output is staged there at
+  // the end.
+  static constexpr int BM = 64, BN = BN_, THREADS = 128, LD = D + 8;
+  static_assert(BM <= 2 * BN, "the Q tile is aliased onto one K/V stage");
+};
+
+template <int D, int BN_>
+__device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
+                                                   const __nv_bfloat16* __restrict__ k_cache,
+                                                   const __nv_bfloat16* __restrict__ v_cache,
+                                                   const int* __restrict__ block_tables, int max_blocks,
+                                                   const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx,
+                                                   const int* __restrict__ q_pos, __nv_bfloat16* __restrict__ out, int T,
+                                                   int B, int n_q, int n_kv, int block_size, float scale) {
+  typedef PrefillCfg<D, BN_> C;
+  constexpr int BM = C::BM, BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
+  constexpr int STAGE = 2 * BN * LD;  // one stage: K [BN][LD] then V [BN][LD]
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // stage st: K at sK + st*STAGE
+  __nv_bfloat16* sV = sK + BN * LD;                                 //           V at sV + st*STAGE
+  __nv_bfloat16* sQ = sK + STAGE;                                   // [BM][LD], aliases stage 1
+  __shared__ int s_seq[BM];
+  __shared__ int s_pos[BM];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int G = n_q / n_kv;
+  const int TT = BM / G;  // tokens per CTA (host guarantees 1 <= G <= BM)
+  const int rows_used = TT * G;
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int t0 = tile * TT;
+  const int bs_log2 = log2_pow2(block_size);
+
+  if (tid < BM) {
+    int sq = -1, ps = -1;
+    if (tid < TT && t0 + tid < T) {
+      ps = q_pos[t0 + tid];
+      sq = q_seq_idx[t0 + tid];
+      if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
+    }
+    s_seq[tid] = sq;
+    s_pos[tid] = ps;
+  }
+  // Q tile -> shared (padding / unused rows are zero).
+  for (int i = tid; i < BM * CH; i += THREADS) {
+    const int r = i / CH, c = i % CH;
+    const int tt = r / G, g = r - tt * G;
+    const int t = t0 + tt;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows_used && t < T && q_pos[t] >= 0)
+      val = *reinterpret_cast<const uint4*>(q + (long long)t * q_stride + (long long)(kvh * G + g) * D + c * 8);
+    *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
+  }
+  __syncthreads();
+
+  u32 qf[D / 16][4];
+  load_q_frags<D>(qf, sQ, warp * 16, lane);
+  __syncthreads();  // every warp holds its Q fragments before stage 1 is overwritten
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  float m_[2] = {neg_inf(), neg_inf()};
+  float l_[2] = {0.f, 0.f};
+  const float sl2 = scale * kLog2e;
+
+  int last = -1;
+  while (true) {
+    // Next sequence present in this tile (uniform across the CTA: every thread scans the same smem).
+    int b = 0x7fffffff;
+    for (int tt = 0; tt < TT; ++tt) {
+      const int sq = s_seq[tt];
+      if (sq > last && sq < b) b = sq;
+    }
+    if (b == 0x7fffffff) break;
+    int maxpos = -1;
+    for (int tt = 0; tt < TT; ++tt)
+      if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
+    const int slen = seq_lens[b];
+    const int L = min(maxpos + 1, slen);  // keys this pass needs: [0, L)
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + 8 * h;
+      int lm = -1;
+      if (r < rows_used) {
+        const int tt = r / G;
+        if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
+      }
+      lim[h] = lm;
+    }
+    const int* bt = block_tables + (long long)b * max_blocks;
+    const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+    if (ntiles > 0) {
+      load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, 0, L, n_kv, kvh, block_size, bs_log2, tid);
+      cp_async_commit();
+      for (int j = 0; j < ntiles; ++j) {
+        const int st = j & 1;
+        if (j + 1 < ntiles)
+          load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * STAGE, sV + (st ^ 1) * STAGE, k_cache, v_cache, bt,
+                                       (j + 1) * BN, L, n_kv, kvh, block_size, bs_log2, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        float s[BN / 8][4];
+        tile_scores<D, BN / 8>(qf, sK + st * STAGE, lane, s);
+        online_softmax<D, BN / 8>(s, j * BN, lim, sl2, lane, m_, l_, o);
+        tile_pv<D, BN / 8>(s, sV + st * STAGE, lane, o);
+        __syncthreads();
+      }
+    }
+    last = b;
+  }
+
+  // Normalise and stage this warp's 16 rows (bf16) in its own rows of sQ, then 16-byte stores.
+  // (Safe: every pass ends with a CTA barrier after the last read of the stage buffers.)
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[h] = l > 0.f ? 1.f / l : 0.f;
+  }
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + 8 * h;
+      const int col = nt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<u32*>(sQ + r * LD + col) = pack_bf16(o[nt][2 * h] * inv[h], o[nt][2 * h + 1] * inv[h]);
+    }
+  }
+  __syncwarp();
+  for (int i = lane; i < 16 * CH; i += 32) {
+    const int r = warp * 16 + i / CH, c = i % CH;
+    if (r < rows_used) {
+      const int tt = r / G, g = r - tt * G;
+      const int t = t0 + tt;
+      if (t < T)
+        *reinterpret_cast<uint4*>(out + ((long long)t * n_q + kvh * G + g) * D + c * 8) =
+            *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// split_kv_partials
+//
+// Math (twin: reference split_kv_partials): one query per sequence (its last token, so every
+// cached key is visible). Split k of sequence b covers key positions
+// [k*S, min((k+1)*S, seq_len[b])) and writes, per query head h,
+//   o_part[b, k, h] = sum_j softmax_j(scale * q[b, h] . k_j) v_j   (fp32)
+//   lse[b, k, h]    = log(sum_j exp(scale * q . k_j))              (natural log)
+// An empty split writes o = 0, lse = -inf.
+//
+// CTA = (split, KV head x group of <= 16 query heads, sequence). The group's query heads are the
+// 16 rows of one m16 tile (zero rows if G < 16), so K/V is read once for all heads sharing it
+// (16-byte cp.async loads, double-buffered 64-key tiles). Each of the 4 warps takes 16 keys of a
+// tile with its own online-softmax state; the 4 states are merged at the end in fixed warp order
+// (deterministic).
+// ------------------------------------------------------------------------------------------------
+template <int D>
+struct DecodeCfg {
+  // dynamic shared memory: Q [16][LD] + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes
+  // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number)
+  static constexpr int BN = 64, THREADS = 128, LD = D + 8;
+  static_assert(4 * 16 * D * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
+};
+
+template <int D>
+__device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
+                                                       const __nv_bfloat16* __restrict__ k_cache,
+                                                       const __nv_bfloat16* __restrict__ v_cache,
+                                                       const int* __restrict__ block_tables, int max_blocks,
+                                                       const int* __restrict__ seq_lens, float* __restrict__ o_part,
+                                                       float* __restrict__ lse_part, int n_q, int n_kv, int block_size,
+                                                       int split_size, int max_splits, float scale) {
+  typedef DecodeCfg<D> C;
+  constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
+  __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
+  __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
+  __shared__ float s_m[4][16];
+  __shared__ float s_l[4][16];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int G = n_q / n_kv;
+  const int HG = (G + 15) >> 4;
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y / HG;
+  const int hg = blockIdx.y - kvh * HG;
+  const int b = blockIdx.z;
+  const int h0 = kvh * G + hg * 16;
+  const int nrows = min(16, G - hg * 16);
+  const long long part = (long long)b * max_splits + split;  // (b, split) index
+
+  const int slen = seq_lens[b];
+  const long long s0l = (long long)split * split_size;
+  if (s0l >= slen) {  // empty split (uniform across the CTA)
+    for (int i = tid; i < nrows * D; i += THREADS) o_part[(part * n_q + h0) * D + i] = 0.f;
+    if (tid < nrows) lse_part[part * n_q + h0 + tid] = neg_inf();
+    return;
+  }
+  const int s0 = (int)s0l;
+  const int s1 = (int)min((long long)slen, s0l + split_size);
+
+  for (int i = tid; i < 16 * CH; i += THREADS) {
+    const int r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < nrows) val = *reinterpret_cast<const uint4*>(q + (long long)b * q_stride + (long long)(h0 + r) * D + c * 8);
+    *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
+  }
+  const int* bt = block_tables + (long long)b * max_blocks;
+  const int ntiles = (s1 - s0 + BN - 1) / BN;
+  const int bs_log2 = log2_pow2(block_size);
+  load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, tid);
+  cp_async_commit();
+  __syncthreads();
+
+  u32 qf[D / 16][4];
+  load_q_frags<D>(qf, sQ, 0, lane);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  float m_[2] = {neg_inf(), neg_inf()};
+  float l_[2] = {0.f, 0.f};
+  const float sl2 = scale * kLog2e;
+  const int lim[2] = {s1 - 1, s1 - 1};  // every key of the split is visible
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int st = j & 1;
+    if (j + 1 < ntiles)
+      load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, bt,
+                                   s0 + (j + 1) * BN, s1, n_kv, kvh, block_size, bs_log2, tid);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    float s[2][4];
+    tile_scores<D, 2>(qf, sK + (st * BN + warp * 16) * LD, lane, s);
+    online_softmax<D, 2>(s, s0 + j * BN + warp * 16, lim, sl2, lane, m_, l_, o);
+    tile_pv<D, 2>(s, sV + (st * BN + warp * 16) * LD, lane, o);
+    __syncthreads();
+  }
+
+  // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
+  float* sO = reinterpret_cast<float*>(sK);  // [4][16][D]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = (lane >> 2) + 8 * h;
+    if ((lane & 3) == 0) {
+      s_m[warp][r] = m_[h];
+      s_l[warp][r] = l;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int col = nt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(sO + (warp * 16 + r) * D + col) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < nrows * D; i += THREADS) {
+    const int r = i / D, d = i - r * D;
+    float M = s_m[0][r];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) M = fmaxf(M, s_m[w][r]);
+    const float Ms = (M == neg_inf()) ? 0.f : M;
+    float Lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float e = exp2f(s_m[w][r] - Ms);  // 0 for a warp that saw no key
+      Lsum += e * s_l[w][r];
+      acc += e * sO[(w * 16 + r) * D + d];
+    }
+    o_part[(part * n_q + h0 + r) * D + d] = Lsum > 0.f ? acc / Lsum : 0.f;
+    if (d == 0) lse_part[part * n_q + h0 + r] = Lsum > 0.f ? (Ms + log2f(Lsum)) * kLn2 : neg_inf();
+  }
+}
+
+// merge_two of reference/attention.py, split in two: the weights (once per (o, lse) row) and the
+// per-element fold, in the reference's operation order (no FMA contraction).
+struct MergeW {
+  float wa, wb, ts;
+  bool nz;
+};
+// Updates la to the merged lse and returns the weights for merge_o.
+__device__ __forceinline__ MergeW merge_weights(float& la, float lb) {
+  MergeW w;
+  const float m = fmaxf(la, lb);
+  const float ms = finite_f(m) ? m : 0.f;  // all -inf max -> 0: never -inf - -inf
+  w.wa = expf(la - ms);                    // exp(-inf) = 0 for an empty state
+  w.wb = expf(lb - ms);
+  const float tot = __fadd_rn(w.wa, w.wb);
+  w.nz = tot > 0.f;
+  w.ts = w.nz ? tot : 1.f;
+  la = w.nz ? __fadd_rn(ms, logf(w.ts)) : neg_inf();
+  return w;
+}
+__device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
+  const float x = __fadd_rn(__fmul_rn(w.wa > 0.f ? oa : 0.f, w.wa), __fmul_rn(w.wb > 0.f ? ob : 0.f, w.wb));
+  return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
+}
+
+}  // namespace
+
+#define TK_PREFILL(NAME, DV, BNV, MINB)                                                                        \
+  extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                                 \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,           \
+      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,         \
+      const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,      \
+      __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale) {         \
+    paged_prefill_impl<DV, BNV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, q_seq_idx,   \
+                                q_pos, out, T, B, n_q, n_kv, block_size, scale);                              \
+  }
+TK_PREFILL(paged_prefill_d32, 32, 64, 1)
+TK_PREFILL(paged_prefill_d64, 64, 64, 1)
+TK_PREFILL(paged_prefill_d128, 128, 64, 1)
+TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 3)
+
+#define TK_SPLITKV(DV)                                                                                             \
+  extern "C" __global__ void __launch_bounds__(128) split_kv_partials_d##DV(                                       \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
+      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
+      const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
+      int n_kv, int block_size, int split_size, int max_splits, float scale) {                                    \
+    split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
+                               n_q, n_kv, block_size, split_size, max_splits, scale);                              \
+  }
+TK_SPLITKV(32)
+TK_SPLITKV(64)
+TK_SPLITKV(128)
+
+// ------------------------------------------------------------------------------------------------
+// split_kv_reduce
+//
+// Math (twin: reference reduce_splits): fold splits 0 .. max_splits-1 of every (b, h) in index
+// order with merge_two (guards: an all -inf max is taken as 0; a zero weight sum gives o = 0,
+// lse = -inf). Folding an empty split into a non-empty state is the identity, so folding all
+// max_splits columns equals folding a sequence's own ceil(len / S) splits.
+// o_part fp32 [B, MS, n_q, D], lse_part fp32 [B, MS, n_q] -> out bf16 [B, n_q, D] (+ optional lse_out
+// fp32 [B, n_q], skipped when null). One thread per (b, h, 4 dims); D % 4 == 0.
+// ------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256) split_kv_reduce(const float* __restrict__ o_part,
+                                                                  const float* __restrict__ lse_part,
+                                                                  __nv_bfloat16* __restrict__ out,
+                                                                  float* __restrict__ lse_out, int B, int n_q, int D,
+                                                                  int max_splits) {
+  const int D4 = D >> 2;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long long)B * n_q * D4) return;
+  const int d4 = (int)(idx % D4);
+  const long long bh = idx / D4;
+  const long long b = bh / n_q, h = bh % n_q;
+  const long long stride_k = (long long)n_q;  // lse stride between splits
+  const float* lp = lse_part + b * max_splits * n_q + h;
+  const float* op = o_part + (b * max_splits * n_q + h) * D + d4 * 4;
+  float la = lp[0];
+  float4 oa = *reinterpret_cast<const float4*>(op);
+  for (int k = 1; k < max_splits; ++k) {
+    const float lb = lp[k * stride_k];
+    const float4 ob = *reinterpret_cast<const float4*>(op + k * stride_k * D);
+    const MergeW w = merge_weights(la, lb);
+    oa.x = merge_o(oa.x, ob.x, w);
+    oa.y = merge_o(oa.y, ob.y, w);
+    oa.z = merge_o(oa.z, ob.z, w);
+    oa.w = merge_o(oa.w, ob.w, w);
+  }
+  __nv_bfloat162 lo = __floats2bfloat162_rn(oa.x, oa.y);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(oa.z, oa.w);
+  uint2 pk;
+  pk.x = *reinterpret_cast<u32*>(&lo);
+  pk.y = *reinterpret_cast<u32*>(&hi);
+  *reinterpret_cast<uint2*>(out + bh * D + d4 * 4) = pk;
+  if (lse_out != nullptr && d4 == 0) lse_out[bh] = la;
+}
+
+// ------------------------------------------------------------------------------------------------
+// merge_states
+//
+// Math (twin: reference merge_states, after its sort / duplicate checks, which stay in Python):
+// fold N fp32 partial states o [N, R, D], lse [N, R] in the given order with merge_two
+// -> o_out fp32 [R, D], lse_out fp32 [R]. One thread per (r, d).
+// ------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256) merge_states(const float* __restrict__ o, const float* __restrict__ lse,
+                                                               float* __restrict__ o_out, float* __restrict__ lse_out,
+                                                               int N, int R, int D) {
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long long)R * D) return;
+  const long long r = idx / D;
+  const int d = (int)(idx % D);
+  float la = lse[r];
+  float oa = o[idx];
+  for (int n = 1; n < N; ++n) {
+    const float lb = lse[(long long)n * R + r];
+    const float ob = o[(long long)n * R * D + idx];
+    const MergeW w = merge_weights(la, lb);
+    oa = merge_o(oa, ob, w);
+  }
+  o_out[idx] = oa;
+  if (d == 0) lse_out[r] = la;
+}

@@ -1,0 +1,137 @@
+"""Compile check of every kernel source with nvcc (no GPU needed).
+
+    python -m optimized.kernels.build_check [--out DIR] [--arch sm_90] [--nvcc PATH]
+
+Compiles each ``optimized/kernels/*.cu`` to a cubin with ``nvcc -arch=sm_90 --cubin -std=c++17
+-Xptxas -v`` and prints, per kernel, the registers, static shared memory, stack frame and spill
+bytes that ptxas reports (dynamic shared memory is set at launch: see ``optimized.ops``). Exits
+non-zero on any compile error, on any spill (spill stores or loads > 0 bytes), or when a kernel
+listed in ``optimized.kernels.SOURCES`` is missing from its cubin. A stack frame without spills is
+reported but does not fail the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    registers: int = -1
+    smem: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+
+def parse_ptxas(text: str) -> dict[str, KernelInfo]:
+    """Per-kernel resource usage from ``-Xptxas -v`` output."""
+    infos: dict[str, KernelInfo] = {}
+    current: KernelInfo | None = None
+    for line in text.splitlines():
+        m = _ENTRY.search(line) or _PROPS.search(line)
+        if m:
+            name = m.group(1)
+            current = infos.setdefault(name, KernelInfo(name))
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current.stack, current.spill_stores, current.spill_loads = map(int, m.groups())
+        m = _USED.search(line)
+        if m:
+            current.registers = int(m.group(1))
+            s = _SMEM.search(line)
+            current.smem = int(s.group(1)) if s else 0
+    return infos
+
+
+def compile_one(nvcc: str, src: Path, out_dir: Path, arch: str) -> tuple[int, str]:
+    cmd = [nvcc, f"-arch={arch}", "--cubin", "-std=c++17", "-Xptxas", "-v", "-o",
+           str(out_dir / (src.stem + ".cubin")), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="folder for the cubins (default: a temporary folder)")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
+    args = ap.parse_args(argv)
+
+    from . import SOURCES  # the kernel inventory
+
+    if shutil.which(args.nvcc) is None and not Path(args.nvcc).exists():
+        print(f"build_check: nvcc not found ({args.nvcc})", file=sys.stderr)
+        return 2
+    tmp = None
+    if args.out is None:
+        tmp = tempfile.TemporaryDirectory()
+        out_dir = Path(tmp.name)
+    else:
+        out_dir = args.out
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    failures: list[str] = []
+    rows: list[tuple[str, KernelInfo]] = []
+    sources = sorted(KERNEL_DIR.glob("*.cu"))
+    unknown = sorted({s.stem for s in sources} - set(SOURCES))
+    missing_src = sorted(set(SOURCES) - {s.stem for s in sources})
+    failures += [f"{n}.cu is not listed in optimized.kernels.SOURCES" for n in unknown]
+    failures += [f"{n}.cu is listed in SOURCES but missing" for n in missing_src]
+    for src in sources:
+        rc, log = compile_one(args.nvcc, src, out_dir, args.arch)
+        warnings = [ln for ln in log.splitlines() if "warning" in ln.lower()]
+        if rc != 0:
+            failures.append(f"{src.name}: nvcc exited with {rc}")
+            print(log)
+            continue
+        for w in warnings:
+            print(f"  {src.name}: {w.strip()}")
+        infos = parse_ptxas(log)
+        for kname in SOURCES.get(src.stem, ()):
+            if kname not in infos:
+                failures.append(f"{src.name}: kernel {kname} not found in the cubin")
+        for info in infos.values():
+            rows.append((src.name, info))
+            if info.spill_stores or info.spill_loads:
+                failures.append(f"{src.name}:{info.name} spills ({info.spill_stores} B stores, {info.spill_loads} B loads)")
+
+    print(f"{'file':<16} {'kernel':<26} {'regs':>5} {'smem(B)':>8} {'stack(B)':>9} {'spill st/ld':>12}")
+    for fname, info in rows:
+        note = "  <- stack frame" if info.stack and not (info.spill_stores or info.spill_loads) else ""
+        print(f"{fname:<16} {info.name:<26} {info.registers:>5} {info.smem:>8} {info.stack:>9} "
+              f"{info.spill_stores:>5}/{info.spill_loads:<6}{note}")
+    print("(smem = static shared memory; attention kernels add dynamic shared memory at launch: "
+          "paged_prefill 256*(D+8)*2 B, split_kv_partials (16+256)*(D+8)*2 B)")
+    if tmp is not None:
+        tmp.cleanup()
+    if failures:
+        print("\nFAILED:")
+        for f in failures:
+            print(f"  {f}")
+        return 1
+    print(f"\nOK: {len(sources)} sources, {len(rows)} kernels, arch {args.arch}, no spills")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

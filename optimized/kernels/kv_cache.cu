@@ -1,0 +1,34 @@
+// kv_cache.cu -- write new K/V rows into the paged cache.
+//
+// Reference twin: reference/kv_cache.py, KVCache.write: for every token t with
+// slot = slot_mapping[t] >= 0 (slot = page * block_size + offset),
+//   k_cache.view(-1, n_kv, D)[slot] = k[t];  v_cache.view(-1, n_kv, D)[slot] = v[t]
+// slot < 0 marks a row to skip (padding). Exact copy (no arithmetic).
+//
+// k, v: bf16 [T, n_kv, D] with token row strides k_stride / v_stride (elements; the [n_kv, D]
+// part contiguous, so k and v may be column slices of a fused qkv buffer).
+// k_cache, v_cache: bf16 [num_blocks, block_size, n_kv, D], contiguous.
+// One thread per 16-byte chunk (8 bf16); n_kv * D % 8 == 0 and 16-byte aligned rows (host checks).
+
+#include <cuda_bf16.h>
+
+extern "C" __global__ void __launch_bounds__(256) store_kvcache(const __nv_bfloat16* __restrict__ k, int k_stride,
+                                                                const __nv_bfloat16* __restrict__ v, int v_stride,
+                                                                __nv_bfloat16* __restrict__ k_cache,
+                                                                __nv_bfloat16* __restrict__ v_cache,
+                                                                const int* __restrict__ slot_mapping, int T, int n_kv,
+                                                                int D) {
+  const int chunks = (n_kv * D) >> 3;  // 16-byte chunks per token
+  const long long total = (long long)T * chunks;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    const int t = (int)(i / chunks);
+    const int c = (int)(i - (long long)t * chunks);
+    const int slot = slot_mapping[t];
+    if (slot < 0) continue;
+    const uint4 kv = *reinterpret_cast<const uint4*>(k + (long long)t * k_stride + c * 8);
+    const uint4 vv = *reinterpret_cast<const uint4*>(v + (long long)t * v_stride + c * 8);
+    const long long dst = (long long)slot * n_kv * D + c * 8;
+    *reinterpret_cast<uint4*>(k_cache + dst) = kv;
+    *reinterpret_cast<uint4*>(v_cache + dst) = vv;
+  }
+}

@@ -1,0 +1,74 @@
+// rope.cu -- fused per-head RMSNorm (q_norm / k_norm) + Qwen3 rotate-half RoPE, in place.
+//
+// Reference twin: reference/model.py, `apply_rope(rms_norm(q, q_norm.weight), cos, sin)` and the same
+// for k, in bf16 exactly as Hugging Face computes it:
+//   n   = bf16( x * rsqrt(mean(x^2) + eps) )           per head, fp32 statistics
+//   y   = bf16( w * n )                                 (bf16 weight times bf16, one rounding)
+//   out[i]     = bf16( y[i] * cos[p, i] - y[i + D/2] * sin[p, i] )      i < D/2
+//   out[i+D/2] = bf16( y[i + D/2] * cos[p, i] + y[i] * sin[p, i] )
+// in fp32 with separate roundings of each product and of the sum (no FMA), matching torch's
+// `x*cos + rotate_half(x)*sin` bit for bit given the same tables.
+// cos, sin: fp32 [max_pos, D/2] computed on the host (the frequencies repeat over both halves).
+// A position outside [0, max_pos) (e.g. a padding row's -1) gets the norm but no rotation.
+//
+// q bf16 [T, n_q, D] (token stride q_stride), k bf16 [T, n_kv, D] (token stride k_stride): heads
+// and D contiguous. One warp per (token, head); D even and D <= 256.
+
+#include <cuda_bf16.h>
+
+extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __restrict__ q, int q_stride,
+                                                               __nv_bfloat16* __restrict__ k, int k_stride,
+                                                               const __nv_bfloat16* __restrict__ q_w,
+                                                               const __nv_bfloat16* __restrict__ k_w,
+                                                               const float* __restrict__ cos_t,
+                                                               const float* __restrict__ sin_t,
+                                                               const int* __restrict__ positions, int T, int n_q,
+                                                               int n_kv, int D, int max_pos, float eps) {
+  const int lane = threadIdx.x & 31;
+  const long long gw = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int nh = n_q + n_kv;
+  if (gw >= (long long)T * nh) return;  // whole warps exit together
+  const int t = (int)(gw / nh);
+  const int hh = (int)(gw - (long long)t * nh);
+  __nv_bfloat16* x = hh < n_q ? q + (long long)t * q_stride + (long long)hh * D
+                              : k + (long long)t * k_stride + (long long)(hh - n_q) * D;
+  const __nv_bfloat16* w = hh < n_q ? q_w : k_w;
+  const int half = D >> 1;
+
+  float xa[4], xb[4];
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int j = lane + 32 * c;
+    xa[c] = xb[c] = 0.f;
+    if (j < half) {
+      xa[c] = __bfloat162float(x[j]);
+      xb[c] = __bfloat162float(x[j + half]);
+      ss += xa[c] * xa[c] + xb[c] * xb[c];
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)D), eps)));
+  const int p = positions[t];
+  const bool rot = p >= 0 && p < max_pos;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int j = lane + 32 * c;
+    if (j < half) {
+      const float na = __bfloat162float(__float2bfloat16_rn(__fmul_rn(xa[c], r)));
+      const float nb = __bfloat162float(__float2bfloat16_rn(__fmul_rn(xb[c], r)));
+      const float ya = __bfloat162float(__float2bfloat16_rn(__fmul_rn(__bfloat162float(w[j]), na)));
+      const float yb = __bfloat162float(__float2bfloat16_rn(__fmul_rn(__bfloat162float(w[j + half]), nb)));
+      float oa = ya, ob = yb;
+      if (rot) {
+        const float cs = cos_t[(long long)p * half + j];
+        const float sn = sin_t[(long long)p * half + j];
+        oa = __fadd_rn(__fmul_rn(ya, cs), __fmul_rn(-yb, sn));
+        ob = __fadd_rn(__fmul_rn(yb, cs), __fmul_rn(ya, sn));
+      }
+      x[j] = __float2bfloat16_rn(oa);
+      x[j + half] = __float2bfloat16_rn(ob);
+    }
+  }
+}

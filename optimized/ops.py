@@ -1,0 +1,624 @@
+"""Launch wrappers of the optimized engine's CUDA kernels (``optimized/kernels/*.cu``).
+
+Every wrapper takes torch CUDA tensors, validates shapes / dtypes / layouts (``ValueError`` with
+the offending argument named), and launches one kernel through CuPy on the *current torch
+stream* (``cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)``). Tensors cross as
+raw device pointers (bf16 data is read as ``__nv_bfloat16`` inside the kernels), so nothing is
+copied, nothing synchronises with the host, and the only allocations are ``torch.empty`` outputs
+on the input's device when no ``out=`` is given -- everything here can be captured in a CUDA graph
+once the kernels are compiled (``optimized.kernels.load_all()`` or one eager call of each op).
+
+Integer index tensors (block tables, lengths, positions, ids, slots) are int32. bf16 rows are
+read with 16-byte loads: their base pointers must be 16-byte aligned and row strides a multiple
+of 8 elements (checked).
+
+Reference twins: ``reference/attention.py`` (paged_prefill, split_kv_partials, reduce_splits /
+merge_two, merge_states), ``reference/sampling.py`` (sample_one), ``reference/model.py``
+(rms_norm, apply_rope, silu * up, embedding), ``reference/kv_cache.py`` (KVCache.write).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import kernels
+
+__all__ = [
+    "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
+    "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
+    "sample", "pack_sampling_params", "prefill_smem_bytes", "decode_smem_bytes", "ATTN_HEAD_DIMS",
+]
+
+#: head dims the attention kernels are instantiated for
+ATTN_HEAD_DIMS = (32, 64, 128)
+#: query rows per paged-prefill CTA (tokens x GQA group); the GQA group must not exceed it
+PREFILL_ROWS = 64
+
+_I32_MAX = 2**31 - 1
+_lock = threading.Lock()
+_functions: dict[tuple[int, str, str], object] = {}
+_streams: dict[tuple[int, int], object] = {}
+
+
+#: paged-prefill kernels per head dim: variant -> (kernel name, keys per tile); "default" is used
+#: unless a caller names another (benches compare them)
+PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int]]] = {
+    32: {"default": ("paged_prefill_d32", 64)},
+    64: {"default": ("paged_prefill_d64", 64)},
+    128: {"default": ("paged_prefill_d128", 64), "bn32": ("paged_prefill_d128_bn32", 32)},
+}
+
+
+def prefill_smem_bytes(head_dim: int, block_n: int = 64) -> int:
+    """Dynamic shared memory of a paged-prefill kernel: 2 stages of K and V tiles (Q aliases one)."""
+    return 4 * block_n * (head_dim + 8) * 2
+
+
+def decode_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of ``split_kv_partials_d{head_dim}``."""
+    return (16 + 4 * 64) * (head_dim + 8) * 2
+
+
+# --------------------------------------------------------------------------------------
+# launching
+# --------------------------------------------------------------------------------------
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _function(dev: int, module: str, name: str, smem: int):
+    key = (dev, module, name)
+    fn = _functions.get(key)
+    if fn is None:
+        with _lock:
+            fn = _functions.get(key)
+            if fn is None:
+                fn = kernels.load(module).get_function(name)
+                if smem > 48 * 1024:
+                    fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default, once
+                _functions[key] = fn
+    return fn
+
+
+def _stream(dev: int):
+    import cupy
+
+    ptr = torch.cuda.current_stream(dev).cuda_stream
+    key = (dev, ptr)
+    s = _streams.get(key)
+    if s is None:
+        s = cupy.cuda.ExternalStream(ptr, dev)
+        _streams[key] = s
+    return s
+
+
+def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+    import cupy
+
+    dev = _device_index(ref)
+    with cupy.cuda.Device(dev):
+        fn = _function(dev, module, name, smem)
+        with _stream(dev):
+            fn(grid, block, args, shared_mem=smem)
+
+
+def _p(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def _i(x: int) -> np.int32:
+    if not (-(2**31) <= int(x) <= _I32_MAX):
+        raise ValueError(f"value {x} does not fit in int32")
+    return np.int32(x)
+
+
+def _f(x: float) -> np.float32:
+    return np.float32(x)
+
+
+def _grid_1d(total: int, threads: int, max_blocks: int = 132 * 32) -> tuple[int, int, int]:
+    return (max(1, min(max_blocks, -(-total // threads))), 1, 1)
+
+
+# --------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _tensor(name: str, t, dtype: torch.dtype | tuple[torch.dtype, ...], dims: int | None = None) -> torch.Tensor:
+    _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _need(t.is_cuda, f"{name} must be a CUDA tensor, got device {t.device}")
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    _need(t.dtype in dtypes, f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if dims is not None:
+        _need(t.dim() == dims, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def _contig(name: str, t: torch.Tensor) -> None:
+    _need(t.is_contiguous(), f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
+def _aligned16(name: str, t: torch.Tensor) -> None:
+    _need(t.data_ptr() % 16 == 0, f"{name} must start on a 16-byte boundary (data_ptr % 16 = {t.data_ptr() % 16})")
+
+
+def _rows(name: str, t: torch.Tensor, inner: int) -> int:
+    """bf16 tensor whose trailing ``inner`` dims are contiguous and whose dim 0 has a free stride
+    (multiple of 8 elements, 16-byte aligned base). Returns the row stride in elements."""
+    shape, stride = t.shape, t.stride()
+    expect = 1
+    for d in range(t.dim() - 1, t.dim() - 1 - inner, -1):
+        _need(shape[d] == 1 or stride[d] == expect,
+              f"{name}: dims {t.dim() - inner}.. must be contiguous (shape {tuple(shape)}, strides {stride})")
+        expect *= shape[d]
+    row = stride[0] if shape[0] > 1 else expect
+    _need(row % 8 == 0, f"{name}: row stride {row} must be a multiple of 8 elements (16-byte rows)")
+    _need(row <= _I32_MAX, f"{name}: row stride {row} does not fit in int32")
+    _aligned16(name, t)
+    return row
+
+
+def _same_device(**tensors: torch.Tensor | None) -> None:
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    first = next(iter(devs.values()))
+    bad = [f"{n}={d}" for n, d in devs.items() if d != first]
+    _need(not bad, f"all tensors must be on {first}; got {', '.join(bad)}")
+
+
+def _out(name: str, out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    _tensor(name, out, dtype)
+    _need(tuple(out.shape) == tuple(shape), f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    _contig(name, out)
+    _aligned16(name, out)
+    return out
+
+
+def _int_vec(name: str, t: torch.Tensor, n: int | None = None) -> None:
+    _tensor(name, t, torch.int32, 1)
+    _contig(name, t)
+    if n is not None:
+        _need(t.shape[0] == n, f"{name} must have length {n}, got {t.shape[0]}")
+
+
+def _cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    _tensor("k_cache", k_cache, torch.bfloat16, 4)
+    _tensor("v_cache", v_cache, torch.bfloat16, 4)
+    _need(k_cache.shape == v_cache.shape,
+          f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same shape")
+    _contig("k_cache", k_cache)
+    _contig("v_cache", v_cache)
+    _aligned16("k_cache", k_cache)
+    _aligned16("v_cache", v_cache)
+    N, bs, n_kv, D = k_cache.shape
+    return N, bs, n_kv, D
+
+
+def _pow2_block(bs: int) -> None:
+    _need(bs > 0 and bs & (bs - 1) == 0, f"block_size {bs} must be a power of two for the attention kernels")
+
+
+def _block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, B: int | None) -> tuple[int, int]:
+    _tensor("block_tables", block_tables, torch.int32, 2)
+    _contig("block_tables", block_tables)
+    _int_vec("seq_lens", seq_lens)
+    _need(block_tables.shape[0] == seq_lens.shape[0],
+          f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} disagree on the batch")
+    if B is not None:
+        _need(block_tables.shape[0] == B, f"block_tables must have {B} rows (one per sequence), got {block_tables.shape[0]}")
+    return block_tables.shape[0], block_tables.shape[1]
+
+
+def _scale(scale: float | None, D: int) -> float:
+    s = D ** -0.5 if scale is None else float(scale)
+    _need(s > 0 and math.isfinite(s), f"scale must be a finite positive number, got {s}")
+    return s
+
+
+# --------------------------------------------------------------------------------------
+# memory ops
+# --------------------------------------------------------------------------------------
+
+def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    """``k_cache.view(-1, n_kv, D)[slot_mapping[t]] = k[t]`` (same for v); slot ``-1`` skips the row.
+
+    ``k, v``: bf16 ``[T, n_kv, D]`` (a token-row stride is allowed: slices of a fused qkv buffer);
+    caches bf16 ``[num_blocks, block_size, n_kv, D]``; ``slot_mapping`` int32 ``[T]``.
+    """
+    _tensor("k", k, torch.bfloat16, 3)
+    _tensor("v", v, torch.bfloat16, 3)
+    N, bs, n_kv, D = _cache_pair(k_cache, v_cache)
+    T = k.shape[0]
+    _need(tuple(k.shape) == (T, n_kv, D), f"k must have shape [T, {n_kv}, {D}], got {tuple(k.shape)}")
+    _need(tuple(v.shape) == (T, n_kv, D), f"v must have shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    _need((n_kv * D) % 8 == 0, f"n_kv * D = {n_kv * D} must be a multiple of 8")
+    _int_vec("slot_mapping", slot_mapping, T)
+    _same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    if T == 0:
+        return
+    ks, vs = _rows("k", k, 2), _rows("v", v, 2)
+    total = T * (n_kv * D // 8)
+    _launch(k, "kv_cache", "store_kvcache", _grid_1d(total, 256), (256, 1, 1),
+            (_p(k), _i(ks), _p(v), _i(vs), _p(k_cache), _p(v_cache), _p(slot_mapping), _i(T), _i(n_kv), _i(D)))
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``table[ids]``: int32 ``ids [T]``, bf16 ``table [V, H]`` -> bf16 ``[T, H]`` (out-of-range ids give zero rows)."""
+    _int_vec("ids", ids)
+    _tensor("table", table, torch.bfloat16, 2)
+    _contig("table", table)
+    _aligned16("table", table)
+    V, H = table.shape
+    _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
+    T = ids.shape[0]
+    out = _out("out", out, (T, H), torch.bfloat16, table)
+    _same_device(ids=ids, table=table, out=out)
+    if T == 0:
+        return out
+    _launch(table, "embedding", "embedding", _grid_1d(T * H // 8, 256), (256, 1, 1),
+            (_p(ids), _p(table), _p(out), _i(T), _i(H), _i(V)))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# norms, rope, activation
+# --------------------------------------------------------------------------------------
+
+def _norm_threads(H: int) -> int:
+    return min(1024, max(32, -(-(H // 8) // 32) * 32))
+
+
+def _as_rows(name: str, x: torch.Tensor) -> torch.Tensor:
+    _tensor(name, x, torch.bfloat16)
+    _need(x.dim() >= 2, f"{name} must have at least 2 dimensions, got shape {tuple(x.shape)}")
+    if x.dim() > 2:
+        _need(x.is_contiguous(), f"{name} with more than 2 dimensions must be contiguous")
+        x = x.view(-1, x.shape[-1])
+    return x
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Qwen3RMSNorm: ``weight * bf16(x * rsqrt(mean(x^2) + eps))``; bf16 ``x [..., H]`` (row stride allowed)."""
+    x2 = _as_rows("x", x)
+    T, H = x2.shape
+    _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
+    _tensor("weight", weight, torch.bfloat16, 1)
+    _contig("weight", weight)
+    _aligned16("weight", weight)
+    _need(weight.shape[0] == H, f"weight must have length {H}, got {weight.shape[0]}")
+    out = _out("out", out, tuple(x.shape), torch.bfloat16, x)
+    _same_device(x=x, weight=weight, out=out)
+    if T == 0:
+        return out
+    xs = _rows("x", x2, 1)
+    o2 = out.view(-1, H)
+    _launch(x, "rmsnorm", "rmsnorm", (T, 1, 1), (_norm_threads(H), 1, 1),
+            (_p(x2), _i(xs), _p(weight), _p(o2), _i(H), _i(H), _f(eps)))
+    return out
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual = bf16(residual + x)`` in place, then returns ``rmsnorm(residual)``."""
+    x2 = _as_rows("x", x)
+    r2 = _as_rows("residual", residual)
+    T, H = x2.shape
+    _need(tuple(r2.shape) == (T, H), f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
+    _tensor("weight", weight, torch.bfloat16, 1)
+    _contig("weight", weight)
+    _aligned16("weight", weight)
+    _need(weight.shape[0] == H, f"weight must have length {H}, got {weight.shape[0]}")
+    out = _out("out", out, tuple(x.shape), torch.bfloat16, x)
+    _same_device(x=x, residual=residual, weight=weight, out=out)
+    if T == 0:
+        return out
+    xs, rs = _rows("x", x2, 1), _rows("residual", r2, 1)
+    _launch(x, "rmsnorm", "add_rmsnorm", (T, 1, 1), (_norm_threads(H), 1, 1),
+            (_p(x2), _i(xs), _p(r2), _i(rs), _p(weight), _p(out.view(-1, H)), _i(H), _i(H), _f(eps)))
+    return out
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float) -> None:
+    """In place: per-head RMSNorm (``q_weight`` / ``k_weight [D]``) then rotate-half RoPE at ``positions``.
+
+    ``q [T, n_q, D]``, ``k [T, n_kv, D]`` bf16 (token-row strides allowed); ``cos, sin`` fp32
+    ``[max_pos, D/2]``; ``positions`` int32 ``[T]`` (a position outside the table is not rotated).
+    """
+    _tensor("q", q, torch.bfloat16, 3)
+    _tensor("k", k, torch.bfloat16, 3)
+    T, n_q, D = q.shape
+    _need(k.shape[0] == T and k.shape[2] == D, f"k must have shape [{T}, n_kv, {D}], got {tuple(k.shape)}")
+    n_kv = k.shape[1]
+    _need(D % 2 == 0 and 2 <= D <= 256, f"head_dim {D} must be even and <= 256")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        _tensor(name, w, torch.bfloat16, 1)
+        _contig(name, w)
+        _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        _tensor(name, t, torch.float32, 2)
+        _contig(name, t)
+        _need(t.shape[1] == D // 2, f"{name} must have shape [max_pos, {D // 2}], got {tuple(t.shape)}")
+    _need(cos.shape == sin.shape, f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must match")
+    _int_vec("positions", positions, T)
+    _same_device(q=q, k=k, q_weight=q_weight, k_weight=k_weight, cos=cos, sin=sin, positions=positions)
+    if T == 0:
+        return
+    qs = q.stride(0) if T > 1 else n_q * D
+    ks = k.stride(0) if T > 1 else n_kv * D
+    _need(q.stride(2) == 1 and (n_q == 1 or q.stride(1) == D), "q: heads and head_dim must be contiguous")
+    _need(k.stride(2) == 1 and (n_kv == 1 or k.stride(1) == D), "k: heads and head_dim must be contiguous")
+    warps = T * (n_q + n_kv)
+    _launch(q, "rope", "qk_norm_rope", (-(-warps // 4), 1, 1), (128, 1, 1),
+            (_p(q), _i(qs), _p(k), _i(ks), _p(q_weight), _p(k_weight), _p(cos), _p(sin), _p(positions),
+             _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps)))
+
+
+def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` in fp32, rounded once: bf16 ``x [T, 2I]`` -> ``[T, I]``."""
+    _tensor("x", x, torch.bfloat16, 2)
+    T, I2 = x.shape
+    _need(I2 % 16 == 0, f"x's last dim {I2} must be 2*I with I a multiple of 8")
+    I = I2 // 2
+    out = _out("out", out, (T, I), torch.bfloat16, x)
+    _same_device(x=x, out=out)
+    if T == 0:
+        return out
+    xs = _rows("x", x, 1)
+    _launch(x, "activation", "silu_mul", _grid_1d(T * I // 8, 256), (256, 1, 1),
+            (_p(x), _i(xs), _p(out), _i(T), _i(I)))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------
+
+def _attn_q(name: str, q: torch.Tensor) -> tuple[int, int, int, int]:
+    _tensor(name, q, torch.bfloat16, 3)
+    T, n_q, D = q.shape
+    _need(D in ATTN_HEAD_DIMS, f"head_dim {D} not supported (kernels exist for {ATTN_HEAD_DIMS})")
+    _need(q.stride(2) == 1 and (n_q == 1 or q.stride(1) == D), f"{name}: heads and head_dim must be contiguous")
+    qs = _rows(name, q, 2) if T > 0 else n_q * D
+    return T, n_q, D, qs
+
+
+def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
+    _need(n_kv > 0 and n_q % n_kv == 0, f"n_q = {n_q} must be a multiple of n_kv = {n_kv}")
+    g = n_q // n_kv
+    if max_group is not None:
+        _need(g <= max_group, f"GQA group {g} exceeds {max_group}")
+    return g
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor, q_seq_idx: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None,
+                  *, out: torch.Tensor | None = None, variant: str = "default") -> torch.Tensor:
+    """Causal attention by absolute position over each sequence's pages (twin: ``reference.attention.paged_prefill``).
+
+    ``q [T, n_q, D]`` bf16 (token-row stride allowed); caches bf16 ``[N, bs, n_kv, D]``;
+    ``block_tables`` int32 ``[B, M]``; ``seq_lens`` int32 ``[B]``; ``q_seq_idx, q_pos`` int32 ``[T]``
+    (``q_pos < 0``: padding row, written as zeros). The caller has run the guards
+    (``check_block_tables`` / ``check_query_positions``). Rows of one sequence are best kept
+    contiguous in ``T`` (one chunk per sequence, padding anywhere): the kernel stays correct
+    otherwise but a CTA then makes one pass over the KV per sequence it holds.
+    Returns bf16 ``[T, n_q, D]``.
+    """
+    T, n_q, D, qs = _attn_q("q", q)
+    N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
+    _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
+    _pow2_block(bs)
+    G = _gqa(n_q, n_kv, PREFILL_ROWS)
+    B, M = _block_tables(block_tables, seq_lens, None)
+    _int_vec("q_seq_idx", q_seq_idx, T)
+    _int_vec("q_pos", q_pos, T)
+    out = _out("out", out, (T, n_q, D), torch.bfloat16, q)
+    _same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
+                 q_seq_idx=q_seq_idx, q_pos=q_pos, out=out)
+    if T == 0:
+        return out
+    _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
+    _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
+    kname, block_n = PREFILL_VARIANTS[D][variant]
+    tt = PREFILL_ROWS // G
+    grid = (-(-T // tt), n_kv, 1)
+    smem = prefill_smem_bytes(D, block_n)
+    _launch(q, "attention", kname, grid, (128, 1, 1),
+            (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),
+             _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D))), smem)
+    return out
+
+
+def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size: int) -> int:
+    """Splits of the longest sequence a table can describe (no device read, so no host sync)."""
+    return max(1, -(-(block_tables.shape[1] * block_size) // split_size))
+
+
+def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                      seq_lens: torch.Tensor, split_size: int, scale: float | None = None,
+                      max_splits: int | None = None, *, o_part: torch.Tensor | None = None,
+                      lse_part: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial states of every split (twin: ``reference.attention.split_kv_partials``).
+
+    ``q [B, n_q, D]`` bf16 (one query per sequence; row stride allowed). Split ``k`` covers key
+    positions ``[k*split_size, (k+1)*split_size)`` clipped to ``seq_lens[b]``. ``max_splits``
+    defaults to ``ceil(max_blocks * block_size / split_size)`` (an upper bound known without reading
+    the device); splits past a sequence's end write ``o = 0, lse = -inf``.
+    Returns fp32 ``o_part [B, max_splits, n_q, D]`` and natural-log ``lse_part [B, max_splits, n_q]``.
+    """
+    B, n_q, D, qs = _attn_q("q", q)
+    N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
+    _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
+    _pow2_block(bs)
+    G = _gqa(n_q, n_kv)
+    _, M = _block_tables(block_tables, seq_lens, B)
+    split_size = int(split_size)
+    _need(1 <= split_size <= _I32_MAX, f"split_size must be in [1, 2**31), got {split_size}")
+    S = _default_max_splits(block_tables, bs, split_size) if max_splits is None else int(max_splits)
+    _need(S >= 1, f"max_splits must be >= 1, got {S}")
+    o_part = _out("o_part", o_part, (B, S, n_q, D), torch.float32, q)
+    lse_part = _out("lse_part", lse_part, (B, S, n_q), torch.float32, q)
+    _same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
+                 o_part=o_part, lse_part=lse_part)
+    if B == 0:
+        return o_part, lse_part
+    HG = -(-G // 16)
+    _need(B <= 65535 and n_kv * HG <= 65535, "batch or KV-head count exceeds the grid limits")
+    grid = (S, n_kv * HG, B)
+    smem = decode_smem_bytes(D)
+    _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
+            (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
+             _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D))), smem)
+    return o_part, lse_part
+
+
+def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.Tensor | None = None,
+                    lse_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fold splits ``0 .. S-1`` in index order (twin: ``reference.attention.reduce_splits``).
+
+    fp32 ``o_part [B, S, n_q, D]``, ``lse_part [B, S, n_q]`` -> bf16 ``out [B, n_q, D]``; the merged
+    lse is written to ``lse_out`` (fp32 ``[B, n_q]``) when given.
+    """
+    _tensor("o_part", o_part, torch.float32, 4)
+    _tensor("lse_part", lse_part, torch.float32, 3)
+    _contig("o_part", o_part)
+    _contig("lse_part", lse_part)
+    _aligned16("o_part", o_part)
+    B, S, n_q, D = o_part.shape
+    _need(tuple(lse_part.shape) == (B, S, n_q), f"lse_part must have shape {(B, S, n_q)}, got {tuple(lse_part.shape)}")
+    _need(S >= 1, "at least one split is needed")
+    _need(D % 4 == 0, f"head_dim {D} must be a multiple of 4")
+    out = _out("out", out, (B, n_q, D), torch.bfloat16, o_part)
+    if lse_out is not None:
+        lse_out = _out("lse_out", lse_out, (B, n_q), torch.float32, o_part)
+    _same_device(o_part=o_part, lse_part=lse_part, out=out, lse_out=lse_out)
+    if B * n_q == 0:
+        return out
+    total = B * n_q * (D // 4)
+    _launch(o_part, "attention", "split_kv_reduce", (-(-total // 256), 1, 1), (256, 1, 1),
+            (_p(o_part), _p(lse_part), _p(out), _p(lse_out), _i(B), _i(n_q), _i(D), _i(S)))
+    return out
+
+
+def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, split_size: int | None, scale: float | None = None, *,
+                    max_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention of one query per sequence (twin: ``reference.attention.split_kv_decode``).
+
+    ``split_size=None`` runs one split over all keys. Partials go to ``torch.empty`` scratch on the
+    same device. Returns bf16 ``[B, n_q, D]``.
+    """
+    _tensor("block_tables", block_tables, torch.int32, 2)
+    _tensor("k_cache", k_cache, torch.bfloat16, 4)
+    if split_size is None:
+        split_size = max(1, block_tables.shape[1] * k_cache.shape[1])
+        max_splits = 1
+    o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits)
+    return split_kv_reduce(o_part, lse_part, out=out)
+
+
+def merge_states(o: torch.Tensor, lse: torch.Tensor, *, out: torch.Tensor | None = None,
+                 lse_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold ``N`` partial states in the given order (twin: ``reference.attention.merge_states``).
+
+    fp32 ``o [N, ..., D]``, ``lse [N, ...]`` (already sorted by global block index, duplicates
+    rejected -- that stays in Python) -> fp32 ``o [..., D]``, ``lse [...]``.
+    """
+    _tensor("o", o, torch.float32)
+    _tensor("lse", lse, torch.float32)
+    _contig("o", o)
+    _contig("lse", lse)
+    _need(o.dim() >= 2 and lse.dim() == o.dim() - 1 and tuple(lse.shape) == tuple(o.shape[:-1]),
+          f"o [N, ..., D] and lse [N, ...] disagree: {tuple(o.shape)} / {tuple(lse.shape)}")
+    N, D = o.shape[0], o.shape[-1]
+    _need(N >= 1, "no partial states to merge")
+    R = math.prod(o.shape[1:-1])
+    out = _out("out", out, tuple(o.shape[1:]), torch.float32, o)
+    lse_out = _out("lse_out", lse_out, tuple(lse.shape[1:]), torch.float32, o)
+    _same_device(o=o, lse=lse, out=out, lse_out=lse_out)
+    if R * D == 0:
+        return out, lse_out
+    _launch(o, "attention", "merge_states", (-(-(R * D) // 256), 1, 1), (256, 1, 1),
+            (_p(o), _p(lse), _p(out), _p(lse_out), _i(N), _i(R), _i(D)))
+    return out, lse_out
+
+
+# --------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           seed_lo: torch.Tensor, seed_hi: torch.Tensor, pos: torch.Tensor, mode: torch.Tensor, *,
+           tokens: torch.Tensor | None = None, logprobs: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of fp32 ``logits [B, V]`` (twin: ``reference.sampling.sample_one``).
+
+    Per-row parameters, each a contiguous ``[B]`` tensor: ``temperature`` fp32 (0: greedy),
+    ``top_k`` int32 (0 disables), ``top_p`` fp32 (1 disables), ``seed_lo`` / ``seed_hi`` int32 or
+    uint32 (the two 32-bit halves of the 64-bit seed), ``pos`` int32 (absolute position of the
+    sampled token), ``mode`` int32 (0 raw logprob, 1 processed). ``pack_sampling_params`` builds
+    them from ``SamplingParams``. Returns int32 ``tokens [B]`` and fp32 ``logprobs [B]``.
+    """
+    _tensor("logits", logits, torch.float32, 2)
+    B, V = logits.shape
+    _need(logits.stride(1) == 1 or V == 1, "logits rows must be contiguous")
+    _need(1 <= V <= _I32_MAX, f"vocabulary size {V} out of range")
+    ld = logits.stride(0) if B > 1 else V
+    checks = (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+              ("top_p", top_p, torch.float32), ("seed_lo", seed_lo, (torch.int32, torch.uint32)),
+              ("seed_hi", seed_hi, (torch.int32, torch.uint32)), ("pos", pos, torch.int32),
+              ("mode", mode, torch.int32))
+    for name, t, dt in checks:
+        _tensor(name, t, dt, 1)
+        _contig(name, t)
+        _need(t.shape[0] == B, f"{name} must have length {B}, got {t.shape[0]}")
+    tokens = _out("tokens", tokens, (B,), torch.int32, logits)
+    logprobs = _out("logprobs", logprobs, (B,), torch.float32, logits)
+    _same_device(logits=logits, temperature=temperature, top_k=top_k, top_p=top_p, seed_lo=seed_lo,
+                 seed_hi=seed_hi, pos=pos, mode=mode, tokens=tokens, logprobs=logprobs)
+    if B == 0:
+        return tokens, logprobs
+    _launch(logits, "sampling", "sample", (B, 1, 1), (1024, 1, 1),
+            (_p(logits), _i(ld), _i(V), _p(temperature), _p(top_k), _p(top_p), _p(seed_lo), _p(seed_hi),
+             _p(pos), _p(mode), _p(tokens), _p(logprobs)))
+    return tokens, logprobs
+
+
+def _u32_as_i32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    return x - 2**32 if x >= 2**31 else x
+
+
+def pack_sampling_params(params: Sequence, positions: Sequence[int], device: torch.device | str
+                         ) -> dict[str, torch.Tensor]:
+    """The per-row tensors ``sample`` takes, from ``SamplingParams`` objects and token positions.
+
+    (Builds host tensors and copies them to ``device``: call it outside graph capture.)
+    """
+    _need(len(params) == len(positions), f"{len(params)} params but {len(positions)} positions")
+    seeds = [int(sp.seed) for sp in params]
+    host = {
+        "temperature": torch.tensor([float(sp.temperature) for sp in params], dtype=torch.float32),
+        "top_k": torch.tensor([int(sp.top_k) for sp in params], dtype=torch.int32),
+        "top_p": torch.tensor([float(sp.top_p) for sp in params], dtype=torch.float32),
+        "seed_lo": torch.tensor([_u32_as_i32(s) for s in seeds], dtype=torch.int32),
+        "seed_hi": torch.tensor([_u32_as_i32(s >> 32) for s in seeds], dtype=torch.int32),
+        "pos": torch.tensor([int(p) for p in positions], dtype=torch.int32),
+        "mode": torch.tensor([1 if getattr(sp, "logprobs_mode", "raw") == "processed" else 0 for sp in params],
+                             dtype=torch.int32),
+    }
+    return {k: v.to(device, non_blocking=False) for k, v in host.items()}
