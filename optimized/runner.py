@@ -38,8 +38,12 @@ def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> N
     pages = tables[valid]
     if ((pages < 0) | (pages >= num_blocks)).any():
         raise BlockTableError("a block table holds a page id outside the pool")
-    if np.unique(pages).size != pages.size:
-        raise BlockTableError("a page appears twice in the step's block tables")
+    rows = np.nonzero(valid)[0]                       # a page may be shared across sequences, never within one
+    if np.unique(rows.astype(np.int64) * num_blocks + pages).size != pages.size:
+        raise BlockTableError("a page appears twice in one sequence's block table")
+    writes = batch.slot_mapping[batch.slot_mapping >= 0]
+    if np.unique(writes).size != writes.size:
+        raise BlockTableError("two rows of the step write the same cache slot")
     if (tables[~valid] != -1).any():
         raise BlockTableError("block-table entries past a sequence's blocks must be -1")
     if ((batch.positions < 0) | (batch.positions >= lens[batch.q_seq_idx])).any():

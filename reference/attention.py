@@ -34,12 +34,13 @@ def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_b
 
     * every sequence length is ``>= 0`` and its table has ``ceil(len / block_size)`` leading valid entries;
     * every valid entry is a physical page id in ``[0, num_blocks)``; entries past them are ``-1``;
-    * no page is used twice (within or across sequences).
+    * no page appears twice in one sequence's table. (Several sequences may read one page: group
+      prefix sharing. Writes are checked separately: no two rows of a step write one slot.)
     """
     if block_tables.dim() != 2 or seq_lens.dim() != 1 or block_tables.shape[0] != seq_lens.shape[0]:
         raise BlockTableError(f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} disagree")
-    seen: set[int] = set()
     for b in range(block_tables.shape[0]):
+        seen: set[int] = set()
         n = int(seq_lens[b])
         if n < 0:
             raise BlockTableError(f"sequence {b}: negative length {n}")
@@ -52,7 +53,7 @@ def check_block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_b
                 if not (0 <= page < num_blocks):
                     raise BlockTableError(f"sequence {b}: block {j} -> page {page} outside [0, {num_blocks})")
                 if page in seen:
-                    raise BlockTableError(f"sequence {b}: page {page} is used twice")
+                    raise BlockTableError(f"sequence {b}: page {page} appears twice in its table")
                 seen.add(page)
             elif page != -1:
                 raise BlockTableError(f"sequence {b}: entry {j} = {page} past the sequence's {need} blocks must be -1")

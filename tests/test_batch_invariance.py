@@ -121,11 +121,12 @@ def test_guards_reject_every_malformed_table(data):
     elif mutation == "trailing":
         b = data.draw(st.integers(0, B - 1))
         bad_bt[b, width - 1] = 0
-    elif mutation == "duplicate":
-        if len(used) < 2:
+    elif mutation == "duplicate":                                  # twice within one table
+        multi = [b for b in range(B) if len(tables[b]) >= 2]
+        if not multi:
             return
-        (b1, j1), (b2, j2) = used[0], used[-1]
-        bad_bt[b2, j2] = bad_bt[b1, j1]
+        b = data.draw(st.sampled_from(multi))
+        bad_bt[b, len(tables[b]) - 1] = bad_bt[b, 0]
     else:
         bad_lens[0] = -1
     with pytest.raises(reference.BlockTableError):
