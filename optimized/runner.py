@@ -28,24 +28,27 @@ LEN_BUCKETS = (256, 1024, 4096, 16384, 65536)                         # longest 
 
 
 def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> None:
-    """The launch guards of DESIGN §3, vectorised over the step (numpy, before any upload)."""
+    """The launch guards of DESIGN §3, vectorised over the step (numpy, before any upload).
+
+    A table may hold pages past ``ceil(seq_len / block_size)``: admission reserves pages for the
+    whole context while a long prefill runs in chunks. Every non ``-1`` entry must still be a page
+    of the pool, and no page may appear twice in one table."""
     tables, lens = batch.block_tables, batch.seq_lens
     need = (lens.astype(np.int64) + block_size - 1) // block_size                    # [B]
     if (need > tables.shape[1]).any():
         raise BlockTableError("a block table is shorter than its sequence length needs")
     cols = np.arange(tables.shape[1])[None, :]                                        # [1, M]
-    valid = cols < need[:, None]                                                      # [B, M]
-    pages = tables[valid]
-    if ((pages < 0) | (pages >= num_blocks)).any():
+    if (tables[cols < need[:, None]] < 0).any():
+        raise BlockTableError("a block the sequence length needs has no page")
+    held = tables >= 0                                                                # [B, M]
+    if (tables >= num_blocks).any() or (tables < -1).any():
         raise BlockTableError("a block table holds a page id outside the pool")
-    rows = np.nonzero(valid)[0]                       # a page may be shared across sequences, never within one
-    if np.unique(rows.astype(np.int64) * num_blocks + pages).size != pages.size:
+    rows = np.nonzero(held)[0]                        # a page may be shared across sequences, never within one
+    if np.unique(rows.astype(np.int64) * num_blocks + tables[held]).size != rows.size:
         raise BlockTableError("a page appears twice in one sequence's block table")
     writes = batch.slot_mapping[batch.slot_mapping >= 0]
     if np.unique(writes).size != writes.size:
         raise BlockTableError("two rows of the step write the same cache slot")
-    if (tables[~valid] != -1).any():
-        raise BlockTableError("block-table entries past a sequence's blocks must be -1")
     if ((batch.positions < 0) | (batch.positions >= lens[batch.q_seq_idx])).any():
         raise BlockTableError("a query position is not in its sequence's cache")
     expect = tables[batch.q_seq_idx, batch.positions // block_size] * block_size + batch.positions % block_size
