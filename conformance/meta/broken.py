@@ -1,0 +1,95 @@
+"""Deliberately broken engines (the reference with one bug each), as ``--engine`` factories.
+
+Each must be caught by the named clause:
+
+* ``forgets_pending``  (TURN): resume skips the pending token's K/V (its slot is never written).
+* ``reprefills``       (MEM): resume drops the cached KV and re-prefills the whole context (tokens stay right).
+* ``nan_empty_splits`` (SPLITK): ``engine.kernels`` split-KV writes NaN for empty splits and merges without guards.
+* ``leaks_block``      (MEM): ``rollout_finish`` keeps one page out of the free list.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import reference
+from reference import attention
+from reference.kernels import ReferenceKernels
+
+from ..engines import _config, _weights
+
+
+class ForgetsPending(reference.Engine):
+    def rollout_continue(self, sid, observation_ids=()):
+        super().rollout_continue(sid, observation_ids)
+        seq = self._seqs[sid]
+        if seq.num_cached < seq.num_tokens - 1:      # pretend the pending token is cached: it never gets K/V
+            seq.num_cached += 1
+
+
+class Reprefills(reference.Engine):
+    def rollout_continue(self, sid, observation_ids=()):
+        super().rollout_continue(sid, observation_ids)
+        self.scheduler.drop_kv(self._seqs[sid])      # forget the cached context: it is recomputed from token 0
+
+
+class LeaksBlock(reference.Engine):
+    def rollout_finish(self, sid):
+        seq = self._seq(sid)
+        if seq.block_table:
+            seq.block_table.pop()                    # this page never returns to the pool
+        return super().rollout_finish(sid)
+
+
+class NaNSplitKernels(ReferenceKernels):
+    """Split-KV without the empty-split guards: ``o = NaN`` for empty splits and a naive log-sum-exp merge."""
+
+    def split_kv_partials(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None, max_splits=None):
+        o, lse = super().split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits)
+        o = torch.where(torch.isneginf(lse)[..., None], torch.full_like(o, float("nan")), o)
+        return o, lse
+
+    def split_kv_decode(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None):
+        if split_size is None:
+            split_size = max([int(x) for x in seq_lens] + [1])
+        o, lse = self.split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale)
+        m = lse.max(dim=1, keepdim=True).values                     # -inf for an empty sequence
+        w = torch.exp(lse - m)                                      # exp(-inf - -inf) = NaN
+        out = (w[..., None] * o).sum(1) / w.sum(1)[..., None]       # 0 * NaN = NaN
+        return out.to(q.dtype)
+
+    def merge_states(self, states):
+        order = attention.ordered_states(states)
+        lse = torch.stack([s.lse for s in order])
+        o = torch.stack([s.o for s in order])
+        m = lse.max(0).values
+        w = torch.exp(lse - m)
+        return (w[..., None] * o).sum(0) / w.sum(0)[..., None], m + torch.log(w.sum(0))
+
+
+class NaNEmptySplits(reference.Engine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kernels = NaNSplitKernels(self.dtype)
+
+
+def _factory(cls):
+    def factory(model, weights=None, **engine_kwargs):
+        cfg = _config(model)
+        return cls.from_state_dict(cfg, _weights(cfg, weights), **engine_kwargs)
+    factory.__name__ = cls.__name__
+    return factory
+
+
+forgets_pending = _factory(ForgetsPending)
+reprefills = _factory(Reprefills)
+leaks_block = _factory(LeaksBlock)
+nan_empty_splits = _factory(NaNEmptySplits)
+
+#: factory name -> the clause that must catch it (and the pytest -m / -k selection that runs it quickly)
+EXPECTED = {
+    "forgets_pending": ("TURN", "test_multi_turn_equals_single_shot"),
+    "reprefills": ("MEM", "test_resume_grows_by_delta_only"),
+    "nan_empty_splits": ("SPLITK", "test_every_split_size or test_partials_empty_splits_and_merge"),
+    "leaks_block": ("MEM", "test_no_leak_after_finish"),
+}

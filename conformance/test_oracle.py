@@ -1,0 +1,97 @@
+"""ORACLE: greedy tokens equal the no-cache oracle (``reference.oracle``) wherever its margin is decisive."""
+# ruff: noqa: B023  (failure messages are lambdas called at once, inside the loop)
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conformance import cases, oracles
+from conformance.harness import (Tally, drive, early_stop, expected_stop, oracle_tally, require_share,
+                                 trajectory_oracle_tally)
+from conformance.tolerance import min_decisive_share
+from reference.oracle import oracle_generate
+
+pytestmark = pytest.mark.clause("ORACLE")
+
+
+def _prompts(case, scale, seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    bs = case.block_size
+    lens = cases.boundary_lengths(bs, max(scale.max_prompt, 2 * bs + 1))
+    return [cases.random_tokens(rng, case.cfg.vocab_size, lens[i % len(lens)] if i % 2 else rng.randint(1, scale.max_prompt))
+            for i in range(n)]
+
+
+def test_generate_matches_oracle(conf, scale, model):
+    """generate(): every decisive step picks the oracle's token (teacher-forced along the engine's own tokens) and
+    every turn ends exactly where the stop rule says; the decisive share is reported and must reach the minimum."""
+    case = conf.case(model, "ORACLE")
+    eng = case.engine()
+    noise = case.noise(eng)
+    rng = random.Random(11)
+    stops = cases.stop_set(rng, case.cfg.vocab_size)
+    sp = case.sp(temperature=0.0, max_tokens=2 * scale.max_tokens, stop_token_ids=stops)
+    prompts = _prompts(case, scale, 12, scale.oracle_seqs)
+    with case.guard():
+        outs = eng.generate(prompts, sp)
+    tally = Tally()
+    for i, (p, toks) in enumerate(zip(prompts, outs)):
+        toks = [int(t) for t in toks]
+        case.check(expected_stop(len(p), toks, sp, eng.max_model_len) is not None and
+                   early_stop(len(p), toks, sp, eng.max_model_len) is None,
+                   lambda: f"generate prompt {i}: {toks} does not end where the stop rule says (stops {stops}, "
+                           f"max_tokens {sp.max_tokens})")
+        tally.add(oracle_tally(case, f"generate prompt {i} ({len(p)} tokens)", p, toks, None, sp, noise.bound))
+    conf.note(f"[ORACLE] {model}: {noise.describe()}")
+    require_share(case, tally, "decisive", min_decisive_share(noise.dtype), "generate vs no-cache oracle")
+
+
+def test_free_running_oracle(conf, scale, model):
+    """generate() against reference.oracle.oracle_generate run free (full recompute each step): equal up to the
+    first non-decisive step; equal stop reason when every step was decisive."""
+    case = conf.case(model, "ORACLE")
+    eng = case.engine()
+    noise = case.noise(eng)
+    sp = case.sp(temperature=0.0, max_tokens=scale.max_tokens,
+                 stop_token_ids=cases.stop_set(random.Random(13), case.cfg.vocab_size, 0.05))
+    prompts = _prompts(case, scale, 14, min(4, scale.oracle_seqs))
+    with case.guard():
+        outs = eng.generate(prompts, sp)
+    tally = Tally()
+    model_ = oracles.dense_model(model)
+    for i, (p, toks) in enumerate(zip(prompts, outs)):
+        ot = oracle_generate(model_, p, sp, eng.max_model_len)
+        n = len(ot.token_ids)
+        first_nd = next((j for j, m in enumerate(ot.margins) if not m > noise.bound), n)
+        tally.total += n
+        tally.decisive += first_nd
+        for j in range(min(first_nd, len(toks) + 1)):
+            case.check(j < len(toks) and toks[j] == ot.token_ids[j], lambda: (
+                f"generate prompt {i}: step {j}: engine {toks[j] if j < len(toks) else '<ended>'} vs free-running "
+                f"oracle {ot.token_ids[j]} (margin {ot.margins[j]:.4g} > noise bound {noise.bound:.3g})\n"
+                f"engine {list(toks)}\noracle {ot.token_ids}"))
+        if first_nd == n:
+            case.check(list(toks) == ot.token_ids, lambda: (
+                f"generate prompt {i}: every oracle step was decisive but the turns differ in length "
+                f"(oracle stops with {ot.stop_reason!r})\nengine {list(toks)}\noracle {ot.token_ids}"))
+    tally.compared = tally.decisive
+    require_share(case, tally, "decisive", min_decisive_share(noise.dtype) / 3,
+                  "free-running oracle, decisive prefix")
+
+
+def test_rollout_matches_oracle(conf, scale, model):
+    """Multi-turn rollouts: every decisive assistant step picks the oracle's token given the trajectory so far, and
+    every sampled-token logprob equals the oracle's log-softmax (2 x noise bound)."""
+    case = conf.case(model, "ORACLE")
+    wl = cases.greedy_workload(case.cfg, case.block_size, scale, seed=15, stagger=True,
+                               n_seqs=min(scale.n_seqs, scale.oracle_seqs))
+    eng = case.engine()
+    noise = case.noise(eng)
+    with case.guard():
+        runs = drive(case, eng, wl)
+    tally = Tally()
+    for r in runs:
+        tally.add(trajectory_oracle_tally(case, f"sequence {r.sid}", r.trajectory, r.plan.sp, noise.bound))
+    require_share(case, tally, "decisive", min_decisive_share(noise.dtype), "rollouts vs no-cache oracle")
