@@ -11,6 +11,7 @@ import torch
 
 from reference import attention
 from reference.attention import PartialState
+from reference.errors import BlockTableError
 
 from . import ops
 
@@ -42,8 +43,12 @@ class OptimizedKernels:
         self._guard(k_cache, block_tables, seq_lens)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         lens = [int(x) for x in seq_lens]
-        if max_splits is None:
-            max_splits = max([attention.num_splits(n, split_size) for n in lens] + [1])
+        if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
+            raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
+        needed = max([attention.num_splits(n, split_size) for n in lens] + [1])
+        if max_splits is not None and max_splits < needed:
+            raise BlockTableError(f"max_splits={max_splits} is fewer than the {needed} splits the longest sequence needs")
+        max_splits = needed if max_splits is None else max_splits
         return ops.split_kv_partials(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
                                      self._i32(seq_lens), split_size, scale, max_splits)
 
@@ -51,6 +56,8 @@ class OptimizedKernels:
         self._guard(k_cache, block_tables, seq_lens)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         lens = [int(x) for x in seq_lens]
+        if split_size is not None and (isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1):
+            raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
         size = split_size if split_size is not None else max(lens + [1])
         max_splits = max([attention.num_splits(n, size) for n in lens] + [1])
         return ops.split_kv_decode(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),

@@ -15,6 +15,7 @@ pages may hold NaN, and ``0 * NaN = NaN``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -172,8 +173,14 @@ def split_kv_partials(
     """
     B, n_q, D = q.shape
     scale = D ** -0.5 if scale is None else scale
+    if isinstance(split_size, bool) or not isinstance(split_size, numbers.Integral) or split_size < 1:
+        raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
+    split_size = int(split_size)
     lens = [int(x) for x in seq_lens]
-    S = max([num_splits(n, split_size) for n in lens] + [1]) if max_splits is None else max_splits
+    needed = max([num_splits(n, split_size) for n in lens] + [1])
+    if max_splits is not None and max_splits < needed:
+        raise BlockTableError(f"max_splits={max_splits} is fewer than the {needed} splits the longest sequence needs")
+    S = needed if max_splits is None else max_splits
     o = torch.zeros(B, S, n_q, D, dtype=torch.float32)                    # [B, S, n_q, D]
     lse = torch.full((B, S, n_q), NEG_INF, dtype=torch.float32)           # [B, S, n_q]
     for b in range(B):
@@ -192,23 +199,24 @@ def split_kv_partials(
     return o, lse
 
 
-def merge_two(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_two(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial states (``o [..., D]``, ``lse [...]``, float32) with both NaN guards.
 
     An all ``-inf`` maximum is mapped to 0 before subtracting (no ``-inf - -inf``), and a zero
-    weight sum gives ``o = 0, lse = -inf``.
+    weight sum gives ``o = 0, lse = -inf``. An empty state (weight 0) contributes nothing, not
+    ``0 * o``. Nothing else is masked: a NaN state (a poisoned read) propagates, as it must.
     """
-    m = torch.maximum(lse_a, lse_b)                                       # [...]
-    m_safe = torch.where(torch.isfinite(m), m, 0.0)
+    m = torch.maximum(lse_a, lse_b)                                       # [...], NaN if either is NaN
+    m_safe = torch.where(torch.isneginf(m), 0.0, m)
     w_a = torch.exp(lse_a - m_safe)                                       # exp(-inf) = 0 for an empty state
     w_b = torch.exp(lse_b - m_safe)
     total = w_a + w_b
-    nonzero = total > 0
-    total_safe = torch.where(nonzero, total, 1.0)
-    o = (torch.where(w_a[..., None] > 0, o_a, 0.0) * w_a[..., None]
-         + torch.where(w_b[..., None] > 0, o_b, 0.0) * w_b[..., None]) / total_safe[..., None]
-    o = torch.where(nonzero[..., None], o, 0.0)
-    lse = torch.where(nonzero, m_safe + torch.log(total_safe), NEG_INF)
+    empty = total == 0
+    o = (torch.where(w_a[..., None] == 0, 0.0, o_a * w_a[..., None])
+         + torch.where(w_b[..., None] == 0, 0.0, o_b * w_b[..., None])) / torch.where(empty, 1.0, total)[..., None]
+    o = torch.where(empty[..., None], 0.0, o)
+    lse = torch.where(empty, float("-inf"), m_safe + torch.log(torch.where(empty, 1.0, total)))
     return o, lse
 
 

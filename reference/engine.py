@@ -233,6 +233,8 @@ class EngineCore:
         seq = self._seq(sid)
         if seq.followers:
             self._release_followers(seq)
+        if seq.state in (SeqState.WAITING, SeqState.RUNNING) and seq.num_tokens > seq.turn_start:
+            seq.end_turn("aborted", str(self.policy))      # close the open turn so spans cover every token
         self.scheduler.finish(seq)
         self._flush_ops()                  # drops a host copy of its KV, if it was swapped out
         self._outbox.pop(sid, None)

@@ -12,10 +12,11 @@ The hash (all arithmetic modulo 2**32)::
     mix(x):  x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16
     h   = mix(mix(mix(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ pos)
     r_i = mix(mix(h ^ i) + 0x632BE5AB)
-    u_i = ((r_i >> 8) + 0.5) / 2**24          # float32, in (0, 1]: the top value rounds to exactly 1.0
+    u_i = ((r_i >> 9) + 0.5) / 2**23          # float32, exact, in [2**-24, 1 - 2**-24]: never 0 or 1
 
-``u_i = 1`` gives ``g_i = +inf``: that entry wins if the filters keep it. The argmax runs over
-the surviving entries only (``-inf + inf`` would be NaN).
+23 bits keep every ``u_i`` exactly representable and strictly inside (0, 1), so the noise is always
+finite (with 24 bits the top value would round to 1.0 and give ``+inf``). The argmax runs over the
+surviving entries only.
 
 Filters, applied to ``l = logits / T`` in float32:
   * top-k (``0 < k < V``): keep entries with ``l_i >= (k-th largest l)`` (ties at the k-th value kept).
@@ -64,11 +65,11 @@ def sequence_key(seed: int, pos: int) -> int:
 
 
 def uniforms(seed: int, pos: int, vocab_size: int) -> torch.Tensor:
-    """``u_i`` for every vocabulary entry: float32 ``[V]`` in (0, 1]."""
+    """``u_i`` for every vocabulary entry: float32 ``[V]`` strictly inside (0, 1)."""
     h = sequence_key(seed, pos)
     i = torch.arange(vocab_size, dtype=torch.int64)                      # [V]
     r = mix32((mix32(i ^ h) + STREAM) & M32)                              # [V]
-    return ((r >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)       # [V]
+    return ((r >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)        # [V]
 
 
 def gumbel(seed: int, pos: int, vocab_size: int) -> torch.Tensor:

@@ -24,7 +24,6 @@ events after warm-up (GB/s of K/V read; TFLOP/s of causal attention) next to tor
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -209,7 +208,7 @@ def check_prefill(C: Checks, dev, gen) -> None:
             ref32 = ref_attn.paged_prefill(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), bt.long().cpu(),
                                            sl.long().cpu(), qi.long().cpu(), qp.long().cpu(), scale)
             refbf = torch.zeros(T, n_q, D, dtype=torch.bfloat16, device=dev)
-            for b, L in enumerate(lens):
+            for b in range(len(lens)):
                 rows = torch.nonzero((qi == b) & (qp >= 0)).flatten()
                 if rows.numel() == 0:
                     continue

@@ -19,7 +19,7 @@
 //     token = argmax over survivors of l_i + g_i, lowest index on ties, with
 //       mix(x): x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16  (uint32)
 //       h   = mix(mix(mix(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ pos)
-//       r_i = mix(mix(h ^ i) + 0x632BE5AB);  u_i = ((r_i >> 8) + 0.5f) * 2^-24;  g_i = -log(-log(u_i))
+//       r_i = mix(mix(h ^ i) + 0x632BE5AB);  u_i = ((r_i >> 9) + 0.5f) * 2^-23;  g_i = -log(-log(u_i))
 //   logprob: mode 0 (raw) = log_softmax(logits)[token];
 //            mode 1 (processed) = log_softmax over the survivors of l, at the token (= raw when greedy).
 //
@@ -52,7 +52,7 @@ __device__ __forceinline__ u32 mix32(u32 x) {
 
 __device__ __forceinline__ float gumbel(u32 h, u32 i) {
   const u32 r = mix32(mix32(h ^ i) + 0x632BE5ABu);
-  const float u = __fmul_rn(__fadd_rn(__uint2float_rn(r >> 8), 0.5f), 5.9604644775390625e-08f);  // * 2^-24
+  const float u = __fmul_rn(__fadd_rn(__uint2float_rn(r >> 9), 0.5f), 1.1920928955078125e-07f);  // * 2^-23, in (0, 1)
   return -logf(-logf(u));
 }
 
