@@ -40,7 +40,7 @@ def py_key(seed: int, pos: int) -> int:
 
 def py_uniform(seed: int, pos: int, i: int) -> float:
     r = py_mix((py_mix(py_key(seed, pos) ^ i) + 0x632BE5AB) & M32)
-    return float(np.float32(((r >> 8) + 0.5) / 2**24))   # the exact value, rounded once to float32
+    return float(np.float32(((r >> 9) + 0.5) / 2**23))   # exact in float32 (23 bits and a half)
 
 
 @settings(max_examples=examples(200))
