@@ -33,6 +33,8 @@ MODELS: dict[str, tuple[ModelConfig, dict]] = {
     "mha-d16": (_shape("mha-d16", 256, 48, 96, 2, 3, 3, 16), {"block_size": 8, "split_kv": "fixed:5", "max_model_len": 1024}),
     "gqa4-d64": (_shape("gqa4-d64", 384, 64, 128, 2, 8, 2, 64), {"block_size": 5, "split_kv": "auto", "max_model_len": 1024}),
     "mqa-d8": (_shape("mqa-d8", 320, 32, 64, 3, 4, 1, 8), {"block_size": 16, "split_kv": "fixed:3", "max_model_len": 1024}),
+    "gqa8-d128": (_shape("gqa8-d128", 256, 64, 128, 2, 8, 1, 128),
+                  {"block_size": 32, "split_kv": "fixed:48", "max_model_len": 1024}),
     # the real Qwen3-0.6B shape (vocab 151936, 28 layers, GQA 2, head_dim 128), with an untied lm_head:
     # tied random embeddings make a random model predict "repeat the last token", which tests nothing.
     "qwen3-0.6b-untied": (dataclasses.replace(named_config("qwen3-0.6b"), tie_word_embeddings=False,
@@ -88,9 +90,9 @@ class Scale:
 
 
 SCALES = {
-    "ci": Scale("ci", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8"), n_seqs=8, n_turns=4, max_tokens=8,
+    "ci": Scale("ci", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8", "gqa8-d128"), n_seqs=8, n_turns=4, max_tokens=8,
                 max_prompt=24, obs_max_blocks=4, examples=25, oracle_seqs=8, probe_len=48),
-    "gpu": Scale("gpu", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8", "qwen3-0.6b-untied"), n_seqs=64,
+    "gpu": Scale("gpu", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8", "gqa8-d128", "qwen3-0.6b-untied"), n_seqs=64,
                  n_turns=8, max_tokens=16, max_prompt=96, obs_max_blocks=6, examples=60, oracle_seqs=16,
                  probe_len=128),
 }

@@ -75,6 +75,16 @@ def optimized(model: str | ModelConfig, weights: dict | None = None, **engine_kw
         raise EngineLoadError(f"--engine optimized: no usable device: {e}") from e
 
 
+def _optimized_supports(cfg: ModelConfig, **engine_kwargs: Any) -> str | None:
+    """Why the optimized engine declines a model shape (``None``: it supports it). Needs no GPU."""
+    from optimized.engine import shape_problems
+    problems = shape_problems(cfg, int(engine_kwargs.get("block_size", 16)))
+    return "; ".join(problems) or None
+
+
+optimized.supports = _optimized_supports   # type: ignore[attr-defined]
+
+
 def resolve(spec: str | None) -> tuple[str, Factory]:
     """``(canonical spec, factory)`` for an engine option value (``None``: env var, then ``reference``)."""
     spec = (spec or os.environ.get(ENV_VAR) or DEFAULT_ENGINE).strip()

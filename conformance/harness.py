@@ -194,6 +194,10 @@ class Case:
 
     def engine(self, var: str | None = None, **overrides: Any) -> RecordingEngine:
         kw = {**self.defaults, **self.conf.engine_kwargs, **overrides}
+        supports = getattr(self.conf.factory, "supports", None)   # optional: an engine may decline a model shape
+        why = supports(self.cfg, **kw) if supports is not None else None
+        if why:
+            pytest.skip(f"[{self.clause}] {self.conf.spec} declines shape {self.cfg.name}: {why} (a skip, not a pass)")
         var = var or ("eng" if self._n_engines == 0 else f"eng{self._n_engines}")
         self._n_engines += 1
         self.repro.add(f"{var} = build_engine({self.conf.spec!r}, cfg, weights, " +

@@ -16,6 +16,7 @@ import reference
 from reference import attention
 from reference.kernels import ReferenceKernels
 
+from .. import engines
 from ..engines import _config, _weights
 
 
@@ -93,3 +94,12 @@ EXPECTED = {
     "nan_empty_splits": ("SPLITK", "test_every_split_size or test_partials_empty_splits_and_merge"),
     "leaks_block": ("MEM", "test_no_leak_after_finish"),
 }
+
+
+def declines_d16(model, weights=None, **engine_kwargs):
+    """The reference, but declaring (like the optimized engine does for its kernels) that it does not
+    support head_dim 16: the harness must skip those shapes with the reason, never count them as passes."""
+    return engines.reference(model, weights, **engine_kwargs)
+
+
+declines_d16.supports = lambda cfg, **kw: "head_dim 16" if cfg.head_dim == 16 else None  # type: ignore[attr-defined]

@@ -213,3 +213,12 @@ def test_broken_engine_is_caught_by_its_clause(name):
     run = subprocess.run([sys.executable, script.group(1)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, f"the repro script does not run:\n{run.stdout}\n{run.stderr}"
+
+
+def test_declined_shapes_are_skipped_with_their_reason():
+    """An engine that declines a model shape gets skips that name the shape and the reason, never passes."""
+    r = _pytest("-m", "LOGIT", "-rs", "--engine", "conformance.meta.broken:declines_d16")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"declines shape mha-d16: head_dim 16 \(a skip, not a pass\)", out), out[-3000:]
+    assert "passed" in out and "skipped" in out
