@@ -114,10 +114,12 @@ CLAUSES: dict[str, Clause] = {c.id: c for c in [
         "test_sample"),
     Clause(
         "INVARIANT", "batch-invariant mode",
-        "In batch-invariant mode a sequence's logits are bitwise identical whatever its batch mates and "
-        "however its context was split into turns.",
+        "In batch-invariant mode (`batch_invariant=True`) a sequence's logits are bitwise identical whatever "
+        "its batch mates and however its context was split into turns (a resumed turn vs one prefill of the "
+        "concatenated context), observed as its sampled tokens and logprobs. An engine without the mode "
+        "rejects it with `ConfigError` and the tests are skipped with that reason (never counted as passes).",
         "Bitwise.",
-        None, status="arrives with batch-invariant mode"),
+        "test_invariant"),
 ]}
 
 

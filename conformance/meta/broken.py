@@ -87,12 +87,19 @@ reprefills = _factory(Reprefills)
 leaks_block = _factory(LeaksBlock)
 nan_empty_splits = _factory(NaNEmptySplits)
 
+def ignores_invariant(model, weights=None, **engine_kwargs):
+    """Accepts batch_invariant=True but runs the ordinary (batch-dependent) path."""
+    engine_kwargs.pop("batch_invariant", None)
+    return engines.reference(model, weights, **engine_kwargs)
+
+
 #: factory name -> the clause that must catch it (and the pytest -m / -k selection that runs it quickly)
 EXPECTED = {
     "forgets_pending": ("TURN", "test_multi_turn_equals_single_shot"),
     "reprefills": ("MEM", "test_resume_grows_by_delta_only"),
     "nan_empty_splits": ("SPLITK", "test_every_split_size or test_partials_empty_splits_and_merge"),
     "leaks_block": ("MEM", "test_no_leak_after_finish"),
+    "ignores_invariant": ("INVARIANT", "test_bitwise_across_batch_mates_and_turn_splits"),
 }
 
 
