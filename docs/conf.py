@@ -14,7 +14,6 @@ myst_enable_extensions = ["colon_fence", "deflist", "dollarmath"]
 myst_heading_anchors = 3
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
-html_static_path = ["_static"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_mock_imports = ["cupy"]
