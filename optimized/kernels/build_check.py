@@ -70,6 +70,16 @@ def compile_one(nvcc: str, src: Path, out_dir: Path, arch: str) -> tuple[int, st
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def _inventory() -> dict:
+    """``SOURCES`` of ``optimized/kernels/__init__.py``, read without importing the ``optimized`` package
+    (which needs torch): the compile check needs only nvcc."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_turnkv_kernel_inventory", Path(__file__).with_name("__init__.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SOURCES
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="folder for the cubins (default: a temporary folder)")
@@ -77,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "nvcc")
     args = ap.parse_args(argv)
 
-    from . import SOURCES  # the kernel inventory
+    SOURCES = _inventory()  # the kernel inventory
 
     if shutil.which(args.nvcc) is None and not Path(args.nvcc).exists():
         print(f"build_check: nvcc not found ({args.nvcc})", file=sys.stderr)
