@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from . import attention
-from .config import EngineConfig, ModelConfig, named_config
+from .config import EngineConfig, ModelConfig
 from .errors import (ContextLimitError, ConfigError, InvalidTokenError, SequenceStateError,
                      UnknownSequenceError)
 from .kernels import ReferenceKernels
@@ -37,7 +37,7 @@ from .runner import ReferenceRunner, StepResult
 from .scheduler import Scheduler, StepBatch
 from .sequence import Sequence, SeqState
 from .types import SamplingParams, Trajectory, TurnOutput
-from .weights import check_weights, load_checkpoint, random_weights
+from .weights import check_weights, load_checkpoint, named_or_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -374,12 +374,7 @@ class Engine(EngineCore):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, seed: int = 0, **engine_kwargs: Any) -> "Engine":
         """A named config with seeded random weights, or a Hugging Face checkpoint directory."""
-        path = Path(str(name_or_path))
-        if path.is_dir():
-            cfg, weights = load_checkpoint(path)
-        else:
-            cfg = named_config(str(name_or_path))
-            weights = random_weights(cfg, seed)
+        cfg, weights = named_or_checkpoint(name_or_path, seed)
         return cls(cfg, weights, EngineConfig(**engine_kwargs))
 
     @classmethod

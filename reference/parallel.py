@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import attention
-from .config import EngineConfig, ModelConfig, named_config
+from .config import EngineConfig, ModelConfig
 from .engine import _DTYPES, EngineCore
 from .errors import ConfigError, TurnKVError
 from .kernels import ReferenceKernels
@@ -46,7 +46,7 @@ from .runner import ReferenceRunner, StepResult
 from .sampling import sample_batch
 from .scheduler import PageOps, StepBatch
 from .types import SamplingParams, SplitKVPolicy
-from .weights import load_checkpoint, random_weights
+from .weights import named_or_checkpoint
 
 DRIVER = 0
 
@@ -305,12 +305,7 @@ class ParallelEngine(EngineCore):
     def from_pretrained(cls, name_or_path: str | Path, *, tp: int = 1, cp: int = 1, seed: int = 0,
                         **engine_kwargs: Any) -> "ParallelEngine":
         """Like ``Engine.from_pretrained``; every rank reads (or draws) the full weights and keeps its shard."""
-        path = Path(str(name_or_path))
-        if path.is_dir():
-            cfg, weights = load_checkpoint(path)
-        else:
-            cfg = named_config(str(name_or_path))
-            weights = random_weights(cfg, seed)
+        cfg, weights = named_or_checkpoint(name_or_path, seed)
         return cls(cfg, weights, EngineConfig(**engine_kwargs), ParallelConfig(tp, cp))
 
     @classmethod

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .config import ModelConfig, load_hf_config
+from .config import ModelConfig, load_hf_config, named_config
 from .errors import ConfigError
 
 
@@ -102,3 +102,12 @@ def load_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
         weights.pop("lm_head.weight", None)
     check_weights(cfg, weights)
     return cfg, weights
+
+
+def named_or_checkpoint(name_or_path: str | Path, seed: int = 0) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A Hugging Face checkpoint directory, or a named config with seeded random weights."""
+    path = Path(str(name_or_path))
+    if path.is_dir():
+        return load_checkpoint(path)
+    cfg = named_config(str(name_or_path))
+    return cfg, random_weights(cfg, seed)
