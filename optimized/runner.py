@@ -283,7 +283,9 @@ class CudaRunner:
 
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         M = -(-max_len // self.block_size)
-        host_t = torch.zeros(11 * n + n * M, dtype=torch.int32).pin_memory()
+        host_t = torch.zeros(11 * n + n * M, dtype=torch.int32)
+        if self.dev.type == "cuda":
+            host_t = host_t.pin_memory()          # so the one upload per step is an async DMA
         dev = torch.zeros_like(host_t, device=self.dev)
         ids, pos, slots, lens = (dev[i * n:(i + 1) * n] for i in range(4))
         ints = dev[4 * n:9 * n].view(5, n)
