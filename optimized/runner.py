@@ -40,11 +40,10 @@ def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> N
     cols = np.arange(tables.shape[1])[None, :]                                        # [1, M]
     if (tables[cols < need[:, None]] < 0).any():
         raise BlockTableError("a block the sequence length needs has no page")
-    held = tables >= 0                                                                # [B, M]
     if (tables >= num_blocks).any() or (tables < -1).any():
         raise BlockTableError("a block table holds a page id outside the pool")
-    rows = np.nonzero(held)[0]                        # a page may be shared across sequences, never within one
-    if np.unique(rows.astype(np.int64) * num_blocks + tables[held]).size != rows.size:
+    ordered = np.sort(tables, axis=1)                 # a page may be shared across sequences, never within one
+    if ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any():
         raise BlockTableError("a page appears twice in one sequence's block table")
     writes = batch.slot_mapping[batch.slot_mapping >= 0]
     if np.unique(writes).size != writes.size:
