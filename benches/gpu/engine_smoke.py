@@ -153,6 +153,21 @@ def pressure_swap_and_groups():
 
 
 @section
+def weight_update_in_place():
+    eng = optimized.Engine.from_state_dict(CFG, W, **KW)
+    sid = eng.rollout_add(PROMPTS[3], GREEDY)
+    first = eng.rollout_run_turns()[sid]
+    new = random_weights(CFG, 1)
+    assert eng.update_weights(new, recompute_kv=True) == 1
+    eng.rollout_continue(sid, [1, 2, 3])
+    second = eng.rollout_run_turns()[sid]
+    fresh = optimized.Engine.from_state_dict(CFG, new, **KW)
+    ref = fresh.generate([PROMPTS[3] + first.token_ids + [1, 2, 3]], GREEDY)[0]
+    print(f"  after update_weights(recompute_kv=True): first tokens {second.token_ids[:4]} vs fresh engine {ref[:4]}")
+    assert second.weights_version == 1 and second.token_ids[:2] == ref[:2]
+
+
+@section
 def qwen3_06b_decode_speed():
     cfg = named_config("qwen3-0.6b")
     t = time.perf_counter()
