@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from conformance import cases, engines
+from conformance import cases, engines, oracles
 from conformance.clauses import CLAUSES
 from conformance.harness import Conformance
 
@@ -22,6 +22,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      f"(default: ${engines.ENV_VAR}, else reference)")
     g.addoption("--conformance-scale", action="store", default="ci", choices=sorted(cases.SCALES),
                 help="ci (tiny shapes, default) or gpu (adds the qwen3-0.6b shape; 64 sequences, 8 turns)")
+    g.addoption("--oracle-device", action="store", default="cpu",
+                help="where the fp32 model oracles run: cpu (default), cuda, or auto (cuda when available)")
     g.addoption("--engine-kwargs", action="store", default=None,
                 help='extra engine kwargs for every engine the suite builds, as JSON, e.g. \'{"split_kv": "auto"}\'')
 
@@ -53,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _STATE["header"] = engines.describe(name, probe)
     _STATE["header"].append(f"  scale {config.getoption('--conformance-scale')}: models "
                             f"{', '.join(_STATE['conf'].scale.models)}; engine kwargs {kw or '{}'}")
+    _STATE["header"].append(f"  fp32 oracles on: {oracles.set_device(config.getoption('--oracle-device'))}")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

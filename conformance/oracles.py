@@ -26,11 +26,27 @@ from .tolerance import ErrorStats, as_dtype, logit_bound, noise_bound
 
 # ---------------------------------------------------------------------------------- model oracles
 
+#: where the float32 model oracles run (``--oracle-device``): the same fp32 math, on the CPU by default;
+#: on a GPU machine "cuda" makes the qwen3-0.6b scale affordable (matmuls stay true fp32: TF32 is off)
+DEVICE = "cpu"
+
+
+def set_device(device: str) -> str:
+    global DEVICE
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+    DEVICE = device
+    dense_model.cache_clear()
+    hf_model.cache_clear()
+    return device
+
 
 @functools.lru_cache(maxsize=4)
 def dense_model(name: str, seed: int = cases.WEIGHT_SEED) -> Qwen3Model:
     cfg = cases.model_config(name)
-    return Qwen3Model(cfg, cases.make_weights(name, seed), torch.float32)
+    return Qwen3Model(cfg, cases.make_weights(name, seed), torch.float32, device=DEVICE)
 
 
 def oracle_logits(name: str, ids: list[int], seed: int = cases.WEIGHT_SEED) -> torch.Tensor:
@@ -52,14 +68,14 @@ def hf_model(name: str, seed: int = cases.WEIGHT_SEED):
         raise RuntimeError(f"HF oracle weights mismatch: missing {missing}, unexpected {unexpected}")
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    return model.eval()
+    return model.to(DEVICE).eval()
 
 
 @torch.no_grad()
 def hf_logits(name: str, ids: list[int], seed: int = cases.WEIGHT_SEED) -> torch.Tensor:
     """HF float32 logits ``[T, V]``, with an explicit all-ones attention mask (random ids contain the pad id)."""
-    x = torch.tensor([list(ids)], dtype=torch.long)
-    return hf_model(name, seed)(input_ids=x, attention_mask=torch.ones_like(x)).logits[0].float()
+    x = torch.tensor([list(ids)], dtype=torch.long, device=DEVICE)
+    return hf_model(name, seed)(input_ids=x, attention_mask=torch.ones_like(x)).logits[0].float().cpu()
 
 
 @functools.lru_cache(maxsize=8)

@@ -290,7 +290,7 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     kk = _expand_gqa(k, n_q).float()
     vv = _expand_gqa(v, n_q).float()
     s = torch.einsum("thd,lhd->htl", q.float(), kk) * scale              # [n_q, T, T]
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     s = s.masked_fill(~mask, NEG_INF)
     return torch.einsum("htl,lhd->thd", torch.softmax(s, dim=-1), vv).to(q.dtype)
 

@@ -42,13 +42,14 @@ class Qwen3Model:
     """The weights and the forward math. No cache: attention comes from the ``attend`` callback."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                 batch_invariant: bool = False, rope_in_attention: bool = False) -> None:
+                 batch_invariant: bool = False, rope_in_attention: bool = False, device: str = "cpu") -> None:
         check_weights(cfg, weights)
         self.cfg = cfg
         self.dtype = dtype
         self.batch_invariant = batch_invariant
         self.rope_in_attention = rope_in_attention   # attend() gets pre-RoPE keys and rotates them itself
-        self.w = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in weights.items()}
+        self.device = torch.device(device)   # the engine runs on the CPU; the oracles may run the same math on a GPU
+        self.w = {k: v.detach().to(device=self.device, dtype=dtype).contiguous() for k, v in weights.items()}
         if cfg.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 

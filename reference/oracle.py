@@ -20,10 +20,10 @@ from .types import SamplingParams
 @torch.no_grad()
 def dense_logits(model: Qwen3Model, token_ids: list[int]) -> torch.Tensor:
     """Teacher-forced float32 logits ``[T, V]`` with dense causal attention."""
-    ids = torch.tensor(token_ids)
-    pos = torch.arange(len(token_ids))
+    ids = torch.tensor(token_ids, device=model.device)
+    pos = torch.arange(len(token_ids), device=model.device)
     hidden = model.forward(ids, pos, lambda layer, q, k, v: dense_causal_attention(q, k, v))
-    return model.logits(hidden)
+    return model.logits(hidden).cpu()
 
 
 @dataclass(slots=True)

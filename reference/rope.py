@@ -8,6 +8,7 @@ import torch
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``cos, sin [T, D]`` for rotate-half RoPE (frequencies repeated over both halves)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+    inv_freq = inv_freq.to(positions.device)
     freqs = positions.float()[:, None] * inv_freq[None, :]                # [T, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)                               # [T, D]
     return emb.cos(), emb.sin()

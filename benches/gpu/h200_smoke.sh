@@ -13,4 +13,4 @@ timeout 200 python3 benches/gpu/engine_smoke.py 2>&1 | tee "$OUT/engine_smoke.lo
 timeout "${CONF_TIMEOUT:-240}" python3 -m pytest conformance -q -rs --engine optimized -p no:cacheprovider \
   2>&1 | tee "$OUT/conformance_optimized.log" | tail -5
 timeout "${GPU_CONF_TIMEOUT:-400}" python3 -m pytest conformance -q -rs --engine optimized -p no:cacheprovider \
-  --conformance-scale gpu -k qwen3 2>&1 | tee "$OUT/conformance_optimized_gpu_scale.log" | tail -5
+  --conformance-scale gpu --oracle-device cuda -k qwen3 2>&1 | tee "$OUT/conformance_optimized_gpu_scale.log" | tail -5
