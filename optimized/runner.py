@@ -175,6 +175,24 @@ class CudaRunner:
         except (RuntimeError, TypeError):
             return False
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` int32 -> ``[T, H]`` bf16 (tensor-parallel hook: ``optimized/parallel.py`` embeds its vocab shard)."""
+        return ops.embedding(ids, self.embed)
+
+    def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,
+                decode_split: int | None, max_splits: int) -> torch.Tensor:
+        """Write layer ``i``'s K/V into the pages, attend (context-parallel hook: ``optimized/parallel.py``)."""
+        ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slots)
+        if qidx is not None:
+            return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale)
+        return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens,
+                                   decode_split, self.scale, max_splits=max_splits)
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
+        return x
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self._mm_fp32:
@@ -188,7 +206,7 @@ class CudaRunner:
         T = ids.shape[0]
         nq, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
-        residual = ops.embedding(ids, self.embed)                                     # [T, H]
+        residual = self._embed(ids)                                                   # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
             qkv = torch.matmul(h, L["wqkv"].t())                                      # [T, (n_q + 2 n_kv) D]
@@ -196,16 +214,11 @@ class CudaRunner:
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
             ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps)
-            ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slots)
-            if qidx is not None:
-                o = ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale)
-            else:
-                o = ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens,
-                                        decode_split, self.scale, max_splits=max_splits)
-            attn = torch.matmul(o.view(T, nq * D), L["wo"].t())                        # [T, H]
+            o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
+            attn = self._reduce(torch.matmul(o.view(T, nq * D), L["wo"].t()))          # [T, H]
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
             a = ops.silu_mul(torch.matmul(h, L["wgu"].t()))                            # [T, I]
-            m = torch.matmul(a, L["wd"].t())                                          # [T, H]
+            m = self._reduce(torch.matmul(a, L["wd"].t()))                            # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
