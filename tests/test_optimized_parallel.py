@@ -1,10 +1,10 @@
 """Tensor and context parallelism of the optimized engine (``optimized/parallel.py``) on gloo + CPU processes.
 
-Two grids of two processes each (``torch.multiprocessing``, ``file://`` rendezvous in a temporary
-directory) run ``optimized.parallel.ParallelEngine`` with tp=2 and with cp=2 on the torch stand-ins of the CUDA kernels (the
+Three grids (``torch.multiprocessing``, ``file://`` rendezvous in a temporary directory) run
+``optimized.parallel.ParallelEngine`` with tp=2, cp=2 and tp=2 x cp=2 on the torch stand-ins of the CUDA kernels (the
 approach of ``test_optimized_host.py``; the stand-in ``embedding`` gives zero rows for
 out-of-range ids, like the kernel). Rank 0 drives a greedy multi-turn rollout, a ``score`` and a
-weight update; rank 1 follows. The driver's tokens are compared with the single-rank optimized
+weight update; the other ranks follow. The driver's tokens are compared with the single-rank optimized
 engine (same stand-ins) and the reference bf16 engine, run in this process: the TP all-reduce
 reassociates bf16 sums and CP folds one split per block, so the rule is agreement on >= 90% of turns, not bit equality.
 NCCL on GPUs is not exercised here (no GPU in CI)."""
@@ -98,7 +98,7 @@ def _worker(rank: int, world: int, init_file: str, tp: int, cp: int, out: str) -
         dist.destroy_process_group()
 
 
-GRIDS = [(2, 1), (1, 2)]   # (tp, cp)
+GRIDS = [(2, 1), (1, 2), (2, 2)]   # (tp, cp)
 
 
 @pytest.fixture(scope="module")
