@@ -59,6 +59,19 @@ def check_supported(cfg: ModelConfig, ecfg: EngineConfig) -> None:
         raise ConfigError("the optimized engine does not support " + "; ".join(problems))
 
 
+def score_in_pool(engine: EngineCore, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced logits through the paged prefill path, in pages borrowed from the pool for the call."""
+    n = blocks_for(len(ids), engine.config.block_size)
+    if n > engine.blocks.num_free:
+        raise OutOfBlocksError(f"score needs {n} free blocks, {engine.blocks.num_free} are free")
+    table: list[int] = []
+    engine.blocks.grow(table, len(ids))
+    try:
+        return engine.runner.score(ids, table)
+    finally:
+        engine.blocks.free(table)
+
+
 class Engine(EngineCore):
     """Same public interface as ``reference.Engine``; bf16 on a CUDA GPU."""
 
@@ -113,12 +126,4 @@ class Engine(EngineCore):
         return self.runner.execute(batch)
 
     def _score(self, ids: list[int]) -> torch.Tensor:
-        n = blocks_for(len(ids), self.config.block_size)
-        if n > self.blocks.num_free:
-            raise OutOfBlocksError(f"score needs {n} free blocks, {self.blocks.num_free} are free")
-        table: list[int] = []
-        self.blocks.grow(table, len(ids))
-        try:
-            return self.runner.score(ids, table)
-        finally:
-            self.blocks.free(table)
+        return score_in_pool(self, ids)

@@ -47,8 +47,7 @@ import torch.distributed as dist
 
 from reference.config import EngineConfig, ModelConfig, named_config
 from reference.engine import EngineCore
-from reference.errors import ConfigError, OutOfBlocksError
-from reference.kv_cache import blocks_for
+from reference.errors import ConfigError
 from reference.parallel import DRIVER, Grid, ParallelConfig, ParallelRunner, StepMessage
 from reference.parallel import ParallelEngine as _ReferenceParallelEngine
 from reference.parallel_attention import _all_gather
@@ -196,30 +195,12 @@ class ParallelCudaRunner(ParallelRunner):
         self._send("score", (ids, pages))
         return self._score((ids, pages))
 
-    def apply_ops(self, ops: PageOps) -> None:
-        self._send("ops", ops)
+    # the reference's driver/follower loop, with this rank's work done by the CUDA runner
+    def _apply_ops_here(self, ops: PageOps) -> None:
         self.cuda.apply_ops(ops)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self._send("weights", weights)
+    def _load_weights_here(self, weights: dict[str, torch.Tensor]) -> None:
         self.cuda.load_weights(weights)
-
-    def follow(self) -> None:
-        """Follower: replay every broadcast message until the stop message."""
-        while True:
-            kind, payload = self._recv()
-            if kind == "stop":
-                return
-            if kind == "step":
-                self.run(payload)
-            elif kind == "score":
-                self._score(payload)
-            elif kind == "ops":
-                self.cuda.apply_ops(payload)
-            elif kind == "weights":
-                self.cuda.load_weights(payload)
-            else:
-                raise RuntimeError(f"unknown message {kind!r} from the driver")
 
     # ---------------------------------------------------------------- every rank
     def _score(self, payload: tuple[list[int], list[int]]) -> torch.Tensor:   # type: ignore[override]
@@ -299,15 +280,7 @@ class ParallelEngine(_ReferenceParallelEngine):
     @torch.no_grad()
     def _score(self, ids: list[int]) -> torch.Tensor:
         self._drive()
-        n = blocks_for(len(ids), self.config.block_size)
-        if n > self.blocks.num_free:
-            raise OutOfBlocksError(f"score needs {n} free blocks, {self.blocks.num_free} are free")
-        table: list[int] = []
-        self.blocks.grow(table, len(ids))
-        try:
-            return self.runner.score(ids, table)   # type: ignore[call-arg]
-        finally:
-            self.blocks.free(table)
+        return _engine.score_in_pool(self, ids)
 
 
 __all__ = ["ParallelCudaRunner", "ParallelEngine", "ShardedCudaRunner", "shard_config"]

@@ -181,11 +181,19 @@ class ParallelRunner(ReferenceRunner):
     def apply_ops(self, ops: PageOps) -> None:
         """Driver: swap / copy-on-write page operations, on every rank."""
         self._send("ops", ops)
-        super().apply_ops(ops)
+        self._apply_ops_here(ops)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Driver: new full weights to every rank (each keeps its shard)."""
         self._send("weights", weights)
+        self._load_weights_here(weights)
+
+    def _apply_ops_here(self, ops: PageOps) -> None:
+        """This rank's part of a page operation (the optimized runner overrides it)."""
+        super().apply_ops(ops)
+
+    def _load_weights_here(self, weights: dict[str, torch.Tensor]) -> None:
+        """This rank's shard of new weights (the optimized runner overrides it)."""
         self.model = self.model.with_weights(weights)
 
     def stop(self) -> None:
@@ -202,9 +210,9 @@ class ParallelRunner(ReferenceRunner):
             elif kind == "score":
                 self._score(payload)
             elif kind == "ops":
-                super().apply_ops(payload)
+                self._apply_ops_here(payload)
             elif kind == "weights":
-                self.model = self.model.with_weights(payload)
+                self._load_weights_here(payload)
             else:
                 raise RuntimeError(f"unknown message {kind!r} from the driver")
 
