@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from reference.config import EngineConfig, ModelConfig, named_config
 from reference.engine import EngineCore
@@ -51,7 +50,7 @@ from reference.errors import ConfigError
 from reference.parallel import DRIVER, Grid, ParallelConfig, ParallelRunner, StepMessage
 from reference.parallel import ParallelEngine as _ReferenceParallelEngine
 from reference.parallel_attention import _all_gather
-from reference.parallel_model import TPShard, shard_weights
+from reference.parallel_model import TPShard, shard_weights, tp_all_gather_vocab, tp_all_reduce
 from reference.runner import StepResult
 from reference.scheduler import PageOps
 from reference.types import SamplingParams, SplitKVPolicy
@@ -95,11 +94,7 @@ class ShardedCudaRunner(CudaRunner):
     # ---------------------------------------------------------------- collectives (the CudaRunner hooks)
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over the TP group, accumulated in float32, rounded once to ``x``'s dtype."""
-        if self.shard.tp == 1:
-            return x
-        y = x.float().to(self.comm_device)
-        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=self.group)
-        return y.to(device=x.device, dtype=x.dtype)
+        return tp_all_reduce(x, self.shard.tp, self.group, self.comm_device)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel embedding: rows of this shard, zeros elsewhere (the kernel's out-of-range rule), summed."""
@@ -147,12 +142,8 @@ class ShardedCudaRunner(CudaRunner):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[S, H]`` -> float32 ``[S, V]`` on every TP rank: local ``[S, Vp]`` shards, all-gathered in vocab order."""
         local = super().logits(hidden)                                                # [S, Vp] fp32
-        if self.shard.tp == 1:
-            return local[:, :self.full_cfg.vocab_size]
-        y = local.contiguous().to(self.comm_device)
-        parts = [torch.empty_like(y) for _ in range(self.shard.tp)]
-        dist.all_gather(parts, y, group=self.group)
-        return torch.cat(parts, dim=-1)[:, :self.full_cfg.vocab_size].to(local.device).contiguous()
+        return tp_all_gather_vocab(local, self.shard.tp, self.full_cfg.vocab_size, self.group,
+                                   self.comm_device).contiguous()
 
 
 @dataclasses.dataclass(slots=True)

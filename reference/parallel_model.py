@@ -86,6 +86,25 @@ def shard_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], s: TPShard
     return out
 
 
+def tp_all_reduce(x: torch.Tensor, tp: int, group, comm_device: torch.device) -> torch.Tensor:
+    """Sum of every TP rank's ``x``, accumulated in float32, rounded once to ``x``'s dtype (both engines)."""
+    if tp == 1:
+        return x
+    y = x.float().to(comm_device)
+    dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
+    return y.to(device=x.device, dtype=x.dtype)
+
+
+def tp_all_gather_vocab(x: torch.Tensor, tp: int, vocab: int, group, comm_device: torch.device) -> torch.Tensor:
+    """``[T, Vp]`` vocabulary shards of every TP rank -> ``[T, V]`` in vocabulary order (both engines)."""
+    if tp == 1:
+        return x[:, :vocab]
+    y = x.contiguous().to(comm_device)
+    parts = [torch.empty_like(y) for _ in range(tp)]
+    dist.all_gather(parts, y, group=group)
+    return torch.cat(parts, dim=-1)[:, :vocab].to(x.device)
+
+
 class ShardedQwen3:
     """One TP rank's shard of the model; every collective runs over ``group`` (``None`` when ``tp == 1``)."""
 
@@ -109,21 +128,10 @@ class ShardedQwen3:
 
     # ---------------------------------------------------------------- collectives
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of every TP rank's ``x``, accumulated in float32, rounded once to ``x``'s dtype."""
-        if self.shard.tp == 1:
-            return x
-        y = x.float().to(self.comm_device)
-        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=self.group)
-        return y.to(device=x.device, dtype=x.dtype)
+        return tp_all_reduce(x, self.shard.tp, self.group, self.comm_device)
 
     def all_gather_vocab(self, x: torch.Tensor) -> torch.Tensor:
-        """``[T, Vp]`` shards -> ``[T, V]`` in vocabulary order."""
-        if self.shard.tp == 1:
-            return x[:, :self.cfg.vocab_size]
-        y = x.contiguous().to(self.comm_device)
-        parts = [torch.empty_like(y) for _ in range(self.shard.tp)]
-        dist.all_gather(parts, y, group=self.group)
-        return torch.cat(parts, dim=-1)[:, :self.cfg.vocab_size].to(x.device)
+        return tp_all_gather_vocab(x, self.shard.tp, self.cfg.vocab_size, self.group, self.comm_device)
 
     # ---------------------------------------------------------------- math
     def proj(self, x: torch.Tensor, i: int, name: str) -> torch.Tensor:

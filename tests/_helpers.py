@@ -211,3 +211,27 @@ def make_paged(rng: torch.Generator, lens: list[int], block_size: int, n_kv: int
         dense_k.append(k)
         dense_v.append(v)
     return k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.long), dense_k, dense_v
+
+
+# ----------------------------------------------------------------------------- process grids
+
+def run_grids(worker, grids: list[tuple[int, int]], tmp, *extra) -> dict[tuple[int, int], dict]:
+    """Launch every ``(tp, cp)`` grid at once (``torch.multiprocessing``, ``file://`` rendezvous under ``tmp``);
+    ``worker(rank, world, init_file, tp, cp, out, *extra)`` saves the driver's results to ``out``."""
+    import torch.multiprocessing as mp
+    jobs = []
+    for tp, cp in grids:
+        out = str(tmp / f"tp{tp}_cp{cp}.pt")
+        args = (tp * cp, str(tmp / f"rdv_{tp}_{cp}"), tp, cp, out, *extra)
+        jobs.append(((tp, cp), out, mp.start_processes(worker, args=args, nprocs=tp * cp, join=False,
+                                                        start_method="spawn")))
+    try:
+        for _, _, pc in jobs:
+            while not pc.join():
+                pass
+    finally:   # a failed grid: stop the processes this call started
+        for _, _, pc in jobs:
+            for p in pc.processes:
+                if p.is_alive():
+                    p.terminate()
+    return {grid: torch.load(out) for grid, out, _ in jobs}

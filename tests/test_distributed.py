@@ -36,7 +36,6 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from reference import Engine, SamplingParams, named_config
 from reference.attention import paged_prefill, split_kv_decode
@@ -49,6 +48,8 @@ from reference.parallel import FollowerError, Grid, ParallelConfig, ParallelEngi
 from reference.parallel_attention import block_owner, merge_gathered, owned_block_partials, owned_slots
 from reference.parallel_model import TPShard
 from reference.weights import random_weights
+
+from _helpers import run_grids
 
 TINY = named_config("tiny")                      # n_q=4, n_kv=2, I=128, V=512: tp=2 divides all
 ENGINE_KW = dict(num_blocks=96, max_model_len=192, block_size=4, max_num_batched_tokens=24)  # chunked prefills too
@@ -147,24 +148,8 @@ def runs(request, tmp_path_factory) -> dict[tuple[int, int], dict]:
     the grids that fit on the machine's GPUs (one GPU per rank; concurrent grids share GPUs)."""
     backend = request.param
     tmp = tmp_path_factory.mktemp(f"dist_{backend}")
-    jobs = []
-    for tp, cp in GRIDS:
-        if backend == "nccl" and tp * cp > _gpus():
-            continue
-        out = str(tmp / f"tp{tp}_cp{cp}.pt")
-        args = (tp * cp, str(tmp / f"rdv_{tp}_{cp}"), tp, cp, out, backend)
-        jobs.append(((tp, cp), out, mp.start_processes(_worker, args=args, nprocs=tp * cp, join=False,
-                                                        start_method="spawn")))
-    try:
-        for _, _, pc in jobs:
-            while not pc.join():
-                pass
-    finally:   # a failed grid: stop the processes this fixture started
-        for _, _, pc in jobs:
-            for p in pc.processes:
-                if p.is_alive():
-                    p.terminate()
-    return {grid: torch.load(out) for grid, out, _ in jobs}
+    fit = [(tp, cp) for tp, cp in GRIDS if backend != "nccl" or tp * cp <= _gpus()]
+    return run_grids(_worker, fit, tmp, backend)
 
 
 def _run_of(runs: dict, grid: tuple[int, int]) -> dict:

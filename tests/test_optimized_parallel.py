@@ -17,14 +17,13 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import reference
 from reference import attention
 from reference.parallel import FollowerError
 from reference.weights import random_weights
 
-from _helpers import TINY, tiny_weights
+from _helpers import TINY, run_grids, tiny_weights
 from test_optimized_host import PROMPTS, _agree, _reference, _rollout, _standin_ops
 
 KW = {"block_size": 4, "max_model_len": 128, "num_blocks": 256, "split_kv": "fixed:8"}
@@ -103,24 +102,9 @@ GRIDS = [(2, 1), (1, 2), (2, 2)]   # (tp, cp)
 
 @pytest.fixture(scope="module")
 def grids(tmp_path_factory) -> dict:
-    """Both grids launched at once (4 processes sharing the cores); the driver's results of each."""
+    """Every grid launched at once (8 processes sharing the cores); the driver's results of each."""
     tmp = tmp_path_factory.mktemp("opt_parallel")
-    jobs = []
-    for tp, cp in GRIDS:
-        out = str(tmp / f"tp{tp}_cp{cp}.pt")
-        args = (tp * cp, str(tmp / f"rdv_{tp}_{cp}"), tp, cp, out)
-        jobs.append(((tp, cp), out, mp.start_processes(_worker, args=args, nprocs=tp * cp, join=False,
-                                                        start_method="spawn")))
-    try:
-        for _, _, pc in jobs:
-            while not pc.join():
-                pass
-    finally:   # a failed grid: stop the processes this fixture started
-        for _, _, pc in jobs:
-            for p in pc.processes:
-                if p.is_alive():
-                    p.terminate()
-    return {grid: torch.load(out) for grid, out, _ in jobs}
+    return run_grids(_worker, GRIDS, tmp)
 
 
 @pytest.fixture
