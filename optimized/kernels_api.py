@@ -11,7 +11,6 @@ import torch
 
 from reference import attention
 from reference.attention import PartialState
-from reference.errors import BlockTableError
 
 from . import ops
 
@@ -42,24 +41,15 @@ class OptimizedKernels:
     def split_kv_partials(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None, max_splits=None):
         self._guard(k_cache, block_tables, seq_lens)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        lens = [int(x) for x in seq_lens]
-        if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
-            raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
-        needed = max([attention.num_splits(n, split_size) for n in lens] + [1])
-        if max_splits is not None and max_splits < needed:
-            raise BlockTableError(f"max_splits={max_splits} is fewer than the {needed} splits the longest sequence needs")
-        max_splits = needed if max_splits is None else max_splits
+        split_size, max_splits = attention.check_splits(split_size, seq_lens, max_splits)
         return ops.split_kv_partials(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
                                      self._i32(seq_lens), split_size, scale, max_splits)
 
     def split_kv_decode(self, q, k_cache, v_cache, block_tables, seq_lens, split_size, scale=None):
         self._guard(k_cache, block_tables, seq_lens)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        lens = [int(x) for x in seq_lens]
-        if split_size is not None and (isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1):
-            raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
-        size = split_size if split_size is not None else max(lens + [1])
-        max_splits = max([attention.num_splits(n, size) for n in lens] + [1])
+        size = split_size if split_size is not None else max([int(x) for x in seq_lens] + [1])
+        size, max_splits = attention.check_splits(size, seq_lens)
         return ops.split_kv_decode(self._bf(q), self._bf(k_cache), self._bf(v_cache), self._i32(block_tables),
                                    self._i32(seq_lens), size, scale, max_splits=max_splits)
 

@@ -154,6 +154,18 @@ def num_splits(seq_len: int, split_size: int) -> int:
     return (seq_len + split_size - 1) // split_size
 
 
+def check_splits(split_size: int, seq_lens, max_splits: int | None = None) -> tuple[int, int]:
+    """The split-KV launch guard: ``split_size`` an int >= 1 and ``max_splits`` (if given) at least the splits
+    the longest sequence needs. Returns ``(split_size, splits to launch)``; typed ``BlockTableError`` otherwise."""
+    if isinstance(split_size, bool) or not isinstance(split_size, numbers.Integral) or split_size < 1:
+        raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
+    split_size = int(split_size)
+    needed = max([num_splits(int(n), split_size) for n in seq_lens] + [1])
+    if max_splits is not None and max_splits < needed:
+        raise BlockTableError(f"max_splits={max_splits} is fewer than the {needed} splits the longest sequence needs")
+    return split_size, needed if max_splits is None else max_splits
+
+
 def split_kv_partials(
     q: torch.Tensor,            # [B, n_q, D]
     k_cache: torch.Tensor,      # [N, bs, n_kv, D]
@@ -173,14 +185,8 @@ def split_kv_partials(
     """
     B, n_q, D = q.shape
     scale = D ** -0.5 if scale is None else scale
-    if isinstance(split_size, bool) or not isinstance(split_size, numbers.Integral) or split_size < 1:
-        raise BlockTableError(f"split_size must be an int >= 1, got {split_size!r}")
-    split_size = int(split_size)
+    split_size, S = check_splits(split_size, seq_lens, max_splits)
     lens = [int(x) for x in seq_lens]
-    needed = max([num_splits(n, split_size) for n in lens] + [1])
-    if max_splits is not None and max_splits < needed:
-        raise BlockTableError(f"max_splits={max_splits} is fewer than the {needed} splits the longest sequence needs")
-    S = needed if max_splits is None else max_splits
     o = torch.zeros(B, S, n_q, D, dtype=torch.float32)                    # [B, S, n_q, D]
     lse = torch.full((B, S, n_q), NEG_INF, dtype=torch.float32)           # [B, S, n_q]
     for b in range(B):
