@@ -41,8 +41,6 @@ def shape_problems(cfg: ModelConfig, block_size: int) -> list[str]:
     problems = []
     if cfg.head_dim not in ATTN_HEAD_DIMS:
         problems.append(f"head_dim {cfg.head_dim} (kernels exist for {ATTN_HEAD_DIMS})")
-    if block_size & (block_size - 1):
-        problems.append(f"block_size {block_size} (a power of two is needed)")
     if cfg.hidden_size % 8 or cfg.intermediate_size % 8:
         problems.append("hidden_size and intermediate_size must be multiples of 8")
     return problems
@@ -51,10 +49,6 @@ def shape_problems(cfg: ModelConfig, block_size: int) -> list[str]:
 def check_supported(cfg: ModelConfig, ecfg: EngineConfig) -> None:
     """The shapes and options the optimized engine is built for; anything else is a typed ``ConfigError``."""
     problems = shape_problems(cfg, ecfg.block_size)
-    if ecfg.batch_invariant:
-        problems.append("batch_invariant=True (not built for the optimized engine yet)")
-    if ecfg.rope_in_attention:
-        problems.append("rope_in_attention=True (not built for the optimized engine yet)")
     if problems:
         raise ConfigError("the optimized engine does not support " + "; ".join(problems))
 

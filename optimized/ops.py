@@ -32,10 +32,11 @@ __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "decode_smem_bytes", "ATTN_HEAD_DIMS",
+    "gemm", "gemm_tile", "GEMM_TILES",
 ]
 
 #: head dims the attention kernels are instantiated for
-ATTN_HEAD_DIMS = (32, 64, 128)
+ATTN_HEAD_DIMS = (16, 32, 64, 128)
 #: query rows per paged-prefill CTA (tokens x GQA group); the GQA group must not exceed it
 PREFILL_ROWS = 64
 
@@ -48,6 +49,7 @@ _streams: dict[tuple[int, int], object] = {}
 #: paged-prefill kernels per head dim: variant -> (kernel name, keys per tile); "default" is used
 #: unless a caller names another (benches compare them)
 PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int]]] = {
+    16: {"default": ("paged_prefill_d16", 64)},
     32: {"default": ("paged_prefill_d32", 64)},
     64: {"default": ("paged_prefill_d64", 64)},
     128: {"default": ("paged_prefill_d128", 64), "bn32": ("paged_prefill_d128_bn32", 32)},
@@ -206,8 +208,21 @@ def _cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     return N, bs, n_kv, D
 
 
-def _pow2_block(bs: int) -> None:
-    _need(bs > 0 and bs & (bs - 1) == 0, f"block_size {bs} must be a power of two for the attention kernels")
+def _block_size(bs: int) -> None:
+    _need(bs >= 1, f"block_size {bs} must be >= 1")
+
+
+def _rope_tables(rope: tuple[torch.Tensor, torch.Tensor] | None, D: int) -> tuple[np.uint64, np.uint64, np.int32]:
+    """Pointers and length of the fused-RoPE tables (``cos, sin`` fp32 ``[max_pos, D/2]``), or nulls."""
+    if rope is None:
+        return np.uint64(0), np.uint64(0), np.int32(0)
+    cos, sin = rope
+    for name, t in (("cos", cos), ("sin", sin)):
+        _tensor(name, t, torch.float32, 2)
+        _contig(name, t)
+        _need(t.shape[1] == D // 2, f"{name} must have shape [max_pos, {D // 2}], got {tuple(t.shape)}")
+    _need(cos.shape == sin.shape, f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must match")
+    return _p(cos), _p(sin), _i(cos.shape[0])
 
 
 def _block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, B: int | None) -> tuple[int, int]:
@@ -333,8 +348,10 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float) -> None:
-    """In place: per-head RMSNorm (``q_weight`` / ``k_weight [D]``) then rotate-half RoPE at ``positions``.
+                 cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float, *,
+                 rotate_k: bool = True) -> None:
+    """In place: per-head RMSNorm (``q_weight`` / ``k_weight [D]``) then rotate-half RoPE at ``positions``
+    (``rotate_k=False``: k gets the norm only, for fused RoPE in the attention kernels).
 
     ``q [T, n_q, D]``, ``k [T, n_kv, D]`` bf16 (token-row strides allowed); ``cos, sin`` fp32
     ``[max_pos, D/2]``; ``positions`` int32 ``[T]`` (a position outside the table is not rotated).
@@ -365,7 +382,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     warps = T * (n_q + n_kv)
     _launch(q, "rope", "qk_norm_rope", (-(-warps // 4), 1, 1), (128, 1, 1),
             (_p(q), _i(qs), _p(k), _i(ks), _p(q_weight), _p(k_weight), _p(cos), _p(sin), _p(positions),
-             _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps)))
+             _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps), _i(1 if rotate_k else 0)))
 
 
 def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -407,7 +424,8 @@ def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, q_seq_idx: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None,
-                  *, out: torch.Tensor | None = None, variant: str = "default") -> torch.Tensor:
+                  *, out: torch.Tensor | None = None, variant: str = "default",
+                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention by absolute position over each sequence's pages (twin: ``reference.attention.paged_prefill``).
 
     ``q [T, n_q, D]`` bf16 (token-row stride allowed); caches bf16 ``[N, bs, n_kv, D]``;
@@ -416,19 +434,21 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (``check_block_tables`` / ``check_query_positions``). Rows of one sequence are best kept
     contiguous in ``T`` (one chunk per sequence, padding anywhere): the kernel stays correct
     otherwise but a CTA then makes one pass over the KV per sequence it holds.
-    Returns bf16 ``[T, n_q, D]``.
+    ``rope=(cos, sin)`` (fp32 ``[max_pos, D/2]``): the caches hold pre-RoPE keys, rotated in the
+    kernel at their absolute positions (fused RoPE). Returns bf16 ``[T, n_q, D]``.
     """
     T, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
     _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
-    _pow2_block(bs)
+    _block_size(bs)
     G = _gqa(n_q, n_kv, PREFILL_ROWS)
     B, M = _block_tables(block_tables, seq_lens, None)
     _int_vec("q_seq_idx", q_seq_idx, T)
     _int_vec("q_pos", q_pos, T)
     out = _out("out", out, (T, n_q, D), torch.bfloat16, q)
+    cos_p, sin_p, max_pos = _rope_tables(rope, D)
     _same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
-                 q_seq_idx=q_seq_idx, q_pos=q_pos, out=out)
+                 q_seq_idx=q_seq_idx, q_pos=q_pos, out=out, cos=None if rope is None else rope[0])
     if T == 0:
         return out
     _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
@@ -439,7 +459,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     smem = prefill_smem_bytes(D, block_n)
     _launch(q, "attention", kname, grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),
-             _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D))), smem)
+             _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D)),
+             cos_p, sin_p, max_pos), smem)
     return out
 
 
@@ -451,29 +472,41 @@ def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size:
 def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       seq_lens: torch.Tensor, split_size: int, scale: float | None = None,
                       max_splits: int | None = None, *, o_part: torch.Tensor | None = None,
-                      lse_part: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      lse_part: torch.Tensor | None = None, row_seq: torch.Tensor | None = None,
+                      rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial states of every split (twin: ``reference.attention.split_kv_partials``).
 
     ``q [B, n_q, D]`` bf16 (one query per sequence; row stride allowed). Split ``k`` covers key
     positions ``[k*split_size, (k+1)*split_size)`` clipped to ``seq_lens[b]``. ``max_splits``
     defaults to ``ceil(max_blocks * block_size / split_size)`` (an upper bound known without reading
     the device); splits past a sequence's end write ``o = 0, lse = -inf``.
+    ``row_seq`` (int32 ``[B]``): row ``b`` reads block-table row ``row_seq[b]`` instead of ``b``
+    (batch-invariant prefill: one row per token, ``seq_lens`` = its position + 1; the caller's
+    guards have checked the indices). ``rope``: fused RoPE, as in ``paged_prefill``.
     Returns fp32 ``o_part [B, max_splits, n_q, D]`` and natural-log ``lse_part [B, max_splits, n_q]``.
     """
     B, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
     _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
-    _pow2_block(bs)
+    _block_size(bs)
     G = _gqa(n_q, n_kv)
-    _, M = _block_tables(block_tables, seq_lens, B)
+    if row_seq is None:
+        _, M = _block_tables(block_tables, seq_lens, B)
+    else:
+        _tensor("block_tables", block_tables, torch.int32, 2)
+        _contig("block_tables", block_tables)
+        _int_vec("seq_lens", seq_lens, B)
+        _int_vec("row_seq", row_seq, B)
+        M = block_tables.shape[1]
     split_size = int(split_size)
     _need(1 <= split_size <= _I32_MAX, f"split_size must be in [1, 2**31), got {split_size}")
     S = _default_max_splits(block_tables, bs, split_size) if max_splits is None else int(max_splits)
     _need(S >= 1, f"max_splits must be >= 1, got {S}")
     o_part = _out("o_part", o_part, (B, S, n_q, D), torch.float32, q)
     lse_part = _out("lse_part", lse_part, (B, S, n_q), torch.float32, q)
+    cos_p, sin_p, max_pos = _rope_tables(rope, D)
     _same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
-                 o_part=o_part, lse_part=lse_part)
+                 o_part=o_part, lse_part=lse_part, row_seq=row_seq, cos=None if rope is None else rope[0])
     if B == 0:
         return o_part, lse_part
     HG = -(-G // 16)
@@ -482,7 +515,8 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     smem = decode_smem_bytes(D)
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
-             _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D))), smem)
+             _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
+             _p(row_seq), cos_p, sin_p, max_pos), smem)
     return o_part, lse_part
 
 
@@ -516,18 +550,21 @@ def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.
 
 def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, split_size: int | None, scale: float | None = None, *,
-                    max_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                    max_splits: int | None = None, out: torch.Tensor | None = None,
+                    row_seq: torch.Tensor | None = None,
+                    rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Decode attention of one query per sequence (twin: ``reference.attention.split_kv_decode``).
 
     ``split_size=None`` runs one split over all keys. Partials go to ``torch.empty`` scratch on the
-    same device. Returns bf16 ``[B, n_q, D]``.
+    same device. ``row_seq`` and ``rope`` as in ``split_kv_partials``. Returns bf16 ``[B, n_q, D]``.
     """
     _tensor("block_tables", block_tables, torch.int32, 2)
     _tensor("k_cache", k_cache, torch.bfloat16, 4)
     if split_size is None:
         split_size = max(1, block_tables.shape[1] * k_cache.shape[1])
         max_splits = 1
-    o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits)
+    o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits,
+                                         row_seq=row_seq, rope=rope)
     return split_kv_reduce(o_part, lse_part, out=out)
 
 
@@ -555,6 +592,72 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, out: torch.Tensor | None
     _launch(o, "attention", "merge_states", (-(-(R * D) // 256), 1, 1), (256, 1, 1),
             (_p(o), _p(lse), _p(out), _p(lse_out), _i(N), _i(R), _i(D)))
     return out, lse_out
+
+
+# --------------------------------------------------------------------------------------
+# the batch-invariant GEMM
+# --------------------------------------------------------------------------------------
+
+#: gemm.cu instantiations: (largest M it is picked for, tile name, BM, BN, warps, BK, stages).
+#: Every tile computes each element with the same k-step order, so the choice changes speed only.
+GEMM_TILES: tuple[tuple[int, str, int, int, int, int, int], ...] = (
+    (16, "16x32", 16, 32, 2, 128, 4),
+    (32, "32x32", 32, 32, 2, 128, 4),
+    (64, "64x32", 64, 32, 4, 64, 4),
+    (256, "64x64", 64, 64, 4, 64, 4),
+    (_I32_MAX, "128x128", 128, 128, 4, 32, 4),
+)
+
+
+def gemm_tile(M: int) -> tuple[str, int, int, int, int]:
+    """(tile name, BM, BN, threads, dynamic shared memory bytes) of the kernel used for ``M`` rows."""
+    for max_m, name, bm, bn, warps, bk, stages in GEMM_TILES:
+        if M <= max_m:
+            return name, bm, bn, 32 * warps, stages * (bm + bn) * (bk + 8) * 2
+    raise AssertionError("unreachable: the last tile takes any M")
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+         tile: str | None = None) -> torch.Tensor:
+    """``y = x @ w.T`` with a fixed reduction order (twin: ``reference.model.linear(..., batch_invariant=True)``).
+
+    ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, ``N`` even;
+    fp32 accumulation, output bf16 or fp32 ``[M, N]``. Row ``m`` of the result depends on row ``m``
+    of ``x`` and on ``w`` only -- bitwise, whatever ``M`` is and whichever tile runs (``tile`` forces
+    one of ``GEMM_TILES`` by name; the default picks by ``M``).
+    """
+    _tensor("x", x, torch.bfloat16, 2)
+    _tensor("w", w, torch.bfloat16, 2)
+    M, K = x.shape
+    N = w.shape[0]
+    _need(w.shape[1] == K, f"w must have shape [N, {K}], got {tuple(w.shape)}")
+    _need(K % 8 == 0 and K > 0, f"K = {K} must be a positive multiple of 8")
+    _need(N % 2 == 0, f"N = {N} must be even")
+    _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
+    _contig("w", w)
+    _aligned16("w", w)
+    _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    out = _out("out", out, (M, N), out_dtype, x)
+    _contig("out", out)
+    _same_device(x=x, w=w, out=out)
+    if M == 0:
+        return out
+    ldx = _rows("x", x, 1) if M > 1 else K
+    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
+          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
+    if tile is None:
+        name, bm, bn, threads, smem = gemm_tile(M)
+    else:
+        row = next((t for t in GEMM_TILES if t[1] == tile), None)
+        _need(row is not None, f"unknown gemm tile {tile!r}; known: {[t[1] for t in GEMM_TILES]}")
+        _, name, bm, bn, warps, bk, stages = row
+        threads, smem = 32 * warps, stages * (bm + bn) * (bk + 8) * 2
+    suffix = "f32" if out_dtype == torch.float32 else "bf16"
+    grid = (-(-N // bn), -(-M // bm), 1)
+    _need(grid[1] <= 65535, f"M = {M} needs more than 65535 row tiles of {bm}")
+    _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (threads, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)), smem)
+    return out
 
 
 # --------------------------------------------------------------------------------------

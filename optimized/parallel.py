@@ -222,6 +222,9 @@ class ParallelEngine(_ReferenceParallelEngine):
         if engine_cfg.dtype != "bfloat16":
             raise ConfigError("the optimized engine computes in bfloat16; pass dtype='bfloat16'")
         _engine.check_supported(model_cfg, engine_cfg)
+        if engine_cfg.batch_invariant or engine_cfg.rope_in_attention:
+            raise ConfigError("the TP x CP optimized engine does not support batch_invariant=True or "
+                              "rope_in_attention=True yet (the single-GPU optimized engine and the reference do)")
         TPShard.of(model_cfg, self.parallel.tp, 0)                        # typed errors before any collective
         self.grid = Grid.create(self.parallel)
         if device is None:   # NCCL: the GPU torch.cuda.set_device chose for this rank

@@ -6,9 +6,19 @@ torch's current stream (``optimized/ops.py``). Decode steps are captured in CUDA
 per batch-size bucket; prefill runs eagerly. Per-step metadata (ids, positions, slots, block
 tables, lengths, sampling parameters) is built with numpy by the scheduler and uploaded with
 one host-to-device copy.
+
+Batch-invariant mode (``batch_invariant=True``, twin: the reference runner's) changes two things:
+every GEMM runs through ``ops.gemm`` (``gemm.cu``: one fixed k-step order per output element,
+whatever the number of rows), and every prefill token is attended as its own split-KV row
+(``split_kv_partials`` with ``row_seq``: block-table row ``q_seq_idx[t]``, length ``q_pos[t] + 1``),
+the very computation a decode step makes for that position. Norms, RoPE, the KV store, the
+activation and sampling are per row already. Fused RoPE (``rope_in_attention=True``) caches
+pre-RoPE keys and passes the fp32 tables to the attention kernels, which rotate each K tile.
 """
 
 from __future__ import annotations
+
+import gc
 
 import numpy as np
 import torch
@@ -118,6 +128,8 @@ class CudaRunner:
         self.use_graphs = use_graphs
         self.graphs: dict[tuple[int, int], dict] = {}
         self.pool = None
+        self.invariant = ecfg.batch_invariant
+        self.rope = (self.cos, self.sin) if ecfg.rope_in_attention else None   # fused RoPE tables
         self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV (pinned)
         self.record_logits = False
         self._mm_fp32 = self._probe_mm_out_dtype()
@@ -182,12 +194,20 @@ class CudaRunner:
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                 tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,
                 decode_split: int | None, max_splits: int) -> torch.Tensor:
-        """Write layer ``i``'s K/V into the pages, attend (context-parallel hook: ``optimized/parallel.py``)."""
+        """Write layer ``i``'s K/V into the pages, attend (context-parallel hook: ``optimized/parallel.py``).
+
+        Batch-invariant prefill comes here with ``lens`` and ``qidx`` per token (see ``_prefill``)
+        and takes the split-KV path like a decode step."""
         ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slots)
-        if qidx is not None:
-            return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale)
-        return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens,
-                                   decode_split, self.scale, max_splits=max_splits)
+        if qidx is not None and not self.invariant:
+            return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale,
+                                     rope=self.rope)
+        return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
+                                   max_splits=max_splits, row_seq=qidx, rope=self.rope)
+
+    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T``: cuBLAS, or our fixed-order GEMM in batch-invariant mode."""
+        return ops.gemm(x, w) if self.invariant else torch.matmul(x, w.t())
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
@@ -195,6 +215,8 @@ class CudaRunner:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
+        if self.invariant:
+            return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
             return torch.mm(hidden, self.lm_head.t(), out_dtype=torch.float32)
         return torch.mm(hidden, self.lm_head.t()).float()
@@ -209,16 +231,16 @@ class CudaRunner:
         residual = self._embed(ids)                                                   # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
-            qkv = torch.matmul(h, L["wqkv"].t())                                      # [T, (n_q + 2 n_kv) D]
+            qkv = self._mm(h, L["wqkv"])                                              # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
-            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps)
+            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None)
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
-            attn = self._reduce(torch.matmul(o.view(T, nq * D), L["wo"].t()))          # [T, H]
+            attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"]))                  # [T, H]
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
-            a = ops.silu_mul(torch.matmul(h, L["wgu"].t()))                            # [T, I]
-            m = self._reduce(torch.matmul(a, L["wd"].t()))                            # [T, H]
+            a = ops.silu_mul(self._mm(h, L["wgu"]))                                    # [T, I]
+            m = self._reduce(self._mm(a, L["wd"]))                                    # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
@@ -243,18 +265,34 @@ class CudaRunner:
         positions = [int(batch.positions[r]) + 1 for r in batch.sample_rows]
         if batch.kind == "decode":
             return self._decode(batch, params, positions)
-        ids = self._upload(batch.input_ids, torch.int32)
-        pos = self._upload(batch.positions, torch.int32)
-        slots = self._upload(batch.slot_mapping, torch.int32)
-        tables = self._upload(batch.block_tables, torch.int32)
-        lens = self._upload(batch.seq_lens, torch.int32)
-        qidx = self._upload(batch.q_seq_idx, torch.int32)
-        hidden = self.forward(ids, pos, slots, tables, lens, qidx, None, 1)
+        hidden = self._prefill(batch.input_ids, batch.positions, batch.slot_mapping, batch.block_tables,
+                               batch.seq_lens, batch.q_seq_idx)
         rows = self._upload(batch.sample_rows, torch.int64)
         logits = self.logits(hidden.index_select(0, rows))                            # [S, V]
         ints, flts = _sampling_arrays(params, positions, len(params))
         toks, lps = _sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
         return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
+
+    def _prefill(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables: np.ndarray,
+                 seq_lens: np.ndarray, q_seq_idx: np.ndarray) -> torch.Tensor:
+        """Hidden states ``[T, H]`` of an eager prefill step (numpy metadata, uploaded here).
+
+        Batch-invariant mode attends each token as its own split-KV row: length ``position + 1``,
+        block-table row ``q_seq_idx`` (padding rows: length 0, which writes zeros), split size the
+        policy's (``disabled``: one split longer than any context), ``max_splits`` enough for the
+        longest row -- splits past a row's end fold in as the identity, so the count is free."""
+        up = self._upload
+        if self.invariant:
+            live = positions >= 0
+            row_lens = np.where(live, positions + 1, 0).astype(np.int32)                  # [T]
+            row_seq = np.where(live, q_seq_idx, 0).astype(np.int32)                       # [T]
+            split = self.policy.split_size if self.policy.kind == "fixed" else self.max_model_len
+            max_splits = max(1, -(-int(row_lens.max(initial=1)) // split))
+            return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
+                                up(tables, torch.int32), up(row_lens, torch.int32), up(row_seq, torch.int32),
+                                split, max_splits)
+        return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
+                            up(tables, torch.int32), up(seq_lens, torch.int32), up(q_seq_idx, torch.int32), None, 1)
 
     def _decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int]) -> StepResult:
         B = len(batch.seqs)
@@ -325,8 +363,17 @@ class CudaRunner:
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):   # graphs replay one at a time: one shared pool
-                run()
+            # No garbage collection inside the capture: collecting an old engine there frees pinned host
+            # buffers and CUDA objects, calls a capturing stream forbids (the capture is invalidated).
+            gc.collect()
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):   # graphs replay one at a time: one shared pool
+                    run()
+            finally:
+                if gc_was_on:
+                    gc.enable()
             out["graph"] = graph
         return out
 
@@ -338,8 +385,5 @@ class CudaRunner:
         pos = np.arange(T, dtype=np.int32)
         table = np.asarray(pages, dtype=np.int32)[None, :]
         slots = table[0, pos // bs] * bs + pos % bs
-        hidden = self.forward(self._upload(np.asarray(ids), torch.int32), self._upload(pos, torch.int32),
-                              self._upload(slots, torch.int32), self._upload(table, torch.int32),
-                              self._upload(np.asarray([T]), torch.int32),
-                              self._upload(np.zeros(T), torch.int32), None, 1)
+        hidden = self._prefill(np.asarray(ids), pos, slots, table, np.asarray([T]), np.zeros(T, dtype=np.int32))
         return self.logits(hidden).cpu()

@@ -13,14 +13,38 @@ import torch
 
 import reference
 from reference import attention
-from reference.model import apply_rope, rms_norm
+from reference.model import apply_rope, linear, rms_norm
 from reference.sampling import sample_one
 from reference.weights import random_weights
 
 from _helpers import TINY, tiny_weights
 
 
-def _standin_ops() -> types.SimpleNamespace:
+def _rotated_cache(kc, bt, lens, rope):
+    """Fused-RoPE stand-in: a copy of ``kc`` (pre-RoPE keys) with every key of every row rotated at its
+    position through the runner's fp32 tables, as the kernels do tile by tile."""
+    if rope is None:
+        return kc
+    cos, sin = rope
+    out = kc.clone()
+    bs = kc.shape[1]
+    done = set()
+    for b in range(bt.shape[0]):
+        for p in range(int(lens[b])):
+            page, slot = int(bt[b, p // bs]), p % bs
+            if (page, slot) in done:
+                continue
+            done.add((page, slot))
+            c = torch.cat([cos[p], cos[p]])[None, None, :]                      # [1, 1, D]
+            s_ = torch.cat([sin[p], sin[p]])[None, None, :]
+            out[page, slot] = apply_rope(kc[page, slot][None], c[0], s_[0])[0]
+    return out
+
+
+def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
+    """torch stand-ins for ``optimized.ops``; ``calls`` (if given) records (kernel, details) per launch."""
+    log = calls if calls is not None else []
+
     def store_kvcache(k, v, kc, vc, slots):
         keep = slots >= 0
         s = slots[keep].long()
@@ -34,23 +58,33 @@ def _standin_ops() -> types.SimpleNamespace:
         residual.copy_(residual + x)
         return rms_norm(residual, w, eps)
 
-    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps):
-        p = positions.long()
+    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps, *, rotate_k=True):
+        p = positions.long().clamp(min=0)
         c = torch.cat([cos[p], cos[p]], -1)
         s_ = torch.cat([sin[p], sin[p]], -1)
+        log.append(("qk_norm_rope", rotate_k))
         q.copy_(apply_rope(rms_norm(q, qw, eps), c, s_))
-        k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_))
+        k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_) if rotate_k else rms_norm(k, kw, eps))
 
     def silu_mul(x):
         i = x.shape[1] // 2
         return (torch.nn.functional.silu(x[:, :i].float()) * x[:, i:].float()).to(x.dtype)
 
-    def paged_prefill(q, kc, vc, bt, lens, qidx, qpos, scale=None):
+    def paged_prefill(q, kc, vc, bt, lens, qidx, qpos, scale=None, *, rope=None):
+        log.append(("paged_prefill", rope is not None))
+        kc = _rotated_cache(kc, bt, lens, rope)
         return attention.paged_prefill(q, kc, vc, bt.long(), lens.long(), qidx.long(), qpos.long(), scale)
 
-    def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None):
-        o, lse = attention.split_kv_partials(q, kc, vc, bt.long(), lens.long(), split, scale, max_splits)
+    def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None, row_seq=None, rope=None):
+        rows = bt.long() if row_seq is None else bt.long()[row_seq.long()]     # [B, M]: each row's table
+        log.append(("split_kv_decode", (row_seq is not None, lens.clone(), split, max_splits, rope is not None)))
+        kc = _rotated_cache(kc, rows, lens, rope)
+        o, lse = attention.split_kv_partials(q, kc, vc, rows, lens.long(), split, scale, max_splits)
         return attention.reduce_splits(o, lse)[0].to(q.dtype)
+
+    def gemm(x, w, *, out_dtype=torch.bfloat16):
+        log.append(("gemm", x.shape[0]))
+        return linear(x, w, batch_invariant=True).to(out_dtype)
 
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
         toks, lps = [], []
@@ -67,15 +101,21 @@ def _standin_ops() -> types.SimpleNamespace:
     return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
-                                 ATTN_HEAD_DIMS=(32, 64, 128))
+                                 gemm=gemm, ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 
 @pytest.fixture
-def opt_engine(monkeypatch):
+def launches() -> list:
+    """The stand-in kernels' launch log of the test's engines."""
+    return []
+
+
+@pytest.fixture
+def opt_engine(monkeypatch, launches):
     """``factory(**engine_kwargs)`` -> an optimized.Engine on the CPU with the stand-in kernels."""
     import optimized.engine as oe
     import optimized.runner as orun
-    monkeypatch.setattr(orun, "ops", _standin_ops())
+    monkeypatch.setattr(orun, "ops", _standin_ops(launches))
     monkeypatch.setattr(oe, "require_cuda", lambda device: torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
 
@@ -150,3 +190,83 @@ def test_optimized_pool_pressure_swap_groups_and_weight_updates(opt_engine):
     assert after[sids[0]].weights_version == 1
     fsid = fresh.rollout_add(ctx, gsps[0])
     assert fresh.rollout_run_turns()[fsid].token_ids[:2] == after[sids[0]].token_ids[:2]
+
+
+# ----------------------------------------------------------------------------- batch-invariant mode, fused RoPE
+
+def _target_logits(eng, target: list[int], mates: list[list[int]], obs: list[int]):
+    """Two turns of ``target`` after ``mates``: its logits rows, its tokens and its full context."""
+    eng.record_logits()
+    sp = reference.SamplingParams(max_tokens=5, stop_token_ids=())
+    for m in mates:
+        eng.rollout_add(m, sp)
+    sid = eng.rollout_add(target, sp)
+    first = eng.rollout_run_turns()
+    for s in first:
+        eng.rollout_continue(s, obs if s == sid else obs[: len(obs) // 2])
+    second = eng.rollout_run_turns()
+    return torch.stack(eng.logit_log[sid]), first[sid].token_ids + second[sid].token_ids, target + first[sid].token_ids + obs
+
+
+@pytest.mark.parametrize("split_kv", ["fixed:3", "disabled"])
+def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv):
+    """With the stand-ins (per-row math), the invariant runner must route every GEMM through ``ops.gemm``,
+    every prefill token through the split-KV path as its own row (length position + 1, its sequence's
+    table), never through ``paged_prefill``; and a sequence's logits are then bitwise the same alone,
+    with batch mates, and as a single-shot prefill of the whole context."""
+    import random
+    rng = random.Random(3)
+    target = [rng.randrange(512) for _ in range(13)]
+    obs = [rng.randrange(512) for _ in range(9)]
+    alone, toks, ctx = _target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, [], obs)
+    kinds = {k for k, _ in launches}
+    assert "paged_prefill" not in kinds and "gemm" in kinds, kinds
+    prefill_rows = [d for k, d in launches if k == "split_kv_decode" and d[0]]
+    assert prefill_rows, "no prefill token went through the split-KV path"
+    split = 3 if split_kv == "fixed:3" else 128                      # disabled: one split of max_model_len
+    first = prefill_rows[0]
+    assert first[1].tolist() == list(range(1, 14)), "prefill rows must have length position + 1"
+    assert first[2] == split and first[3] == -(-13 // split)
+    mates = [[rng.randrange(512) for _ in range(rng.randrange(1, 30))] for _ in range(4)]
+    crowd, toks_crowd, _ = _target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, mates, obs)
+    assert toks_crowd == toks and torch.equal(crowd, alone), "INVARIANT: batch mates changed the target's logits"
+    single = opt_engine(batch_invariant=True, split_kv=split_kv)
+    single.record_logits()
+    single.generate([ctx], reference.SamplingParams(max_tokens=5, stop_token_ids=()))
+    assert torch.equal(torch.stack(single.logit_log[0]), alone[5:]), "INVARIANT: resume differs from single-shot"
+
+
+def test_default_mode_keeps_cublas_and_paged_prefill(opt_engine, launches):
+    _rollout(opt_engine(), PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
+    kinds = {k for k, _ in launches}
+    assert "paged_prefill" in kinds and "gemm" not in kinds, kinds
+    assert all(not d[0] for k, d in launches if k == "split_kv_decode"), "decode rows must use their own tables"
+
+
+def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
+    """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
+    every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""
+    runs = []
+    for fused in (False, True):
+        launches.clear()
+        eng = opt_engine(rope_in_attention=fused, split_kv="fixed:5")
+        eng.record_logits()
+        sp = reference.SamplingParams(max_tokens=6, stop_token_ids=())
+        sid = eng.rollout_add(list(range(10, 40)), sp)
+        first = eng.rollout_run_turns()[sid]
+        eng.rollout_continue(sid, [1, 2, 3])
+        second = eng.rollout_run_turns()[sid]
+        runs.append((first.token_ids + second.token_ids, torch.stack(eng.logit_log[sid])))
+        assert {d for k, d in launches if k == "qk_norm_rope"} == {not fused}
+        attn = [d if k == "paged_prefill" else d[4] for k, d in launches if k in ("paged_prefill", "split_kv_decode")]
+        assert attn and set(attn) == {fused}, "every attention launch must (not) get the RoPE tables"
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_optimized_accepts_any_block_size_and_head_dim_16():
+    from optimized.engine import shape_problems
+    for bs in (1, 3, 5, 16, 24):
+        assert shape_problems(TINY, bs) == []
+    import dataclasses
+    assert shape_problems(dataclasses.replace(TINY, head_dim=16), 4) == []
+    assert "head_dim 8" in shape_problems(dataclasses.replace(TINY, head_dim=8), 4)[0]

@@ -182,6 +182,9 @@ def check_prefill(C: Checks, dev, gen) -> None:
         ("d128 gqa1 bs16", 128, 8, 8, 16, [(77, 77, 0), (160, 33, 1)], False),
         ("d64 gqa4 interleaved rows", 64, 16, 4, 16, [(50, 12, 0), (70, 12, 0), (20, 12, 0)], True),
         ("d128 gqa4 bs32 4097", 128, 32, 8, 32, [(4097, 129, 3)], False),
+        ("d16 mha bs8", 16, 3, 3, 8, [(40, 40, 1), (90, 17, 2)], False),
+        ("d64 gqa4 bs5 (not a power of two)", 64, 8, 2, 5, [(1, 1, 0), (5, 5, 1), (6, 2, 0), (131, 131, 2)], False),
+        ("d128 gqa2 bs12 (not a power of two)", 128, 16, 8, 12, [(300, 45, 1), (24, 24, 0)], False),
     ]
     for name, D, n_q, n_kv, bs, seqs, interleave in cases:
         def run(name=name, D=D, n_q=n_q, n_kv=n_kv, bs=bs, seqs=seqs, interleave=interleave):
@@ -234,6 +237,8 @@ def check_split_kv(C: Checks, dev, gen) -> None:
         ("d128 gqa8 bs32", 128, 64, 8, 32, [16, 64, 1000]),
         ("d128 gqa5 bs16", 128, 40, 8, 16, [64]),
         ("d64 gqa32 bs16 (2 head groups)", 64, 32, 1, 16, [64, 7]),
+        ("d16 mha bs8", 16, 3, 3, 8, [1, 5, 64, 1000]),
+        ("d64 gqa4 bs5 (not a power of two)", 64, 8, 2, 5, [3, 7, 64, 1000]),
     ]
     for name, D, n_q, n_kv, bs, splits in configs:
         kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
@@ -685,9 +690,118 @@ def timing(dev, gen) -> None:
 
 # --------------------------------------------------------------------------------------
 
+
+# --------------------------------------------------------------------------------------
+# batch-invariant mode: the fixed-order GEMM and prefill rows through the split-KV kernel
+# --------------------------------------------------------------------------------------
+
+def check_gemm(C: Checks, dev, gen) -> None:
+    """``ops.gemm``: the flash rule vs an fp32 product (torch's bf16 matmul is the low-precision run);
+    row ``r`` bitwise equal alone (M = 1) and inside M rows; every tile bitwise equal to every other."""
+    shapes = [(1, 64, 48), (7, 96, 40), (16, 1024, 2048), (33, 6144, 4096), (64, 4096, 4096), (200, 4096, 4096),
+              (300, 3072, 1024), (1000, 512, 1024), (70, 151936, 1024)]
+    for M, N, K in shapes:
+        def run(M=M, N=N, K=K):
+            x = (torch.randn(M, K, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+            w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
+            y = ops.gemm(x, w)
+            y32 = ops.gemm(x, w, out_dtype=torch.float32)
+            ref32 = x.double() @ w.double().t()
+            refbf = torch.matmul(x, w.t())
+            torch.cuda.synchronize()
+            res = fa_rule("bf16 out", y, ref32, refbf) + fa_rule("fp32 out", y32, ref32, refbf)
+            res += exact("bf16 out == round(fp32 out)", y, y32.to(torch.bfloat16))
+            rows = sorted({0, M // 2, M - 1})
+            for r in rows:
+                alone = ops.gemm(x[r:r + 1].clone(), w, out_dtype=torch.float32)
+                res += exact(f"row {r} of M={M} == row alone", y32[r:r + 1], alone)
+            for _, tile, *_ in ops.GEMM_TILES:
+                res += exact(f"tile {tile} == default", ops.gemm(x, w, out_dtype=torch.float32, tile=tile), y32)
+            # a row's result does not depend on its neighbours: shuffle the rows and compare
+            perm = torch.randperm(M, generator=gen).to(dev)
+            res += exact("rows permuted", ops.gemm(x[perm].contiguous(), w, out_dtype=torch.float32), y32[perm])
+            return res
+        C.run("gemm", f"M={M} N={N} K={K}", run)
+
+
+def check_invariant_attention(C: Checks, dev, gen) -> None:
+    """Prefill tokens as split-KV rows (``row_seq``): bitwise the decode computation of their position."""
+    for name, D, n_q, n_kv, bs, S in [("d128 gqa2 bs16 S=64", 128, 16, 8, 16, 64), ("d64 gqa4 bs5 S=7", 64, 8, 2, 5, 7),
+                                      ("d32 gqa2 bs4 S=8", 32, 4, 2, 4, 8), ("d16 mha bs8 S=5", 16, 3, 3, 8, 5)]:
+        def run(D=D, n_q=n_q, n_kv=n_kv, bs=bs, S=S):
+            lens = [70, 9, 33]
+            kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+            rows = [(b, p) for b, L in enumerate(lens) for p in range(max(0, L - 12), L)]
+            T = len(rows)
+            q = torch.randn(T, n_q, D, generator=gen).to(torch.bfloat16).to(dev)
+            rseq = torch.tensor([b for b, _ in rows], dtype=torch.int32, device=dev)
+            rlen = torch.tensor([p + 1 for _, p in rows], dtype=torch.int32, device=dev)
+            ms = -(-max(lens) // S)
+            out = ops.split_kv_decode(q, kc, vc, bt, rlen, S, D ** -0.5, max_splits=ms, row_seq=rseq)
+            res = []
+            # decode twin: each row alone with its sequence's table row, a different max_splits
+            alone = torch.cat([ops.split_kv_decode(q[t:t + 1], kc, vc, bt[b:b + 1].contiguous(),
+                                                   rlen[t:t + 1].contiguous(), S, D ** -0.5, max_splits=ms + 3)
+                               for t, (b, _) in enumerate(rows)])
+            res += exact("row_seq rows == decode rows", out, alone)
+            qc = q.float().cpu()
+            ref32 = ref_attn.invariant_attention(qc, kc.float().cpu(), vc.float().cpu(), bt.long().cpu(),
+                                                 rseq.long().cpu(), rlen.long().cpu() - 1, S, D ** -0.5)
+            refbf = torch.stack([dense_bf16(q[t:t + 1], gather_dev(kc, bt[b], 0, p + 1), gather_dev(vc, bt[b], 0, p + 1),
+                                            torch.tensor([p], device=dev), D ** -0.5)[0] for t, (b, p) in enumerate(rows)])
+            res += fa_rule("vs reference invariant_attention", out, ref32.float(), refbf)
+            return res
+        C.run("invariant", name, run)
+
+
+def _rotate_bf16(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """rope.cu's rotation in torch, one rounding per product and per sum: k [..., n, D] at positions pos [...]."""
+    half = k.shape[-1] // 2
+    c, s_ = cos[pos.long()][..., None, :], sin[pos.long()][..., None, :]
+    a, b = k[..., :half].float(), k[..., half:].float()
+    return torch.cat([a * c - b * s_, b * c + a * s_], -1).to(torch.bfloat16)
+
+
+def check_fused_rope(C: Checks, dev, gen) -> None:
+    """Fused RoPE: pre-RoPE caches + tables == caches rotated beforehand, for both attention kernels."""
+    from reference.rope import rope_cos_sin
+    for name, D, n_q, n_kv, bs in [("d128 gqa4 bs16", 128, 32, 8, 16), ("d64 gqa2 bs5", 64, 8, 4, 5),
+                                   ("d16 mha bs8", 16, 3, 3, 8)]:
+        def run(D=D, n_q=n_q, n_kv=n_kv, bs=bs):
+            lens = [300, 17, 1]
+            kc0, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+            cos, sin = rope_cos_sin(torch.arange(512), D, 1_000_000.0)
+            cos, sin = cos[:, :D // 2].contiguous().to(dev), sin[:, :D // 2].contiguous().to(dev)
+            kc1 = kc0.clone()
+            for b, L in enumerate(lens):
+                pos = torch.arange(L, device=dev)
+                pages, slots = bt[b].long()[pos // bs], pos % bs
+                kc1[pages, slots] = _rotate_bf16(kc0[pages, slots], cos, sin, pos)
+            res = []
+            q = torch.randn(len(lens), n_q, D, generator=gen).to(torch.bfloat16).to(dev)
+            for S in (7, 64):
+                fused = ops.split_kv_decode(q, kc0, vc, bt, sl, S, rope=(cos, sin))
+                res += exact(f"split-KV S={S} fused == rotated cache", fused, ops.split_kv_decode(q, kc1, vc, bt, sl, S))
+            qi = torch.tensor([0] * 40 + [1] * 17 + [2], dtype=torch.int32, device=dev)
+            qp = torch.tensor(list(range(260, 300)) + list(range(17)) + [0], dtype=torch.int32, device=dev)
+            qq = torch.randn(len(qp), n_q, D, generator=gen).to(torch.bfloat16).to(dev)
+            fused = ops.paged_prefill(qq, kc0, vc, bt, sl, qi, qp, rope=(cos, sin))
+            res += exact("paged prefill fused == rotated cache", fused, ops.paged_prefill(qq, kc1, vc, bt, sl, qi, qp))
+            # qk_norm_rope(rotate_k=False) then this rotation == qk_norm_rope(rotate_k=True): the rotation
+            # above is rope.cu's, bit for bit, so fused and unfused engines cache the same keys
+            kx = torch.randn(len(qp), n_kv, D, generator=gen).to(torch.bfloat16).to(dev)
+            w = (1 + 0.1 * torch.randn(D, generator=gen)).to(torch.bfloat16).to(dev)
+            k_on, k_off = kx.clone(), kx.clone()
+            ops.qk_norm_rope(qq.clone(), k_on, w, w, cos, sin, qp, 1e-6)
+            ops.qk_norm_rope(qq.clone(), k_off, w, w, cos, sin, qp, 1e-6, rotate_k=False)
+            res += exact("qk_norm_rope(rotate_k=False) + rotation == rotate_k=True", _rotate_bf16(k_off, cos, sin, qp), k_on)
+            return res
+        C.run("fused_rope", name, run)
+
 SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
+    "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
 }
 
 

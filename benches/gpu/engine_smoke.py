@@ -6,6 +6,7 @@ runs even if an earlier one failed; the exit code is non-zero if any failed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import time
@@ -165,6 +166,65 @@ def weight_update_in_place():
     ref = fresh.generate([PROMPTS[3] + first.token_ids + [1, 2, 3]], GREEDY)[0]
     print(f"  after update_weights(recompute_kv=True): first tokens {second.token_ids[:4]} vs fresh engine {ref[:4]}")
     assert second.weights_version == 1 and second.token_ids[:2] == ref[:2]
+
+
+def _target_logits(eng, target, mates, obs):
+    """Two turns of ``target`` after ``mates``: (its logits rows, its tokens, its whole context)."""
+    eng.record_logits()
+    sp = reference.SamplingParams(max_tokens=6, stop_token_ids=())
+    for m in mates:
+        eng.rollout_add(m, sp)
+    sid = eng.rollout_add(target, sp)
+    first = eng.rollout_run_turns()
+    for s in first:
+        eng.rollout_continue(s, obs if s == sid else obs[: len(obs) // 3])
+    second = eng.rollout_run_turns()
+    return torch.stack(eng.logit_log[sid]), first[sid].token_ids + second[sid].token_ids, target + first[sid].token_ids + obs
+
+
+def _invariance(cfg, weights, kw, n_mates=(7, 40)):
+    target = [RNG.randrange(cfg.vocab_size) for _ in range(45)]
+    obs = [RNG.randrange(cfg.vocab_size) for _ in range(19)]
+    alone, toks, ctx = _target_logits(optimized.Engine.from_state_dict(cfg, weights, **kw), target, [], obs)
+    for n in n_mates:
+        mates = [[RNG.randrange(cfg.vocab_size) for _ in range(RNG.randrange(1, 300))] for _ in range(n)]
+        crowd, toks_c, _ = _target_logits(optimized.Engine.from_state_dict(cfg, weights, **kw), target, mates, obs)
+        diff = (crowd - alone).abs().max().item()
+        print(f"  {n} batch mates: tokens equal {toks_c == toks}, logits max diff {diff:.3g}")
+        assert toks_c == toks and torch.equal(crowd, alone), "logits changed with batch mates"
+    single = optimized.Engine.from_state_dict(cfg, weights, **kw)
+    single.record_logits()
+    single.generate([ctx], reference.SamplingParams(max_tokens=6, stop_token_ids=()))
+    one = torch.stack(single.logit_log[0])
+    print(f"  single-shot prefill vs multi-turn resume: max diff {(one - alone[6:]).abs().max().item():.3g}")
+    assert torch.equal(one, alone[6:]), "multi-turn resume differs from single-shot prefill"
+
+
+@section
+def batch_invariant_bitwise_tiny():
+    _invariance(CFG, W, {**KW, "batch_invariant": True, "split_kv": "fixed:16"})
+    _invariance(CFG, W, {**KW, "batch_invariant": True, "split_kv": "disabled"}, n_mates=(9,))
+
+
+@section
+def batch_invariant_bitwise_qwen3_06b():
+    cfg = dataclasses.replace(named_config("qwen3-0.6b"), tie_word_embeddings=False)
+    w = random_weights(cfg, 0, dtype=torch.bfloat16)
+    _invariance(cfg, w, dict(block_size=16, max_model_len=1024, num_blocks=2048, batch_invariant=True,
+                             split_kv="fixed:64"))
+
+
+@section
+def fused_rope_equals_unfused():
+    runs = []
+    for fused in (False, True):
+        eng = optimized.Engine.from_state_dict(CFG, W, **{**KW, "rope_in_attention": fused})
+        logits, toks, _ = _target_logits(eng, PROMPTS[3], PROMPTS[:2], [5, 6, 7, 8, 9])
+        runs.append((toks, logits, eng.score(PROMPTS[3] + PROMPTS[2])))
+    (t0, l0, s0), (t1, l1, s1) = runs
+    print(f"  fused vs unfused: tokens equal {t0 == t1}, logits max diff {(l0 - l1).abs().max().item():.3g}, "
+          f"score max diff {(s0 - s1).abs().max().item():.3g}")
+    assert t0 == t1 and torch.equal(l0, l1) and torch.equal(s0, s1)
 
 
 @section

@@ -1,10 +1,12 @@
 """CUDA kernels of the optimized engine, compiled at run time through CuPy's ``RawModule`` (NVRTC).
 
-One ``.cu`` file per reference twin lives next to this module (``attention.cu``, ``sampling.cu``,
-``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``). Each exposes plain
-``extern "C" __global__`` kernels (templated internals are instantiated under explicit names such as
-``paged_prefill_d128``) and includes only ``<cuda_bf16.h>``, so the same file builds with ``nvcc``
-(see ``python -m optimized.kernels.build_check``) and with NVRTC.
+One ``.cu`` file per reference twin lives next to this module (``attention.cu``, ``gemm.cu``,
+``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``).
+Each exposes plain ``extern "C" __global__`` kernels (templated internals are instantiated under
+explicit names such as ``paged_prefill_d128``) and includes ``<cuda_bf16.h>`` and, for the
+tensor-core kernels, the local header ``mma.cuh``. nvcc finds that header beside the source (see
+``python -m optimized.kernels.build_check``); for NVRTC ``source()`` pastes local headers into the
+text, so CuPy's disk cache (keyed by the text) notices a change to a header too.
 
 ``load(name)`` compiles ``<name>.cu`` once per process and device (memoised). CuPy also caches the
 compiled binary on disk, keyed by the source text, the options and the NVRTC version, so a second
@@ -18,6 +20,7 @@ CuPy is imported lazily, inside the functions, so ``import optimized`` works wit
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -26,10 +29,12 @@ KERNEL_DIR = Path(__file__).resolve().parent
 #: every kernel source of the package (file stem -> the kernels it defines)
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention": (
-        "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128", "paged_prefill_d128_bn32",
-        "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
+        "paged_prefill_d16", "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128", "paged_prefill_d128_bn32",
+        "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
         "split_kv_reduce", "merge_states",
     ),
+    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "32x32", "64x32", "64x64", "128x128")
+                  for out in ("bf16", "f32")),
     "sampling": ("sample",),
     "rmsnorm": ("rmsnorm", "add_rmsnorm"),
     "rope": ("qk_norm_rope",),
@@ -46,11 +51,23 @@ _lock = threading.Lock()
 _modules: dict[tuple[str, int], object] = {}
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.MULTILINE)
+
+
 def source(name: str) -> str:
-    """The text of ``<name>.cu``."""
+    """The text of ``<name>.cu`` with its local ``#include "x.cuh"`` headers pasted in (once each)."""
     if name not in SOURCES:
         raise KeyError(f"unknown kernel source {name!r}; known: {sorted(SOURCES)}")
-    return (KERNEL_DIR / f"{name}.cu").read_text()
+    seen: set[str] = set()
+
+    def paste(m: re.Match) -> str:
+        header = m.group(1)
+        if header in seen:
+            return ""
+        seen.add(header)
+        return _LOCAL_INCLUDE.sub(paste, (KERNEL_DIR / header).read_text())
+
+    return _LOCAL_INCLUDE.sub(paste, (KERNEL_DIR / f"{name}.cu").read_text())
 
 
 def load(name: str):

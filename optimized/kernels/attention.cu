@@ -1,15 +1,16 @@
 // attention.cu -- paged attention kernels of the optimized engine.
 //
 // Reference twins: reference/attention.py
-//   paged_prefill_d{32,64,128}        <-> paged_prefill
-//   split_kv_partials_d{32,64,128}    <-> split_kv_partials
+//   paged_prefill_d{16,32,64,128}     <-> paged_prefill
+//   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
 //   split_kv_reduce                   <-> reduce_splits / merge_two
 //   merge_states                      <-> merge_states (sorting and duplicate checks stay in Python)
 //
 // Layouts (shared with the reference):
 //   q            bf16 [T, n_q, D]  (token row stride q_stride elements; heads and D contiguous)
 //   k/v_cache    bf16 [num_blocks, block_size, n_kv, D]; token p of a sequence lives in page
-//                block_table[p / block_size], slot p % block_size (block_size a power of two)
+//                block_table[p / block_size], slot p % block_size (any block_size >= 1: shifts and
+//                masks when it is a power of two, an integer division otherwise)
 //   block_tables int32 [B, max_blocks], -1 past a sequence's last block
 //   seq_lens     int32 [B]
 //   GQA: query head h reads KV head h / (n_q / n_kv).
@@ -28,7 +29,12 @@
 //   (rows 2t, 2t+1; col g).
 //
 // Shared-memory rows are padded to D + 8 bf16 (16 bytes) so that the 8 row addresses of one
-// ldmatrix phase fall in 8 distinct 16-byte bank groups (no conflicts for D in {32, 64, 128}).
+// ldmatrix phase fall in 8 distinct 16-byte bank groups (no conflicts for D in {16, 32, 64, 128}).
+//
+// Fused RoPE (rope_in_attention, twin: reference gather_keys with rope_theta): when cos_t is not
+// null the cache holds pre-RoPE keys, and each K tile is rotated in shared memory at its absolute
+// key positions right after it lands, with the fp32 tables and the operation order of rope.cu's
+// qk_norm_rope -- so the rotated keys are bitwise those the unfused path would have cached.
 //
 // NaN safety: stale cache slots (past seq_len, or unused pages) may hold NaN. K/V rows past the
 // range a tile needs are never loaded (cp.async with src-size 0 zero-fills them), and every
@@ -37,10 +43,9 @@
 
 #include <cuda_bf16.h>
 
-namespace {
+#include "mma.cuh"
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
+namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -53,44 +58,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-// 16-byte asynchronous global -> shared copy; pred == false zero-fills the 16 bytes and reads nothing.
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
-  const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-// d += a * b  (m16n8k16, bf16 inputs, fp32 accumulate)
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
-  return *reinterpret_cast<u32*>(&v);
 }
 
 // A fragments of a 16-row Q tile (rows of `row0`, all D columns) from padded shared memory.
@@ -211,8 +178,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NKT][4], int kv0, cons
 }
 
 // Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh starting at key position kv0;
-// rows at positions >= kv_end are zero-filled, never read). block_size = 2^bs_log2 (the host checks
-// it is a power of two: shifts and masks, no integer division).
+// rows at positions >= kv_end are zero-filled, never read). bs_log2 = log2(block_size) when the
+// block size is a power of two (shifts and masks), -1 otherwise (one integer division per row).
 template <int D, int BN, int THREADS>
 __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* __restrict__ k_cache,
                                              const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ bt,
@@ -231,8 +198,8 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
     bool ok = pos < kv_end;
     long long off = 0;
     if (ok) {
-      const int blk = pos >> bs_log2;
-      const int slot = pos & (block_size - 1);
+      const int blk = bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size;
+      const int slot = bs_log2 >= 0 ? pos & (block_size - 1) : pos - blk * block_size;
       const int page = bt[blk];
       ok = page >= 0;
       off = ok ? ((long long)page * block_size + slot) * row_elems + head_off : 0;
@@ -242,7 +209,29 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   }
 }
 
-__device__ __forceinline__ int log2_pow2(int x) { return __ffs(x) - 1; }  // x a power of two
+// log2(x) for a power of two, -1 for any other block size
+__device__ __forceinline__ int block_shift(int x) { return (x & (x - 1)) == 0 ? __ffs(x) - 1 : -1; }
+
+// Fused RoPE: rotate the K rows [kv0, kv_end) of a tile in shared memory (rotate-half, fp32 tables
+// cos_t / sin_t [max_pos, D/2]; a position outside the table is left as it is, like qk_norm_rope).
+// The caller brackets it with CTA barriers (the tile has landed / the rotation is visible).
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv_end, const float* __restrict__ cos_t,
+                                              const float* __restrict__ sin_t, int max_pos, int tid) {
+  constexpr int LD = D + 8, HALF = D / 2;
+  for (int i = tid; i < BN * HALF; i += THREADS) {
+    const int r = i / HALF, j = i - r * HALF;
+    const int p = kv0 + r;
+    if (p < kv_end && p < max_pos) {
+      const float ya = __bfloat162float(sK[r * LD + j]);
+      const float yb = __bfloat162float(sK[r * LD + j + HALF]);
+      const float cs = cos_t[(long long)p * HALF + j];
+      const float sn = sin_t[(long long)p * HALF + j];
+      sK[r * LD + j] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(ya, cs), __fmul_rn(-yb, sn)));
+      sK[r * LD + j + HALF] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(yb, cs), __fmul_rn(ya, sn)));
+    }
+  }
+}
 
 // ------------------------------------------------------------------------------------------------
 // paged_prefill
@@ -279,7 +268,9 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
                                                    const int* __restrict__ block_tables, int max_blocks,
                                                    const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx,
                                                    const int* __restrict__ q_pos, __nv_bfloat16* __restrict__ out, int T,
-                                                   int B, int n_q, int n_kv, int block_size, float scale) {
+                                                   int B, int n_q, int n_kv, int block_size, float scale,
+                                                   const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                                   int max_pos) {
   typedef PrefillCfg<D, BN_> C;
   constexpr int BM = C::BM, BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   constexpr int STAGE = 2 * BN * LD;  // one stage: K [BN][LD] then V [BN][LD]
@@ -297,7 +288,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   const int tile = gridDim.x - 1 - blockIdx.x;
   const int kvh = blockIdx.y;
   const int t0 = tile * TT;
-  const int bs_log2 = log2_pow2(block_size);
+  const int bs_log2 = block_shift(block_size);
 
   if (tid < BM) {
     int sq = -1, ps = -1;
@@ -370,6 +361,10 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
+        if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+          rotate_k_tile<D, BN, THREADS>(sK + st * STAGE, j * BN, L, cos_t, sin_t, max_pos, tid);
+          __syncthreads();
+        }
         float s[BN / 8][4];
         tile_scores<D, BN / 8>(qf, sK + st * STAGE, lane, s);
         online_softmax<D, BN / 8>(s, j * BN, lim, sl2, lane, m_, l_, o);
@@ -415,8 +410,10 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 // ------------------------------------------------------------------------------------------------
 // split_kv_partials
 //
-// Math (twin: reference split_kv_partials): one query per sequence (its last token, so every
-// cached key is visible). Split k of sequence b covers key positions
+// Math (twin: reference split_kv_partials): one query per row b (a sequence's last token, so every
+// cached key is visible). Row b reads block-table row row_seq[b] (b itself when row_seq is null):
+// batch-invariant mode runs every prefill token through this kernel as its own row, with
+// seq_lens[b] = its position + 1 (twin: invariant_attention). Split k of row b covers key positions
 // [k*S, min((k+1)*S, seq_len[b])) and writes, per query head h,
 //   o_part[b, k, h] = sum_j softmax_j(scale * q[b, h] . k_j) v_j   (fp32)
 //   lse[b, k, h]    = log(sum_j exp(scale * q . k_j))              (natural log)
@@ -443,7 +440,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                                                        const int* __restrict__ block_tables, int max_blocks,
                                                        const int* __restrict__ seq_lens, float* __restrict__ o_part,
                                                        float* __restrict__ lse_part, int n_q, int n_kv, int block_size,
-                                                       int split_size, int max_splits, float scale) {
+                                                       int split_size, int max_splits, float scale,
+                                                       const int* __restrict__ row_seq, const float* __restrict__ cos_t,
+                                                       const float* __restrict__ sin_t, int max_pos) {
   typedef DecodeCfg<D> C;
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -480,9 +479,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     if (r < nrows) val = *reinterpret_cast<const uint4*>(q + (long long)b * q_stride + (long long)(h0 + r) * D + c * 8);
     *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
   }
-  const int* bt = block_tables + (long long)b * max_blocks;
+  const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
   const int ntiles = (s1 - s0 + BN - 1) / BN;
-  const int bs_log2 = log2_pow2(block_size);
+  const int bs_log2 = block_shift(block_size);
   load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, tid);
   cp_async_commit();
   __syncthreads();
@@ -506,6 +505,10 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+    if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+      rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
+      __syncthreads();
+    }
     float s[2][4];
     tile_scores<D, 2>(qf, sK + (st * BN + warp * 16) * LD, lane, s);
     online_softmax<D, 2>(s, s0 + j * BN + warp * 16, lim, sl2, lane, m_, l_, o);
@@ -581,10 +584,12 @@ __device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,           \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,         \
       const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,      \
-      __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale) {         \
+      __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale,          \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) {                        \
     paged_prefill_impl<DV, BNV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, q_seq_idx,   \
-                                q_pos, out, T, B, n_q, n_kv, block_size, scale);                              \
+                                q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t, sin_t, max_pos);       \
   }
+TK_PREFILL(paged_prefill_d16, 16, 64, 1)
 TK_PREFILL(paged_prefill_d32, 32, 64, 1)
 TK_PREFILL(paged_prefill_d64, 64, 64, 1)
 TK_PREFILL(paged_prefill_d128, 128, 64, 1)
@@ -595,10 +600,13 @@ TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 3)
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
-      int n_kv, int block_size, int split_size, int max_splits, float scale) {                                    \
+      int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) {                           \
     split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
-                               n_q, n_kv, block_size, split_size, max_splits, scale);                              \
+                               n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
+                               max_pos);                                                                           \
   }
+TK_SPLITKV(16)
 TK_SPLITKV(32)
 TK_SPLITKV(64)
 TK_SPLITKV(128)

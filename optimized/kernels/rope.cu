@@ -10,6 +10,8 @@
 // `x*cos + rotate_half(x)*sin` bit for bit given the same tables.
 // cos, sin: fp32 [max_pos, D/2] computed on the host (the frequencies repeat over both halves).
 // A position outside [0, max_pos) (e.g. a padding row's -1) gets the norm but no rotation.
+// rotate_k == 0 (fused RoPE, rope_in_attention): k gets the norm only; the attention kernels rotate
+// it when they read it (attention.cu, rotate_k_tile, with the same tables and operation order).
 //
 // q bf16 [T, n_q, D] (token stride q_stride), k bf16 [T, n_kv, D] (token stride k_stride): heads
 // and D contiguous. One warp per (token, head); D even and D <= 256.
@@ -23,7 +25,8 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
                                                                const float* __restrict__ cos_t,
                                                                const float* __restrict__ sin_t,
                                                                const int* __restrict__ positions, int T, int n_q,
-                                                               int n_kv, int D, int max_pos, float eps) {
+                                                               int n_kv, int D, int max_pos, float eps,
+                                                               int rotate_k) {
   const int lane = threadIdx.x & 31;
   const long long gw = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int nh = n_q + n_kv;
@@ -51,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)D), eps)));
   const int p = positions[t];
-  const bool rot = p >= 0 && p < max_pos;
+  const bool rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int j = lane + 32 * c;
