@@ -88,3 +88,18 @@ def sample(scale: Scale, logits, params, positions):
         return lambda: ops.sample(logits, **packed)
     from reference.sampling import sample_batch
     return lambda: sample_batch(logits, params, positions)
+
+
+def gemm(scale: Scale, x, w, out_dtype: torch.dtype, out=None):
+    """Closure: the batch-invariant GEMM ``y [M, N] = x [M, K] @ w [N, K].T`` (fp32 accumulation;
+    a row of ``y`` is bitwise independent of ``M``): ``ops.gemm`` on the GPU, the reference's
+    row-at-a-time ``linear(..., batch_invariant=True)`` on the CPU."""
+    if scale.gpu:
+        from optimized import ops
+        return lambda: ops.gemm(x, w, out_dtype=out_dtype, out=out)
+    from reference.model import linear
+
+    def run():
+        y = linear(x, w, batch_invariant=True).to(out_dtype)
+        return y if out is None else out.copy_(y)
+    return run

@@ -4,6 +4,7 @@
 # to $OUT/bench when OUT is set (the device machine's output folder), else to benches/results.
 #   bash benches/run_gpu.sh                      # from the repository root
 #   bash benches/run_gpu.sh -k "kernel_decode"   # extra arguments go to pytest
+#   bash benches/run_gpu.sh -k "invariant_overhead or kernel_gemm"   # the batch-invariant mode and its GEMM only
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python3}"

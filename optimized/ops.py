@@ -32,7 +32,7 @@ __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "decode_smem_bytes", "ATTN_HEAD_DIMS",
-    "gemm", "gemm_tile", "GEMM_TILES",
+    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK",
 ]
 
 #: head dims the attention kernels are instantiated for
@@ -598,33 +598,58 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, out: torch.Tensor | None
 # the batch-invariant GEMM
 # --------------------------------------------------------------------------------------
 
-#: gemm.cu instantiations: (largest M it is picked for, tile name, BM, BN, warps, BK, stages).
-#: Every tile computes each element with the same k-step order, so the choice changes speed only.
-GEMM_TILES: tuple[tuple[int, str, int, int, int, int, int], ...] = (
-    (16, "16x32", 16, 32, 2, 128, 4),
-    (32, "32x32", 32, 32, 2, 128, 4),
-    (64, "64x32", 64, 32, 4, 64, 4),
-    (256, "64x64", 64, 64, 4, 64, 4),
-    (_I32_MAX, "128x128", 128, 128, 4, 32, 4),
-)
+#: gemm.cu's chunk of the canonical order (K columns); ``KC`` in the kernel source
+GEMM_CHUNK = 512
+#: gemm.cu instantiations: name -> (BM, BN, warps, BK, stages, split). Every one computes each element
+#: in the same canonical order, so the choice (``gemm_choice``) changes speed only.
+GEMM_TILES: dict[str, tuple[int, int, int, int, int, bool]] = {
+    "16x32": (16, 32, 2, 128, 4, False),
+    "64x64": (64, 64, 4, 64, 4, False),
+    "128x64": (128, 64, 4, 32, 4, False),
+    "split_16x64": (16, 64, 4, 128, 4, True),
+    "split_64x64": (64, 64, 4, 64, 4, True),
+}
+#: largest fp32 workspace (chunks x M x N) a split launch may take; past it the folding kernel runs
+GEMM_SPLIT_WORKSPACE = 64 << 20
+_TICKETS = 1 << 16
+_tickets: dict[int, torch.Tensor] = {}
 
 
-def gemm_tile(M: int) -> tuple[str, int, int, int, int]:
-    """(tile name, BM, BN, threads, dynamic shared memory bytes) of the kernel used for ``M`` rows."""
-    for max_m, name, bm, bn, warps, bk, stages in GEMM_TILES:
-        if M <= max_m:
-            return name, bm, bn, 32 * warps, stages * (bm + bn) * (bk + 8) * 2
-    raise AssertionError("unreachable: the last tile takes any M")
+def gemm_choice(M: int, N: int, K: int) -> str:
+    """The tile ``gemm`` uses for an ``M x N x K`` product: K-parallel split tiles for the few rows of
+    a decode step (when the workspace is small), one-CTA-per-tile folding kernels otherwise."""
+    chunks = -(-K // GEMM_CHUNK)
+    split_ok = chunks >= 2 and chunks * M * N * 4 <= GEMM_SPLIT_WORKSPACE
+    if M <= 16:
+        return "split_16x64" if split_ok else "16x32"
+    if M <= 64:
+        return "split_64x64" if split_ok else "64x64"
+    return "64x64" if M <= 256 else "128x64"
+
+
+def _gemm_tickets(ref: torch.Tensor) -> torch.Tensor:
+    """The per-device ticket array of the split kernels (zeros; each launch leaves it zero)."""
+    dev = _device_index(ref)
+    t = _tickets.get(dev)
+    if t is None:
+        with _lock:
+            t = _tickets.get(dev)
+            if t is None:
+                t = torch.zeros(_TICKETS, dtype=torch.int32, device=ref.device)
+                _tickets[dev] = t
+    return t
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
          tile: str | None = None) -> torch.Tensor:
-    """``y = x @ w.T`` with a fixed reduction order (twin: ``reference.model.linear(..., batch_invariant=True)``).
+    """``y = x @ w.T`` in a fixed reduction order (twin: ``reference.model.linear(..., batch_invariant=True)``).
 
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, ``N`` even;
     fp32 accumulation, output bf16 or fp32 ``[M, N]``. Row ``m`` of the result depends on row ``m``
-    of ``x`` and on ``w`` only -- bitwise, whatever ``M`` is and whichever tile runs (``tile`` forces
-    one of ``GEMM_TILES`` by name; the default picks by ``M``).
+    of ``x`` and on ``w`` only -- bitwise, whatever ``M`` is and whichever kernel runs (``tile`` forces
+    one of ``GEMM_TILES``; the default is ``gemm_choice``). Split tiles take an fp32 workspace
+    (``torch.empty``, capturable in a CUDA graph) and a per-device ticket array; launches that share
+    a device must be ordered (one stream), as they are in the engine.
     """
     _tensor("x", x, torch.bfloat16, 2)
     _tensor("w", w, torch.bfloat16, 2)
@@ -645,18 +670,22 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     ldx = _rows("x", x, 1) if M > 1 else K
     _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
           "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
-    if tile is None:
-        name, bm, bn, threads, smem = gemm_tile(M)
-    else:
-        row = next((t for t in GEMM_TILES if t[1] == tile), None)
-        _need(row is not None, f"unknown gemm tile {tile!r}; known: {[t[1] for t in GEMM_TILES]}")
-        _, name, bm, bn, warps, bk, stages = row
-        threads, smem = 32 * warps, stages * (bm + bn) * (bk + 8) * 2
+    name = gemm_choice(M, N, K) if tile is None else tile
+    _need(name in GEMM_TILES, f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES)}")
+    bm, bn, warps, bk, stages, split = GEMM_TILES[name]
+    smem = stages * (bm + bn) * (bk + 8) * 2
     suffix = "f32" if out_dtype == torch.float32 else "bf16"
-    grid = (-(-N // bn), -(-M // bm), 1)
+    chunks = -(-K // GEMM_CHUNK)
+    grid = (-(-N // bn), -(-M // bm), chunks if split else 1)
     _need(grid[1] <= 65535, f"M = {M} needs more than 65535 row tiles of {bm}")
-    _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (threads, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)), smem)
+    if split:
+        _need(grid[0] * grid[1] <= _TICKETS, f"gemm: {grid[0] * grid[1]} output tiles exceed the ticket array")
+        ws = torch.empty(chunks, M, N, dtype=torch.float32, device=x.device)
+        _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1),
+                (_p(x), _i(ldx), _p(w), _p(out), _p(ws), _p(_gemm_tickets(x)), _i(M), _i(N), _i(K)), smem)
+    else:
+        _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1),
+                (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)), smem)
     return out
 
 

@@ -33,7 +33,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
         "split_kv_reduce", "merge_states",
     ),
-    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "32x32", "64x32", "64x64", "128x128")
+    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")
                   for out in ("bf16", "f32")),
     "sampling": ("sample",),
     "rmsnorm": ("rmsnorm", "add_rmsnorm"),

@@ -8,15 +8,24 @@
 // Linear weight), y [M, N] contiguous, bf16 or fp32. K % 8 == 0 and N % 2 == 0 (16-byte loads,
 // paired stores); the host checks both.
 //
-// The invariance argument. Every output element is produced the same way by every kernel below:
-//   acc = 0 (fp32);  for k0 = 0, 16, 32, ... < K in increasing order:  acc = mma(x[m, k0:k0+16], W[n, k0:k0+16], acc)
-// with one m16n8k16 tensor-core instruction per step (columns past K are zero-filled, and steps
-// entirely past K are skipped, not multiplied by zeros). The instruction's internal order is fixed
-// by the hardware, and an element's inputs are its own row of x and column of W^T -- never another
-// row's. The CTA tile (BM x BN), the K tile per pipeline stage (BK) and the warp layout only decide
-// *where* an element is computed, not *how*: so the kernel is chosen by M for speed (small tiles
-// and many CTAs for decode, large tiles for prefill) without changing any bit of any row. There is
-// no split-K and no atomics.
+// The canonical order. K is cut into chunks of KC = 512 columns (the last one may be shorter).
+// For every output element y[m, n]:
+//   p_c = 0;  for k0 = c*KC, c*KC + 16, ... (inside chunk c, increasing):  p_c = mma(x[m, k0:k0+16], W[n, k0:k0+16], p_c)
+//   t = 0;    for c = 0, 1, ... (increasing):  t = t + p_c      (fp32, round to nearest, no contraction)
+//   y[m, n] = t (rounded to bf16 for a bf16 output)
+// with one m16n8k16 tensor-core instruction per step (columns past K are zero-filled; steps entirely
+// past K are skipped, not multiplied by zeros). The instruction's internal order is fixed by the
+// hardware, and an element's inputs are its own row of x and column of W^T -- never another row's.
+//
+// Two kernels implement that order, and ops.py may pick either, with any tile, for any M -- the choice
+// changes the speed, never a bit:
+//   gemm_<tile>_{bf16,f32}        one CTA per output tile walks all of K, folding each chunk's
+//                                 accumulator into the total at the chunk's end (registers only);
+//   gemm_split_<tile>_{bf16,f32}  one CTA per (output tile, chunk) -- K-parallel, for the few rows of a
+//                                 decode step -- writes p_c (fp32) to a workspace; the last CTA of a
+//                                 tile to finish (an atomic ticket per tile) folds p_0, p_1, ... in
+//                                 chunk order and writes y, then resets the ticket for the next launch.
+// There are no atomics on data and no dependence on which CTA finishes last.
 //
 // Structure: 32*WM*WN threads; warps in a WM x WN grid, each owning (BM/WM) x (BN/WN) outputs as
 // MT x NT tiles of 16 x 8; STAGES-deep cp.async pipeline of BK-wide tiles of x and W in shared
@@ -63,31 +72,66 @@ __device__ __forceinline__ void load_stage(__nv_bfloat16* sA, __nv_bfloat16* sB,
   }
 }
 
-template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool F32>
-__device__ __forceinline__ void gemm_impl(const __nv_bfloat16* __restrict__ x, int ldx,
-                                          const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
-                                          int K) {
+constexpr int KC = 512;  // chunk of the canonical order (ops.py: GEMM_CHUNK); every BK divides it
+
+// Stores the fp32 values v (c0..c3 layout) of this warp's tiles: to y (bf16 or fp32) or to a workspace.
+template <int BM, int BN, int WM, int WN, int MT, int NT, bool F32>
+__device__ __forceinline__ void store_tiles(const float (&v)[MT][NT][4], void* __restrict__ y, int M, int N, int m0,
+                                            int n0, int wm, int wn, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int n = n0 + wn * (BN / WN) + j * 8 + 2 * t;
+      if (n >= N) continue;  // N even: a pair is entirely inside or outside
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + wm * (BM / WM) + i * 16 + g + 8 * h;
+        if (m >= M) continue;
+        const long long off = (long long)m * N + n;
+        if constexpr (F32) {
+          *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(v[i][j][2 * h], v[i][j][2 * h + 1]);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
+              __floats2bfloat162_rn(v[i][j][2 * h], v[i][j][2 * h + 1]);
+        }
+      }
+    }
+  }
+}
+
+// The main loop over k in [k_begin, k_end) (k_begin a multiple of KC). FOLD: acc is folded into
+// total at every chunk end and zeroed (total holds the result); otherwise acc holds the one chunk's p_c.
+template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool FOLD>
+__device__ __forceinline__ void gemm_mainloop(const __nv_bfloat16* __restrict__ x, int ldx,
+                                              const __nv_bfloat16* __restrict__ w, int M, int N, int K, int m0, int n0,
+                                              int k_begin, int k_end,
+                                              float (&acc)[GemmCfg<BM, BN, WM, WN, BK, STAGES>::MT]
+                                                          [GemmCfg<BM, BN, WM, WN, BK, STAGES>::NT][4],
+                                              float (&total)[GemmCfg<BM, BN, WM, WN, BK, STAGES>::MT]
+                                                            [GemmCfg<BM, BN, WM, WN, BK, STAGES>::NT][4]) {
   typedef GemmCfg<BM, BN, WM, WN, BK, STAGES> C;
   constexpr int THREADS = C::THREADS, LDS = C::LDS, MT = C::MT, NT = C::NT, STAGE = C::STAGE;
+  static_assert(KC % BK == 0, "a chunk is a whole number of K tiles");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // stage s: x at s*STAGE, W after BM rows
-
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wm = warp / WN, wn = warp - wm * WN;
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-  const int KT = (K + BK - 1) / BK;
+  const int KT = (k_end - k_begin + BK - 1) / BK;
 
-  float acc[MT][NT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = total[i][j][e] = 0.f;
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < KT)
       load_stage<BM, BN, BK, LDS, THREADS>(smem + s * STAGE, smem + s * STAGE + BM * LDS, x, ldx, w, M, N, K, m0, n0,
-                                          s * BK, tid);
+                                          k_begin + s * BK, tid);
     cp_async_commit();
   }
 
@@ -100,15 +144,16 @@ __device__ __forceinline__ void gemm_impl(const __nv_bfloat16* __restrict__ x, i
       if (nk < KT) {
         const int st = nk % STAGES;
         load_stage<BM, BN, BK, LDS, THREADS>(smem + st * STAGE, smem + st * STAGE + BM * LDS, x, ldx, w, M, N, K, m0,
-                                            n0, nk * BK, tid);
+                                            n0, k_begin + nk * BK, tid);
       }
       cp_async_commit();
     }
     const __nv_bfloat16* sA = smem + (kt % STAGES) * STAGE;
     const __nv_bfloat16* sB = sA + BM * LDS;
+    const int kbase = k_begin + kt * BK;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      if (kt * BK + kk * 16 >= K) break;  // steps past K are skipped (uniform), never multiplied by zeros
+      if (kbase + kk * 16 >= k_end) break;  // steps past K are skipped (uniform), never multiplied by zeros
       u32 a[MT][4];
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
@@ -130,50 +175,108 @@ __device__ __forceinline__ void gemm_impl(const __nv_bfloat16* __restrict__ x, i
         }
       }
     }
-  }
-  cp_async_wait<0>();
-
-  // Epilogue: c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols); N even, so a pair
-  // is entirely inside or outside.
-  const int g = lane >> 2, t = lane & 3;
+    if constexpr (FOLD) {
+      if ((kbase + BK) % KC == 0 || kt == KT - 1) {  // chunk end: total += p_c, p_c = 0
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
+        for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int n = n0 + wn * (BN / WN) + j * 8 + 2 * t;
-      if (n >= N) continue;
+          for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int m = m0 + wm * (BM / WM) + i * 16 + g + 8 * h;
-        if (m >= M) continue;
-        const long long off = (long long)m * N + n;
-        if constexpr (F32) {
-          *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
-              __floats2bfloat162_rn(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
+            for (int e = 0; e < 4; ++e) {
+              total[i][j][e] = __fadd_rn(total[i][j][e], acc[i][j][e]);
+              acc[i][j][e] = 0.f;
+            }
       }
     }
   }
+  cp_async_wait<0>();
+}
+
+// One CTA per output tile over all of K (chunk folds in registers).
+template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool F32>
+__device__ __forceinline__ void gemm_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                          const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
+                                          int K) {
+  typedef GemmCfg<BM, BN, WM, WN, BK, STAGES> C;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp / WN, wn = warp - wm * WN;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  float acc[C::MT][C::NT][4], total[C::MT][C::NT][4];
+  gemm_mainloop<BM, BN, WM, WN, BK, STAGES, true>(x, ldx, w, M, N, K, m0, n0, 0, K, acc, total);
+  store_tiles<BM, BN, WM, WN, C::MT, C::NT, F32>(total, y, M, N, m0, n0, wm, wn, lane);
+}
+
+// One CTA per (output tile, chunk): p_c to the workspace ws [chunks, M, N] (fp32); the tile's last CTA
+// (ticket) folds the chunks in order into y and resets the ticket to 0.
+template <int BM, int BN, int WM, int WN, int BK, int STAGES, bool F32>
+__device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                                const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
+                                                float* __restrict__ ws, int* __restrict__ tickets, int M, int N,
+                                                int K) {
+  typedef GemmCfg<BM, BN, WM, WN, BK, STAGES> C;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm = warp / WN, wn = warp - wm * WN;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, c = blockIdx.z;
+  const int chunks = gridDim.z;
+  float acc[C::MT][C::NT][4], total[C::MT][C::NT][4];
+  gemm_mainloop<BM, BN, WM, WN, BK, STAGES, false>(x, ldx, w, M, N, K, m0, n0, c * KC, min(K, (c + 1) * KC), acc,
+                                                   total);
+  const long long MN = (long long)M * N;
+  store_tiles<BM, BN, WM, WN, C::MT, C::NT, true>(acc, ws + c * MN, M, N, m0, n0, wm, wn, lane);
+  __threadfence();  // this CTA's partials are visible device-wide before its ticket is taken
+  __syncthreads();
+  __shared__ int s_last;
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  if (tid == 0) s_last = atomicAdd(tickets + tile, 1) == chunks - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // fold: t = 0; t = t + p_c for c = 0, 1, ... -- the registers of gemm_impl, element by element
+  for (int i = tid; i < BM * (BN / 2); i += C::THREADS) {
+    const int r = i / (BN / 2), n = n0 + 2 * (i - r * (BN / 2));
+    const int m = m0 + r;
+    if (m >= M || n >= N) continue;
+    const long long off = (long long)m * N + n;
+    float t0 = 0.f, t1 = 0.f;
+    for (int cc = 0; cc < chunks; ++cc) {
+      const float2 p = __ldcg(reinterpret_cast<const float2*>(ws + cc * MN + off));  // L2: written by other SMs
+      t0 = __fadd_rn(t0, p.x);
+      t1 = __fadd_rn(t1, p.y);
+    }
+    if constexpr (F32) {
+      *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(t0, t1);
+    } else {
+      *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) = __floats2bfloat162_rn(t0, t1);
+    }
+  }
+  if (tid == 0) tickets[tile] = 0;  // ready for the next launch (kernels on one stream run in order)
 }
 
 }  // namespace
 
-// Instantiations: gemm_<BM>x<BN>_{bf16,f32}. ops.py picks one by M and computes the same shared
-// memory (STAGES * (BM + BN) * (BK + 8) * 2 bytes) and thread count (32 * WM * WN).
+// Instantiations. ops.py (GEMM_TILES) picks one by M and computes the same shared memory
+// (STAGES * (BM + BN) * (BK + 8) * 2 bytes) and thread count (32 * WM * WN).
 #define TK_GEMM(NAME, BM, BN, WM, WN, BK, STAGES, F32, OUT_T)                                                      \
   extern "C" __global__ void __launch_bounds__(32 * WM * WN) NAME(const __nv_bfloat16* __restrict__ x, int ldx,    \
                                                                  const __nv_bfloat16* __restrict__ w,              \
                                                                  OUT_T* __restrict__ y, int M, int N, int K) {     \
     gemm_impl<BM, BN, WM, WN, BK, STAGES, F32>(x, ldx, w, y, M, N, K);                                           \
   }
+#define TK_GEMM_SPLIT(NAME, BM, BN, WM, WN, BK, STAGES, F32, OUT_T)                                                \
+  extern "C" __global__ void __launch_bounds__(32 * WM * WN) NAME(                                                 \
+      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, OUT_T* __restrict__ y,    \
+      float* __restrict__ ws, int* __restrict__ tickets, int M, int N, int K) {                                    \
+    gemm_split_impl<BM, BN, WM, WN, BK, STAGES, F32>(x, ldx, w, y, ws, tickets, M, N, K);                        \
+  }
 #define TK_GEMM2(TAG, BM, BN, WM, WN, BK, STAGES)                               \
   TK_GEMM(gemm_##TAG##_bf16, BM, BN, WM, WN, BK, STAGES, false, __nv_bfloat16) \
   TK_GEMM(gemm_##TAG##_f32, BM, BN, WM, WN, BK, STAGES, true, float)
+#define TK_GEMM_SPLIT2(TAG, BM, BN, WM, WN, BK, STAGES)                                     \
+  TK_GEMM_SPLIT(gemm_split_##TAG##_bf16, BM, BN, WM, WN, BK, STAGES, false, __nv_bfloat16) \
+  TK_GEMM_SPLIT(gemm_split_##TAG##_f32, BM, BN, WM, WN, BK, STAGES, true, float)
 
-TK_GEMM2(16x32, 16, 32, 1, 2, 128, 4)    // M <= 16: decode; 64 threads, narrow N tiles -> many CTAs
-TK_GEMM2(32x32, 32, 32, 2, 1, 128, 4)    // M <= 32
-TK_GEMM2(64x32, 64, 32, 4, 1, 64, 4)     // M <= 64
+TK_GEMM2(16x32, 16, 32, 1, 2, 128, 4)    // M <= 16 when N is too large for a workspace (the LM head)
 TK_GEMM2(64x64, 64, 64, 2, 2, 64, 4)     // M <= 256
-TK_GEMM2(128x128, 128, 128, 2, 2, 32, 4) // prefill
+TK_GEMM2(128x64, 128, 64, 2, 2, 32, 4)   // prefill
+TK_GEMM_SPLIT2(16x64, 16, 64, 1, 4, 128, 4)  // decode, M <= 16: one CTA per (64 columns, chunk)
+TK_GEMM_SPLIT2(64x64, 64, 64, 2, 2, 64, 4)   // decode, M <= 64
