@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import zlib
 from dataclasses import dataclass, field
 
 import torch
 
 from reference.config import ModelConfig, named_config
 from reference.types import SamplingParams
-from reference.weights import random_weights
+from reference.weights import expected_shapes, random_weights
 
 # ---------------------------------------------------------------------------------- model shapes
 
@@ -40,7 +41,65 @@ MODELS: dict[str, tuple[ModelConfig, dict]] = {
     "qwen3-0.6b-untied": (dataclasses.replace(named_config("qwen3-0.6b"), tie_word_embeddings=False,
                                               name="qwen3-0.6b-untied"),
                           {"block_size": 16, "split_kv": "auto", "max_model_len": 2048, "num_blocks": 4096}),
+    # the real Qwen3-8B shape (vocab 151936, 36 layers, hidden 4096, GQA 4, head_dim 128; its lm_head is untied):
+    # a GPU-only shape (GPU_SHAPES) that runs a subset of the tests, at the gpu scale only
+    "qwen3-8b": (dataclasses.replace(named_config("qwen3-8b"), tie_word_embeddings=False, name="qwen3-8b"),
+                 {"block_size": 16, "split_kv": "auto", "max_model_len": 2048, "num_blocks": 256}),
 }
+
+
+@dataclass(frozen=True)
+class GpuShape:
+    """A shape too big for the CPU (8B parameters: 33 GB in float32, minutes per CPU forward).
+
+    Its weights are drawn on a CUDA device in bfloat16 (``make_weights``), its fp32 oracles and the LOGIT
+    rule's reference baseline run on the oracle device (``--oracle-device cuda``), the engine under test must
+    be on a GPU, and only ``tests`` are collected at this shape (the others do not get it as a parameter).
+    Anything else is a skip with the reason (``unavailable``), never a pass.
+    """
+
+    tests: frozenset[str]          # "module::test function"
+    min_gpu_gib: float             # GPU memory it needs: bf16 weights, fp32 oracle, two engines alive at once
+
+
+GPU_SHAPES: dict[str, GpuShape] = {
+    # LOGIT (logits vs the fp32 HF oracle at 5 lengths up to probe_len, and prefixes) and SPLITK (every split
+    # size at GQA 4 / head_dim 128, empty splits and merges, the engine's split policies) are what the shape adds
+    # over qwen3-0.6b (GQA 2), plus paged continued prefill across block boundaries; about 2 minutes on an H200
+    "qwen3-8b": GpuShape(frozenset({
+        "test_logit::test_score_matches_hf_oracle",
+        "test_logit::test_prefix_scores_like_whole",
+        "test_splitk::test_every_split_size",
+        "test_splitk::test_partials_empty_splits_and_merge",
+        "test_splitk::test_policy_reported_and_tokens_agree",
+        "test_paged::test_block_boundaries",
+    }), min_gpu_gib=96.0),
+}
+
+
+def runs_test(model: str, test: str) -> bool:
+    """Whether ``test`` (``"module::function"``) is collected at ``model``: every test at the ordinary shapes,
+    the listed subset at a GPU-only shape."""
+    return model not in GPU_SHAPES or test in GPU_SHAPES[model].tests
+
+
+def unavailable(model: str, oracle_device: str, engine_device: str) -> str | None:
+    """Why a GPU-only shape cannot run here (``None``: it can, or it is an ordinary shape)."""
+    shape = GPU_SHAPES.get(model)
+    if shape is None:
+        return None
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (its weights are drawn there and its fp32 oracles run there)"
+    if not str(oracle_device).startswith("cuda"):
+        return (f"needs --oracle-device cuda (fp32 oracles of {model} on {oracle_device} do not fit the time; "
+                f"got --oracle-device {oracle_device})")
+    if str(engine_device).startswith("cpu"):
+        return f"the engine under test runs on the CPU ({engine_device}); {model} needs an engine on a GPU"
+    gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+    if gib < shape.min_gpu_gib:
+        return f"needs about {shape.min_gpu_gib:.0f} GiB of GPU memory, this GPU has {gib:.0f} GiB"
+    return None
+
 
 WEIGHT_SEED = 0
 
@@ -56,14 +115,44 @@ def engine_defaults(name: str) -> dict:
     return dict(MODELS[name][1]) if name in MODELS else {"block_size": 16}
 
 
+def draw_weights(cfg: ModelConfig, seed: int, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Random weights by ``reference.weights.random_tensor``'s rule (one generator per tensor, seeded by
+    ``(seed, name)``; std ``1/sqrt(fan_in)``, embedding std 1, norms ``1 + 0.1 N(0, 1)``), drawn by a generator
+    of ``device`` and kept there in bfloat16. On a CUDA device: seconds for 8B parameters, where the CPU takes a
+    minute and 33 GB. Deterministic, but only the CPU generator gives ``reference.weights.random_weights``'s values."""
+    dev = torch.device(device)
+    out = {}
+    for name, shape in expected_shapes(cfg).items():
+        g = torch.Generator(device=dev)
+        g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+        w = torch.randn(shape, generator=g, device=dev)
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * w
+        elif name != "model.embed_tokens.weight":
+            w = w * shape[-1] ** -0.5
+        out[name] = w.to(torch.bfloat16)
+        del w
+    return out
+
+
+def draw_on_cuda(cfg: ModelConfig, seed: int = WEIGHT_SEED) -> dict[str, torch.Tensor]:
+    """``draw_weights`` on the current CUDA device: the weights of a GPU-only shape."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"the weights of {cfg.name} are drawn on a CUDA GPU and none is available")
+    return draw_weights(cfg, seed, torch.device("cuda", torch.cuda.current_device()))
+
+
 @functools.lru_cache(maxsize=8)
 def _weights_cached(name: str, seed: int) -> dict[str, torch.Tensor]:
+    if name in GPU_SHAPES:
+        return draw_on_cuda(model_config(name), seed)
     w = random_weights(model_config(name), seed, dtype=torch.bfloat16)
     return {k: v.float() for k, v in w.items()}
 
 
 def make_weights(cfg_or_name: ModelConfig | str, seed: int = WEIGHT_SEED) -> dict[str, torch.Tensor]:
-    """``reference.weights.random_weights`` rounded to bfloat16-representable values, as float32 CPU tensors.
+    """``reference.weights.random_weights`` rounded to bfloat16-representable values, as float32 CPU tensors;
+    for a GPU-only shape (``GPU_SHAPES``), ``draw_on_cuda``: bfloat16 tensors on the CUDA device.
 
     A bf16 engine and the fp32 oracle then compute with identical weights. Returns a fresh dict
     (the tensors are shared and must not be modified in place).
@@ -92,9 +181,10 @@ class Scale:
 SCALES = {
     "ci": Scale("ci", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8", "gqa8-d128"), n_seqs=8, n_turns=4, max_tokens=8,
                 max_prompt=24, obs_max_blocks=4, examples=25, oracle_seqs=8, probe_len=48),
-    "gpu": Scale("gpu", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8", "gqa8-d128", "qwen3-0.6b-untied"), n_seqs=64,
-                 n_turns=8, max_tokens=16, max_prompt=96, obs_max_blocks=6, examples=60, oracle_seqs=16,
-                 probe_len=128),
+    # qwen3-8b: the GPU_SHAPES subset only (-k qwen3-0.6b leaves it out, -k qwen3-8b selects it)
+    "gpu": Scale("gpu", ("gqa2-d32", "mha-d16", "gqa4-d64", "mqa-d8", "gqa8-d128", "qwen3-0.6b-untied", "qwen3-8b"),
+                 n_seqs=64, n_turns=8, max_tokens=16, max_prompt=96, obs_max_blocks=6, examples=60,
+                 oracle_seqs=16, probe_len=128),
 }
 
 

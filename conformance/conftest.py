@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 
@@ -21,7 +22,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="engine under test: reference | optimized | reference-bf16 | pkg.module:factory "
                      f"(default: ${engines.ENV_VAR}, else reference)")
     g.addoption("--conformance-scale", action="store", default="ci", choices=sorted(cases.SCALES),
-                help="ci (tiny shapes, default) or gpu (adds the qwen3-0.6b shape; 64 sequences, 8 turns)")
+                help="ci (tiny shapes, default) or gpu (adds the qwen3-0.6b shape, 64 sequences, 8 turns, and a "
+                     "subset of the tests at the qwen3-8b shape: -k qwen3-8b; it needs --oracle-device cuda)")
     g.addoption("--oracle-device", action="store", default="cpu",
                 help="where the fp32 model oracles run: cpu (default), cuda, or auto (cuda when available)")
     g.addoption("--engine-kwargs", action="store", default=None,
@@ -51,7 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"turnkv conformance: {e}") from e
     except json.JSONDecodeError as e:
         raise pytest.UsageError(f"--engine-kwargs must be JSON: {e}") from e
-    _STATE["conf"] = Conformance(name, factory, cases.SCALES[config.getoption("--conformance-scale")], kw)
+    _STATE["conf"] = Conformance(name, factory, cases.SCALES[config.getoption("--conformance-scale")], kw,
+                                 engine_device=str(getattr(probe, "device", "?")))
     _STATE["header"] = engines.describe(name, probe)
     _STATE["header"].append(f"  scale {config.getoption('--conformance-scale')}: models "
                             f"{', '.join(_STATE['conf'].scale.models)}; engine kwargs {kw or '{}'}")
@@ -93,7 +96,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "model" in metafunc.fixturenames:
-        metafunc.parametrize("model", list(_STATE["conf"].scale.models))
+        test = f"{metafunc.module.__name__.rsplit('.', 1)[-1]}::{metafunc.function.__name__}"
+        metafunc.parametrize("model", [m for m in _STATE["conf"].scale.models if cases.runs_test(m, test)])
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_shape_engines(request: pytest.FixtureRequest):
+    """After a test at a GPU-only shape, collect its engines now (gigabytes of GPU memory each; an engine's
+    graphs and runner may form reference cycles that would otherwise wait for the next gc pass) and hand
+    torch's cached blocks back, for allocators other than torch's (CuPy's pool)."""
+    yield
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("model") in cases.GPU_SHAPES:
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="session")

@@ -253,8 +253,12 @@ class Conformance:
     scale: cases.Scale
     engine_kwargs: dict = field(default_factory=dict)
     report: list[str] = field(default_factory=list)
+    engine_device: str = "?"          # where the engine under test runs (its ``device``, from the probe engine)
 
     def case(self, model: str, clause: str, note: str = "") -> Case:
+        why = cases.unavailable(model, oracles.DEVICE, self.engine_device)
+        if why:
+            pytest.skip(f"[{clause}] shape {model}: {why} (a skip, not a pass)")
         return Case(self, model, clause, note)
 
     def note(self, line: str) -> None:
@@ -498,6 +502,51 @@ def compare_with_regen(case: Case, label: str, context: list[int], cand: list[in
             continue
         case.fail(f"{label}: same tokens but different lengths: candidate ended after {len(cand)} tokens, reference "
                   f"after {base + len(ref)} (the stop rule differs)\ncandidate {cand}\nreference tail {ref} (from step {base})")
+
+
+def free_running_tally(case: Case, label: str, context: list[int], cand: list[int], sp: SamplingParams,
+                       bound: float, run_oracle: Callable[[list[int], SamplingParams], Any]) -> Tally:
+    """``cand`` (the engine's greedy turn) against the free-running no-cache oracle, re-anchored after each legal
+    divergence.
+
+    ``run_oracle(context, sp)`` generates one turn by full recompute (``reference.oracle.oracle_generate``: token
+    ids, top-1/top-2 margins, stop reason). Every engine step is judged by the oracle run that covers it: equal
+    tokens are followed; a different token is legal only where that oracle step is not decisive (margin <= bound),
+    and the oracle then starts again from the engine's own context (``context + cand[:i+1]``, with the remaining
+    budget), as TURN re-anchors ``generate``. An oracle run that meets no divergence must end where the engine
+    ends. ``total`` counts every engine step, ``decisive`` the steps whose oracle margin exceeds the bound (all of
+    them checked), ``excused`` the legal divergences (re-anchors).
+    """
+    tally = Tally(total=len(cand))
+    base = 0
+    ot = run_oracle(list(context), sp)
+    while True:
+        ref, margins = list(ot.token_ids), list(ot.margins)
+        j = 0
+        while base + j < len(cand) and j < len(ref) and cand[base + j] == ref[j]:
+            tally.decisive += int(margins[j] > bound)
+            j += 1
+        tally.compared += j
+        i = base + j
+        if i == len(cand) and j == len(ref):
+            return tally
+        if i < len(cand) and j < len(ref):
+            if margins[j] > bound:
+                case.fail(f"{label}: step {i}: engine {cand[i]} vs free-running oracle {ref[j]} (margin "
+                          f"{margins[j]:.4g} > noise bound {bound:.3g}; oracle run from step {base})\n"
+                          f"engine {cand}\noracle {ref} (from step {base})")
+            tally.excused += 1
+            if i + 1 == len(cand):
+                return tally              # the engine's turn ends on this token (its stop rule is checked by the caller)
+            budget = sp.max_tokens - (i + 1)
+            if budget < 1:
+                case.fail(f"{label}: {len(cand)} tokens exceed max_tokens={sp.max_tokens}")
+            ot = run_oracle(list(context) + cand[:i + 1], dataclasses.replace(sp, max_tokens=budget))
+            base = i + 1
+            continue
+        case.fail(f"{label}: same tokens but different lengths: the engine ended after {len(cand)} tokens, the "
+                  f"free-running oracle after {base + len(ref)} ({ot.stop_reason!r}; run from step {base})\n"
+                  f"engine {cand}\noracle {ref} (from step {base})")
 
 
 def oracle_tally(case: Case, label: str, context: list[int], tokens: list[int], logprobs: list[float] | None,

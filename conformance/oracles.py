@@ -1,4 +1,4 @@
-"""The independent oracles, all float32 on the CPU, on the harness's weights.
+"""The independent oracles, all float32, on the CPU or the `--oracle-device`, on the harness's weights.
 
 * model math: Hugging Face ``Qwen3ForCausalLM`` (LOGIT) and the reference's no-cache full recompute
   (``reference.oracle.dense_logits``: ORACLE, TURN margins, SAMPLE);
@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import random
@@ -40,6 +41,7 @@ def set_device(device: str) -> str:
     DEVICE = device
     dense_model.cache_clear()
     hf_model.cache_clear()
+    _device_reference.cache_clear()
     return device
 
 
@@ -56,19 +58,26 @@ def oracle_logits(name: str, ids: list[int], seed: int = cases.WEIGHT_SEED) -> t
 
 @functools.lru_cache(maxsize=2)
 def hf_model(name: str, seed: int = cases.WEIGHT_SEED):
-    """``transformers.Qwen3ForCausalLM`` in float32 with eager attention, on the harness's weights."""
+    """``transformers.Qwen3ForCausalLM`` in float32 with eager attention, on the harness's weights.
+
+    Built on the oracle device; its parameters are the no-cache oracle's float32 tensors (``dense_model``),
+    assigned rather than copied (read-only in both; one float32 copy of an 8B model is 33 GB)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM  # test-only dependency, imported late
 
     cfg = cases.model_config(name)
     hc = Qwen3Config(**cfg.to_hf_dict())
-    model = Qwen3ForCausalLM._from_config(hc, attn_implementation="eager", dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(cases.make_weights(name, seed), strict=False)
+    with torch.device(DEVICE):
+        model = Qwen3ForCausalLM._from_config(hc, attn_implementation="eager", dtype=torch.float32)
+    w32 = {k: v for k, v in dense_model(name, seed).w.items() if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
+    missing, unexpected = model.load_state_dict(w32, strict=False, assign=True)
     missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"HF oracle weights mismatch: missing {missing}, unexpected {unexpected}")
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    return model.to(DEVICE).eval()
+    if torch.device(DEVICE).type == "cuda":
+        torch.cuda.empty_cache()          # the parameters HF allocated (and replaced): 33 GB at qwen3-8b
+    return model.requires_grad_(False).eval()
 
 
 @torch.no_grad()
@@ -85,6 +94,49 @@ def reference_engine(name: str, dtype_name: str, block_size: int, seed: int = ca
     return reference.Engine.from_state_dict(cases.model_config(name), cases.make_weights(name, seed),
                                             dtype=dtype_name, block_size=block_size, max_model_len=2048,
                                             num_blocks=-(-2048 // block_size), max_num_seqs=1)
+
+
+class DeviceReference:
+    """The LOGIT rule's baseline for a GPU-only shape (``cases.GPU_SHAPES``): the reference model math
+    (``reference.model.Qwen3Model``) in ``dtype`` on the oracle device, scoring like ``reference.Engine.score``.
+
+    For one fresh sequence the reference engine's score is a paged prefill over contiguous pages, which is the
+    dense causal attention of ``reference.oracle.dense_logits`` term for term (keys and values read back in the
+    dtype, float32 softmax). Matrix products accumulate in float32, as on the CPU: cuBLAS's reduced-precision
+    bf16 reductions are switched off for the call. Weights are shared with the harness's (bf16) tensors.
+    """
+
+    def __init__(self, name: str, dtype_name_: str, seed: int = cases.WEIGHT_SEED) -> None:
+        self.model = Qwen3Model(cases.model_config(name), cases.make_weights(name, seed), as_dtype(dtype_name_),
+                                device=DEVICE)
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        with _fp32_accumulation():
+            return dense_logits(self.model, list(ids))
+
+
+@contextlib.contextmanager
+def _fp32_accumulation():
+    mm = torch.backends.cuda.matmul
+    old = mm.allow_bf16_reduced_precision_reduction, mm.allow_fp16_reduced_precision_reduction
+    mm.allow_bf16_reduced_precision_reduction = mm.allow_fp16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        mm.allow_bf16_reduced_precision_reduction, mm.allow_fp16_reduced_precision_reduction = old
+
+
+@functools.lru_cache(maxsize=4)
+def _device_reference(name: str, dtype_name_: str, seed: int) -> DeviceReference:
+    return DeviceReference(name, dtype_name_, seed)
+
+
+def reference_scorer(name: str, dtype_name_: str, block_size: int, seed: int = cases.WEIGHT_SEED):
+    """What ``err_reference`` of the LOGIT rule is measured with (an object with ``score(ids)``): the reference
+    engine in ``dtype`` on the CPU, or ``DeviceReference`` for a GPU-only shape."""
+    if name in cases.GPU_SHAPES:
+        return _device_reference(name, dtype_name_, seed)
+    return reference_engine(name, dtype_name_, block_size, seed)
 
 
 def dtype_name(dtype) -> str:
@@ -121,7 +173,7 @@ def probe_ids(name: str, length: int) -> list[list[int]]:
 @functools.lru_cache(maxsize=16)
 def noise(name: str, dtype, probe_len: int, block_size: int = 16) -> Noise:
     dtype = as_dtype(dtype)
-    ref = reference_engine(name, dtype_name(dtype), block_size)
+    ref = reference_scorer(name, dtype_name(dtype), block_size)
     errs, means, mags = [], [], []
     for ids in probe_ids(name, probe_len):
         st = ErrorStats.of(ref.score(ids), oracle_logits(name, ids))

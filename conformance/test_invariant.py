@@ -27,7 +27,7 @@ def _invariant_engine(case):
     try:
         engines.build(case.conf.factory, case.conf.spec, case.cfg, case.weights, **{**case.defaults, **_kw(case)})
     except ConfigError as e:
-        pytest.skip(f"[INVARIANT] {case.conf.spec} has no batch-invariant mode: {e} (a skip, not a pass)")
+        pytest.skip(f"[INVARIANT] {case.conf.spec} cannot run batch-invariant mode here: {e} (a skip, not a pass)")
     return case.engine(**_kw(case))
 
 

@@ -37,7 +37,7 @@ def test_score_matches_hf_oracle(conf, scale, model):
                        f"{getattr(got, 'dtype', type(got))} {tuple(getattr(got, 'shape', ()))} on {getattr(got, 'device', '?')}"))
         case.check(bool(torch.isfinite(got).all()), f"score of {len(ids)} tokens has non-finite logits")
         oracle = oracles.hf_logits(model, ids)
-        ref = oracles.reference_engine(model, oracles.dtype_name(dtype), case.block_size).score(ids)
+        ref = oracles.reference_scorer(model, oracles.dtype_name(dtype), case.block_size).score(ids)
         rule = RuleCheck.of(ErrorStats.of(got, oracle), ErrorStats.of(ref, oracle), dtype)
         conf.note(f"[LOGIT] {model} T={len(ids)}: {rule.describe()}")
         case.check(rule.ok, lambda: f"score({len(ids)} tokens) vs the fp32 HF oracle: {rule.describe()}")
@@ -53,12 +53,12 @@ def test_prefix_scores_like_whole(conf, scale, model):
     ids = cases.random_tokens(rng, case.cfg.vocab_size, 4 * bs + 2)
     with case.guard():
         full = eng.score(ids)
-    ref_full = oracles.reference_engine(model, oracles.dtype_name(dtype), bs).score(ids)
+    ref_full = oracles.reference_scorer(model, oracles.dtype_name(dtype), bs).score(ids)
     for k in (1, bs, 2 * bs + 1):
         with case.guard():
             part = eng.score(ids[:k])
         oracle = oracles.hf_logits(model, ids[:k])
-        ref = oracles.reference_engine(model, oracles.dtype_name(dtype), bs).score(ids[:k])
+        ref = oracles.reference_scorer(model, oracles.dtype_name(dtype), bs).score(ids[:k])
         # both the prefix call and the rows of the whole call must obey the rule against the oracle
         for what, x, base in (("score(ids[:k])", part, ref), ("score(ids)[:k]", full[:k], ref_full[:k])):
             rule = RuleCheck.of(ErrorStats.of(x, oracle), ErrorStats.of(base, oracle), dtype)

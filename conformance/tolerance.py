@@ -18,6 +18,9 @@ DECISIVE_MULTIPLE = 1.0
 ACCUM_FLOOR_STEPS = 64
 #: ORACLE / SAMPLE: minimum share of decisive steps, by engine dtype
 MIN_DECISIVE_SHARE = {torch.float32: 0.8, torch.bfloat16: 0.3, torch.float16: 0.3}
+#: ORACLE free-running check: its minimum decisive share is this fraction of MIN_DECISIVE_SHARE (its token decisions
+#: repeat the teacher-forced checks, which carry the full share; it adds the end-to-end stop rule of the oracle)
+FREE_RUNNING_SHARE_FRACTION = 1 / 3
 #: TURN (and MEM, SAMPLE token comparisons): minimum share of steps actually compared
 MIN_COMPARED_SHARE = 0.9
 
@@ -60,6 +63,10 @@ def noise_bound(logit_bound_max: float, magnitude: float) -> float:
 
 def min_decisive_share(dtype) -> float:
     return MIN_DECISIVE_SHARE.get(as_dtype(dtype), 0.3)
+
+
+def min_free_running_share(dtype) -> float:
+    return FREE_RUNNING_SHARE_FRACTION * min_decisive_share(dtype)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ python3 -c "import optimized.kernels as k; k.load_all()" 2>&1 | tail -3
 ( timeout "${CONF_TIMEOUT:-400}" python3 -m pytest conformance -q -rs --engine optimized -p no:cacheprovider \
   --durations=15 > "$OUT/conformance_optimized.log" 2>&1; echo "conformance ci rc=$?" ) &
 ( timeout "${GPU_CONF_TIMEOUT:-500}" python3 -m pytest conformance -q -rs --engine optimized -p no:cacheprovider \
-  --conformance-scale gpu --oracle-device cuda -k qwen3 --durations=15 \
+  --conformance-scale gpu --oracle-device cuda -k qwen3-0.6b --durations=15 \
   > "$OUT/conformance_optimized_gpu_scale.log" 2>&1; echo "conformance gpu-scale rc=$?" ) &
 wait
 tail -4 "$OUT/check_kernels.log"; grep -E "^\[(ok|FAIL)" "$OUT/engine_smoke.log"

@@ -6,15 +6,20 @@ Each must be caught by the named clause:
 * ``reprefills``       (MEM): resume drops the cached KV and re-prefills the whole context (tokens stay right).
 * ``nan_empty_splits`` (SPLITK): ``engine.kernels`` split-KV writes NaN for empty splits and merges without guards.
 * ``leaks_block``      (MEM): ``rollout_finish`` keeps one page out of the free list.
+* ``decode_skips_newest`` (ORACLE): decode steps attend over every cached key but the newest (the token being
+  decoded): an off-by-one in the decode length that rollouts and ``generate`` share, so TURN cannot see it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 import reference
 from reference import attention
 from reference.kernels import ReferenceKernels
+from reference.runner import ReferenceRunner
 
 from .. import engines
 from ..engines import _config, _weights
@@ -74,6 +79,19 @@ class NaNEmptySplits(reference.Engine):
         self.kernels = NaNSplitKernels(self.dtype)
 
 
+class ShortDecodeRunner(ReferenceRunner):
+    def execute(self, batch):
+        if batch.kind == "decode":                   # attend over seq_len - 1 keys: the newest one is left out
+            batch = dataclasses.replace(batch, seq_lens=batch.seq_lens - 1)
+        return super().execute(batch)
+
+
+class DecodeSkipsNewest(reference.Engine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runner.__class__ = ShortDecodeRunner
+
+
 def _factory(cls):
     def factory(model, weights=None, **engine_kwargs):
         cfg = _config(model)
@@ -86,6 +104,7 @@ forgets_pending = _factory(ForgetsPending)
 reprefills = _factory(Reprefills)
 leaks_block = _factory(LeaksBlock)
 nan_empty_splits = _factory(NaNEmptySplits)
+decode_skips_newest = _factory(DecodeSkipsNewest)
 
 def ignores_invariant(model, weights=None, **engine_kwargs):
     """Accepts batch_invariant=True but runs the ordinary (batch-dependent) path."""
@@ -99,6 +118,7 @@ EXPECTED = {
     "reprefills": ("MEM", "test_resume_grows_by_delta_only"),
     "nan_empty_splits": ("SPLITK", "test_every_split_size or test_partials_empty_splits_and_merge"),
     "leaks_block": ("MEM", "test_no_leak_after_finish"),
+    "decode_skips_newest": ("ORACLE", "test_free_running_oracle"),
     "ignores_invariant": ("INVARIANT", "test_bitwise_across_batch_mates_and_turn_splits"),
 }
 

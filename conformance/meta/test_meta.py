@@ -13,12 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance import clauses, engines, oracles
+from conformance import cases, clauses, engines, oracles
 from conformance.conftest import clause_errors
 from conformance.harness import FAILURE_TAG, Repro, failure_message
 from conformance.meta import broken
 from conformance.tolerance import (ACCUM_FLOOR_STEPS, ErrorStats, RuleCheck, logit_bound, noise_bound, ulp)
 from reference.types import SamplingParams
+from reference.weights import random_weights
 
 pytestmark = pytest.mark.meta
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +94,86 @@ def test_decisive_steps():
     topk = SamplingParams(temperature=1.0, top_k=3, seed=11)
     assert oracles.decide(edge, topk, 2, 0.0).decisive
     assert oracles.decide(edge, topk, 2, 1e-6).token == oracles.decide(edge, topk, 2, 0.0).token
+
+
+def test_free_running_reanchors():
+    """The free-running ORACLE comparison: follows equal tokens, re-anchors the oracle on the engine's tokens after a
+    divergence at a non-decisive step, fails at a decisive divergence or a different end; counts every step."""
+    from conformance.harness import free_running_tally
+    from reference.oracle import OracleTurn
+
+    class Caught(Exception):
+        pass
+
+    def fail(what):
+        raise Caught(what)
+
+    case = SimpleNamespace(fail=fail)
+    sp = SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=(9,))
+
+    def oracle(*turns):
+        calls = []
+
+        def run(ctx, sp_):
+            calls.append((list(ctx), sp_.max_tokens))
+            return turns[len(calls) - 1]
+        return run, calls
+
+    run, calls = oracle(OracleTurn([1, 5, 9], [0.0] * 3, [1.0, 0.01, 1.0], "stop_token"),
+                        OracleTurn([3, 4, 9], [0.0] * 3, [1.0, 0.0, 1.0], "stop_token"))
+    t = free_running_tally(case, "p", [7, 7], [1, 2, 3, 4, 9], sp, 0.1, run)
+    assert calls == [([7, 7], 6), ([7, 7, 1, 2], 4)]                  # re-anchored after the engine's token 2
+    assert (t.total, t.decisive, t.excused, t.compared) == (5, 3, 1, 4)
+    run, _ = oracle(OracleTurn([1, 5, 9], [0.0] * 3, [1.0, 0.5, 1.0], "stop_token"))
+    with pytest.raises(Caught, match="step 1: engine 2 vs free-running oracle 5"):
+        free_running_tally(case, "p", [7], [1, 2, 9], sp, 0.1, run)      # a decisive divergence
+    run, _ = oracle(OracleTurn([1, 2, 9], [0.0] * 3, [1.0, 1.0, 1.0], "stop_token"))
+    with pytest.raises(Caught, match="different lengths"):
+        free_running_tally(case, "p", [7], [1, 2], sp, 0.1, run)         # the engine ends early
+    run, _ = oracle(OracleTurn([1, 2, 3], [0.0] * 3, [1.0, 0.0, 0.0], "max_tokens"))
+    t = free_running_tally(case, "p", [7], [1, 2, 3], sp, 0.1, run)
+    assert (t.total, t.decisive, t.excused) == (3, 1, 0)                 # equal tokens at non-decisive steps count
+
+
+# ---------------------------------------------------------------------------------- shapes and scales
+
+
+def test_gpu_only_shape_weights_follow_the_reference_rule():
+    """draw_weights is reference.weights.random_tensor's rule: on the CPU it gives random_weights' bf16 values."""
+    cfg = cases.model_config("gqa2-d32")
+    got = cases.draw_weights(cfg, 3, "cpu")
+    want = random_weights(cfg, 3, dtype=torch.bfloat16)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_gpu_only_shape_is_a_gpu_scale_subset():
+    """qwen3-8b: at the gpu scale exactly its GPU_SHAPES tests are collected, -k qwen3-0.6b leaves it out, and the
+    ci scale never collects it."""
+    for name, shape in cases.GPU_SHAPES.items():
+        assert name in cases.SCALES["gpu"].models and name not in cases.SCALES["ci"].models
+        for test in shape.tests:
+            module, func = test.split("::")
+            assert any(c.module == module and func in [n for n, _ in clauses.tests_of(c)]
+                       for c in clauses.CLAUSES.values()), f"{name}: no test {test}"
+    res = _pytest("--collect-only", "-q", "--conformance-scale", "gpu", "-k", "qwen3-8b")
+    assert res.returncode == 0, res.stdout + res.stderr
+    ids = {line for line in res.stdout.splitlines() if "::" in line}
+    assert ids == {f"conformance/{t.replace('::', '.py::')}[qwen3-8b]" for t in cases.GPU_SHAPES["qwen3-8b"].tests}, ids
+    res = _pytest("--collect-only", "-q", "--conformance-scale", "gpu", "-k", "qwen3-0.6b")
+    assert res.returncode == 0 and "8b" not in res.stdout and "[qwen3-0.6b-untied]" in res.stdout, res.stdout
+    res = _pytest("--collect-only", "-q", "-k", "qwen3-8b")                # ci scale: nothing
+    assert res.returncode == 5 and "8b" not in res.stdout, res.stdout + res.stderr
+
+
+def test_gpu_only_shape_skips_with_its_reason():
+    """Where the shape cannot run (here: no CUDA GPU, or the default --oracle-device cpu), every test of it is a skip
+    that names the shape and the reason, never a pass."""
+    res = _pytest("--conformance-scale", "gpu", "-k", "qwen3-8b", "-rs")
+    out = res.stdout + res.stderr
+    n = len(cases.GPU_SHAPES["qwen3-8b"].tests)
+    assert res.returncode == 0 and f"{n} skipped" in out and "passed" not in out, out[-3000:]
+    assert len(re.findall(r"shape qwen3-8b: (needs a CUDA GPU|needs --oracle-device cuda).*\(a skip, not a pass\)",
+                          out)) >= 2, out[-3000:]
 
 
 # ---------------------------------------------------------------------------------- clauses and markers

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call with the conformance suite on the optimized engine (logs under $OUT): the CI
+# scale (tiny shapes), the GPU scale at the qwen3-0.6b shape, and the qwen3-8b subset (LOGIT,
+# SPLITK, PAGED), run concurrently (the 8B subset peaks at 70-90 GB of the H200's 141).
+#   bash benches/gpu/h200_conformance.sh
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
+OUT="${OUT:-benches/results}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
+python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" >> "$OUT/env.txt"
+python3 -c "import optimized.kernels as k; k.load_all()" 2>&1 | tail -5
+ARGS=(-q -rs -p no:cacheprovider --engine optimized --durations=12)
+( timeout 300 python3 -m pytest conformance "${ARGS[@]}" > "$OUT/conformance_ci_optimized.log" 2>&1
+  echo "conformance ci rc=$?" ) &
+( timeout 440 python3 -m pytest conformance "${ARGS[@]}" --conformance-scale gpu --oracle-device cuda -k qwen3-0.6b \
+  > "$OUT/conformance_gpu_qwen3-0.6b.log" 2>&1; echo "conformance qwen3-0.6b rc=$?" ) &
+( timeout 440 python3 -m pytest conformance "${ARGS[@]}" --conformance-scale gpu --oracle-device cuda -k qwen3-8b \
+  > "$OUT/conformance_gpu_qwen3-8b.log" 2>&1; echo "conformance qwen3-8b rc=$?" ) &
+wait
+for f in conformance_ci_optimized conformance_gpu_qwen3-0.6b conformance_gpu_qwen3-8b; do
+  echo "== $f"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$f.log" | head -8; tail -2 "$OUT/$f.log"
+done
