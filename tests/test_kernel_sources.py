@@ -1,0 +1,60 @@
+"""The kernel inventory without a GPU: sources with their local headers pasted in (what NVRTC and
+CuPy's disk cache see), and the names and constants ``optimized/ops.py`` launches by agreeing with
+``optimized/kernels``. (``nox -s kernels`` compiles every source with nvcc; the GPU checks run the kernels.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from optimized import kernels, ops
+
+
+def test_local_headers_are_pasted_once():
+    for name in kernels.SOURCES:
+        text = kernels.source(name)
+        assert not re.search(r'^\s*#include "', text, re.MULTILINE), f"{name}.cu: a local include survived"
+    gemm, attn = kernels.source("gemm"), kernels.source("attention")
+    header = (kernels.KERNEL_DIR / "mma.cuh").read_text()
+    for text in (gemm, attn):
+        assert text.count("void mma_bf16(") == 1 and text.count("void cp_async16(") == 1
+    assert "mma_bf16" in header and "mma_bf16" not in (kernels.KERNEL_DIR / "gemm.cu").read_text().split("namespace {")[0]
+    with pytest.raises(KeyError):
+        kernels.source("no_such_kernel")
+
+
+def test_ops_launch_only_inventoried_kernels():
+    gemm_names = set(kernels.SOURCES["gemm"])
+    for tile in ops.GEMM_TILES:
+        assert {f"gemm_{tile}_bf16", f"gemm_{tile}_f32"} <= gemm_names, tile
+    attn = set(kernels.SOURCES["attention"])
+    for D in ops.ATTN_HEAD_DIMS:
+        assert f"split_kv_partials_d{D}" in attn
+        assert {name for name, _ in ops.PREFILL_VARIANTS[D].values()} <= attn
+
+
+def test_gemm_chunk_and_shared_memory_agree_with_the_source():
+    src = (kernels.KERNEL_DIR / "gemm.cu").read_text()
+    assert int(re.search(r"constexpr int KC = (\d+);", src).group(1)) == ops.GEMM_CHUNK
+    for name, (bm, bn, warps, bk, stages, split) in ops.GEMM_TILES.items():
+        tag = name.removeprefix("split_")
+        macro = "TK_GEMM_SPLIT2" if split else "TK_GEMM2"
+        m = re.search(rf"{macro}\({tag}, (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", src)
+        assert m, f"{name}: no {macro} instantiation"
+        BM, BN, WM, WN, BK, ST = map(int, m.groups())
+        assert (BM, BN, WM * WN, BK, ST) == (bm, bn, warps, bk, stages), name
+        assert ops.GEMM_CHUNK % bk == 0
+        assert stages * (bm + bn) * (bk + 8) * 2 <= 227 * 1024, f"{name}: too much shared memory"
+
+
+def test_gemm_choice_is_a_speed_choice_only():
+    """Split (K-parallel) tiles only for decode-sized M, at least two chunks and a small workspace."""
+    assert ops.gemm_choice(1, 4096, 4096) == "split_16x64"
+    assert ops.gemm_choice(64, 4096, 12288) == "split_64x64"
+    assert ops.gemm_choice(1, 4096, 512) == "16x32"                # one chunk: nothing to split
+    assert ops.gemm_choice(16, 151936, 4096) == "16x32"           # the LM head: the workspace would be too big
+    assert ops.gemm_choice(200, 4096, 4096) == "64x64"
+    assert ops.gemm_choice(4096, 4096, 4096) == "128x64"
+    assert all(ops.gemm_choice(M, N, K) in ops.GEMM_TILES for M in (1, 17, 65, 300) for N in (64, 151936)
+               for K in (48, 4096))
