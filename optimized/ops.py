@@ -212,22 +212,34 @@ def _block_size(bs: int) -> None:
     _need(bs >= 1, f"block_size {bs} must be >= 1")
 
 
-def _rope_tables(rope: tuple[torch.Tensor, torch.Tensor] | None, D: int) -> tuple[np.uint64, np.uint64, np.int32]:
-    """Pointers and length of the fused-RoPE tables (``cos, sin`` fp32 ``[max_pos, D/2]``), or nulls."""
-    if rope is None:
-        return np.uint64(0), np.uint64(0), np.int32(0)
-    cos, sin = rope
+def _cos_sin(cos: torch.Tensor, sin: torch.Tensor, D: int) -> None:
+    """RoPE tables: fp32 ``cos, sin [max_pos, D/2]``, contiguous, of one shape."""
     for name, t in (("cos", cos), ("sin", sin)):
         _tensor(name, t, torch.float32, 2)
         _contig(name, t)
         _need(t.shape[1] == D // 2, f"{name} must have shape [max_pos, {D // 2}], got {tuple(t.shape)}")
     _need(cos.shape == sin.shape, f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must match")
+
+
+def _rope_tables(rope: tuple[torch.Tensor, torch.Tensor] | None, D: int) -> tuple[np.uint64, np.uint64, np.int32]:
+    """Pointers and length of the fused-RoPE tables (``cos, sin`` fp32 ``[max_pos, D/2]``), or nulls."""
+    if rope is None:
+        return np.uint64(0), np.uint64(0), np.int32(0)
+    cos, sin = rope
+    _cos_sin(cos, sin, D)
     return _p(cos), _p(sin), _i(cos.shape[0])
 
 
-def _block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, B: int | None) -> tuple[int, int]:
+def _block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, B: int | None,
+                  row_seq: torch.Tensor | None = None) -> tuple[int, int]:
+    """Checks the tables and lengths; returns the table's (rows, columns). With ``row_seq`` the ``B``
+    query rows pick their table rows through it, so only ``seq_lens`` and ``row_seq`` have ``B`` entries."""
     _tensor("block_tables", block_tables, torch.int32, 2)
     _contig("block_tables", block_tables)
+    if row_seq is not None:
+        _int_vec("seq_lens", seq_lens, B)
+        _int_vec("row_seq", row_seq, B)
+        return block_tables.shape[0], block_tables.shape[1]
     _int_vec("seq_lens", seq_lens)
     _need(block_tables.shape[0] == seq_lens.shape[0],
           f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} disagree on the batch")
@@ -305,15 +317,19 @@ def _as_rows(name: str, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Qwen3RMSNorm: ``weight * bf16(x * rsqrt(mean(x^2) + eps))``; bf16 ``x [..., H]`` (row stride allowed)."""
-    x2 = _as_rows("x", x)
-    T, H = x2.shape
+def _norm_weight(weight: torch.Tensor, H: int) -> None:
     _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
     _tensor("weight", weight, torch.bfloat16, 1)
     _contig("weight", weight)
     _aligned16("weight", weight)
     _need(weight.shape[0] == H, f"weight must have length {H}, got {weight.shape[0]}")
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Qwen3RMSNorm: ``weight * bf16(x * rsqrt(mean(x^2) + eps))``; bf16 ``x [..., H]`` (row stride allowed)."""
+    x2 = _as_rows("x", x)
+    T, H = x2.shape
+    _norm_weight(weight, H)
     out = _out("out", out, tuple(x.shape), torch.bfloat16, x)
     _same_device(x=x, weight=weight, out=out)
     if T == 0:
@@ -332,11 +348,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     r2 = _as_rows("residual", residual)
     T, H = x2.shape
     _need(tuple(r2.shape) == (T, H), f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
-    _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
-    _tensor("weight", weight, torch.bfloat16, 1)
-    _contig("weight", weight)
-    _aligned16("weight", weight)
-    _need(weight.shape[0] == H, f"weight must have length {H}, got {weight.shape[0]}")
+    _norm_weight(weight, H)
     out = _out("out", out, tuple(x.shape), torch.bfloat16, x)
     _same_device(x=x, residual=residual, weight=weight, out=out)
     if T == 0:
@@ -366,11 +378,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         _tensor(name, w, torch.bfloat16, 1)
         _contig(name, w)
         _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
-    for name, t in (("cos", cos), ("sin", sin)):
-        _tensor(name, t, torch.float32, 2)
-        _contig(name, t)
-        _need(t.shape[1] == D // 2, f"{name} must have shape [max_pos, {D // 2}], got {tuple(t.shape)}")
-    _need(cos.shape == sin.shape, f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must match")
+    _cos_sin(cos, sin, D)
     _int_vec("positions", positions, T)
     _same_device(q=q, k=k, q_weight=q_weight, k_weight=k_weight, cos=cos, sin=sin, positions=positions)
     if T == 0:
@@ -490,14 +498,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
     _block_size(bs)
     G = _gqa(n_q, n_kv)
-    if row_seq is None:
-        _, M = _block_tables(block_tables, seq_lens, B)
-    else:
-        _tensor("block_tables", block_tables, torch.int32, 2)
-        _contig("block_tables", block_tables)
-        _int_vec("seq_lens", seq_lens, B)
-        _int_vec("row_seq", row_seq, B)
-        M = block_tables.shape[1]
+    _, M = _block_tables(block_tables, seq_lens, B, row_seq)
     split_size = int(split_size)
     _need(1 <= split_size <= _I32_MAX, f"split_size must be in [1, 2**31), got {split_size}")
     S = _default_max_splits(block_tables, bs, split_size) if max_splits is None else int(max_splits)
@@ -678,14 +679,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     chunks = -(-K // GEMM_CHUNK)
     grid = (-(-N // bn), -(-M // bm), chunks if split else 1)
     _need(grid[1] <= 65535, f"M = {M} needs more than 65535 row tiles of {bm}")
-    if split:
+    args: tuple = (_p(x), _i(ldx), _p(w), _p(out))
+    if split:   # + the fp32 workspace of the chunk partials and the tickets
         _need(grid[0] * grid[1] <= _TICKETS, f"gemm: {grid[0] * grid[1]} output tiles exceed the ticket array")
         ws = torch.empty(chunks, M, N, dtype=torch.float32, device=x.device)
-        _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1),
-                (_p(x), _i(ldx), _p(w), _p(out), _p(ws), _p(_gemm_tickets(x)), _i(M), _i(N), _i(K)), smem)
-    else:
-        _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1),
-                (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)), smem)
+        args += (_p(ws), _p(_gemm_tickets(x)))
+    _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1), args + (_i(M), _i(N), _i(K)), smem)
     return out
 
 

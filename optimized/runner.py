@@ -282,17 +282,15 @@ class CudaRunner:
         policy's (``disabled``: one split longer than any context), ``max_splits`` enough for the
         longest row -- splits past a row's end fold in as the identity, so the count is free."""
         up = self._upload
+        lens, qidx, split, max_splits = seq_lens, q_seq_idx, None, 1
         if self.invariant:
             live = positions >= 0
-            row_lens = np.where(live, positions + 1, 0).astype(np.int32)                  # [T]
-            row_seq = np.where(live, q_seq_idx, 0).astype(np.int32)                       # [T]
-            split = self.policy.split_size if self.policy.kind == "fixed" else self.max_model_len
-            max_splits = max(1, -(-int(row_lens.max(initial=1)) // split))
-            return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
-                                up(tables, torch.int32), up(row_lens, torch.int32), up(row_seq, torch.int32),
-                                split, max_splits)
+            lens = np.where(live, positions + 1, 0).astype(np.int32)                      # [T] row lengths
+            qidx = np.where(live, q_seq_idx, 0).astype(np.int32)                          # [T] table rows
+            split = self.decode_split(self.max_model_len, 1)[0] or self.max_model_len     # a decode graph's split
+            max_splits = max(1, -(-int(lens.max(initial=1)) // split))
         return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
-                            up(tables, torch.int32), up(seq_lens, torch.int32), up(q_seq_idx, torch.int32), None, 1)
+                            up(tables, torch.int32), up(lens, torch.int32), up(qidx, torch.int32), split, max_splits)
 
     def _decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int]) -> StepResult:
         B = len(batch.seqs)
