@@ -49,6 +49,39 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# ----------------------------------------------------------------------------- batch invariance, fused RoPE
+
+def target_logits(eng, target: list[int], mates: list[list[int]], obs: list[int], mates_first: bool = True):
+    """Two greedy turns of ``target`` among ``mates`` (added before or after it; they get half of ``obs``).
+    Returns the target's logits rows, its tokens of both turns and its whole context before turn 2's tokens."""
+    eng.record_logits()
+    sp = SamplingParams(max_tokens=5, stop_token_ids=())
+    if mates_first:
+        for m in mates:
+            eng.rollout_add(m, sp)
+    sid = eng.rollout_add(target, sp)
+    if not mates_first:
+        for m in mates:
+            eng.rollout_add(m, sp)
+    first = eng.rollout_run_turns()
+    for s in first:
+        eng.rollout_continue(s, obs if s == sid else obs[: len(obs) // 2])
+    second = eng.rollout_run_turns()
+    return torch.stack(eng.logit_log[sid]), first[sid].token_ids + second[sid].token_ids, target + first[sid].token_ids + obs
+
+
+def rope_rollout(eng) -> tuple[list[int], torch.Tensor]:
+    """The fused-vs-unfused RoPE workload: a 30-token prompt, 6 greedy tokens, 3 observed, 6 more.
+    Returns the tokens of both turns and their logits rows."""
+    eng.record_logits()
+    sp = SamplingParams(max_tokens=6, stop_token_ids=())
+    sid = eng.rollout_add(list(range(10, 40)), sp)
+    first = eng.rollout_run_turns()[sid]
+    eng.rollout_continue(sid, [1, 2, 3])
+    second = eng.rollout_run_turns()[sid]
+    return first.token_ids + second.token_ids, torch.stack(eng.logit_log[sid])
+
+
 # ----------------------------------------------------------------------------- rollouts
 
 @dataclass

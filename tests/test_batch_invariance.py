@@ -16,7 +16,7 @@ from reference import attention
 from reference.attention import PartialState
 from reference.plan import main as plan_main
 
-from _helpers import TINY, tiny_weights
+from _helpers import TINY, rope_rollout, target_logits, tiny_weights
 
 
 def _engine(**kw) -> reference.Engine:
@@ -26,35 +26,16 @@ def _engine(**kw) -> reference.Engine:
     return reference.Engine.from_state_dict(TINY, tiny_weights(0), **kw)
 
 
-def _rollout_logits(eng: reference.Engine, target: list[int], mates: list[list[int]], obs: list[int], mates_first: bool):
-    """Two turns of ``target`` among ``mates``; returns the target's logits rows, its tokens, its full context."""
-    eng.record_logits()
-    sp = reference.SamplingParams(max_tokens=5, stop_token_ids=())
-    if mates_first:
-        for m in mates:
-            eng.rollout_add(m, sp)
-    sid = eng.rollout_add(target, sp)
-    if not mates_first:
-        for m in mates:
-            eng.rollout_add(m, sp)
-    first = eng.rollout_run_turns()
-    for s in first:
-        eng.rollout_continue(s, obs if s == sid else obs[: len(obs) // 2])
-    second = eng.rollout_run_turns()
-    ctx = target + first[sid].token_ids + obs
-    return torch.stack(eng.logit_log[sid]), first[sid].token_ids + second[sid].token_ids, ctx
-
-
 @pytest.mark.parametrize("split_kv", ["fixed:3", "fixed:16", "disabled"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_invariant_bitwise_across_batch_mates_and_turn_splits(split_kv, dtype):
     rng = random.Random(7)
     target = [rng.randrange(512) for _ in range(13)]
     obs = [rng.randrange(512) for _ in range(9)]
-    alone, toks_alone, ctx = _rollout_logits(_engine(split_kv=split_kv, dtype=dtype, batch_invariant=True), target, [], obs, True)
+    alone, toks_alone, ctx = target_logits(_engine(split_kv=split_kv, dtype=dtype, batch_invariant=True), target, [], obs, True)
     for n, first in ((3, True), (6, False)):
         mates = [[rng.randrange(512) for _ in range(rng.randrange(1, 40))] for _ in range(n)]
-        crowd, toks_crowd, _ = _rollout_logits(_engine(split_kv=split_kv, dtype=dtype, batch_invariant=True),
+        crowd, toks_crowd, _ = target_logits(_engine(split_kv=split_kv, dtype=dtype, batch_invariant=True),
                                                target, mates, obs, first)
         assert toks_crowd == toks_alone, "INVARIANT: tokens changed with batch mates"
         assert torch.equal(crowd, alone), (f"INVARIANT: logits not bitwise equal with {n} batch mates "
@@ -187,13 +168,7 @@ def test_fused_rope_equals_unfused(dtype):
     runs = []
     for fused in (False, True):
         eng = _engine(rope_in_attention=fused, dtype=dtype, split_kv="fixed:5")
-        eng.record_logits()
-        sp = reference.SamplingParams(max_tokens=6, stop_token_ids=())
-        sid = eng.rollout_add(list(range(10, 40)), sp)
-        first = eng.rollout_run_turns()[sid]
-        eng.rollout_continue(sid, [1, 2, 3])
-        second = eng.rollout_run_turns()[sid]
-        runs.append((first.token_ids + second.token_ids, torch.stack(eng.logit_log[sid]), eng.score(list(range(50)))))
+        runs.append((*rope_rollout(eng), eng.score(list(range(50)))))
     (t0, l0, s0), (t1, l1, s1) = runs
     print(f"fused vs unfused RoPE ({dtype}): max logit diff {(l0 - l1).abs().max().item():.3g}")
     assert t0 == t1

@@ -17,7 +17,7 @@ from reference.model import apply_rope, linear, rms_norm
 from reference.sampling import sample_one
 from reference.weights import random_weights
 
-from _helpers import TINY, tiny_weights
+from _helpers import TINY, rope_rollout, target_logits, tiny_weights
 
 
 def _rotated_cache(kc, bt, lens, rope):
@@ -194,20 +194,6 @@ def test_optimized_pool_pressure_swap_groups_and_weight_updates(opt_engine):
 
 # ----------------------------------------------------------------------------- batch-invariant mode, fused RoPE
 
-def _target_logits(eng, target: list[int], mates: list[list[int]], obs: list[int]):
-    """Two turns of ``target`` after ``mates``: its logits rows, its tokens and its full context."""
-    eng.record_logits()
-    sp = reference.SamplingParams(max_tokens=5, stop_token_ids=())
-    for m in mates:
-        eng.rollout_add(m, sp)
-    sid = eng.rollout_add(target, sp)
-    first = eng.rollout_run_turns()
-    for s in first:
-        eng.rollout_continue(s, obs if s == sid else obs[: len(obs) // 2])
-    second = eng.rollout_run_turns()
-    return torch.stack(eng.logit_log[sid]), first[sid].token_ids + second[sid].token_ids, target + first[sid].token_ids + obs
-
-
 @pytest.mark.parametrize("split_kv", ["fixed:3", "disabled"])
 def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv):
     """With the stand-ins (per-row math), the invariant runner must route every GEMM through ``ops.gemm``,
@@ -218,7 +204,7 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     rng = random.Random(3)
     target = [rng.randrange(512) for _ in range(13)]
     obs = [rng.randrange(512) for _ in range(9)]
-    alone, toks, ctx = _target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, [], obs)
+    alone, toks, ctx = target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, [], obs)
     kinds = {k for k, _ in launches}
     assert "paged_prefill" not in kinds and "gemm" in kinds, kinds
     prefill_rows = [d for k, d in launches if k == "split_kv_decode" and d[0]]
@@ -228,7 +214,7 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     assert first[1].tolist() == list(range(1, 14)), "prefill rows must have length position + 1"
     assert first[2] == split and first[3] == -(-13 // split)
     mates = [[rng.randrange(512) for _ in range(rng.randrange(1, 30))] for _ in range(4)]
-    crowd, toks_crowd, _ = _target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, mates, obs)
+    crowd, toks_crowd, _ = target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, mates, obs)
     assert toks_crowd == toks and torch.equal(crowd, alone), "INVARIANT: batch mates changed the target's logits"
     single = opt_engine(batch_invariant=True, split_kv=split_kv)
     single.record_logits()
@@ -249,14 +235,7 @@ def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     runs = []
     for fused in (False, True):
         launches.clear()
-        eng = opt_engine(rope_in_attention=fused, split_kv="fixed:5")
-        eng.record_logits()
-        sp = reference.SamplingParams(max_tokens=6, stop_token_ids=())
-        sid = eng.rollout_add(list(range(10, 40)), sp)
-        first = eng.rollout_run_turns()[sid]
-        eng.rollout_continue(sid, [1, 2, 3])
-        second = eng.rollout_run_turns()[sid]
-        runs.append((first.token_ids + second.token_ids, torch.stack(eng.logit_log[sid])))
+        runs.append(rope_rollout(opt_engine(rope_in_attention=fused, split_kv="fixed:5")))
         assert {d for k, d in launches if k == "qk_norm_rope"} == {not fused}
         attn = [d if k == "paged_prefill" else d[4] for k, d in launches if k in ("paged_prefill", "split_kv_decode")]
         assert attn and set(attn) == {fused}, "every attention launch must (not) get the RoPE tables"
