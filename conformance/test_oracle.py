@@ -24,6 +24,14 @@ def _prompts(case, scale, seed: int, n: int) -> list[list[int]]:
             for i in range(n)]
 
 
+def _check_stop(case, eng, i: int, prompt: list[int], toks: list[int], sp, stops: str) -> None:
+    """generate() output ``i`` ends exactly where the stop rule says (not before, not after)."""
+    case.check(expected_stop(len(prompt), toks, sp, eng.max_model_len) is not None and
+               early_stop(len(prompt), toks, sp, eng.max_model_len) is None,
+               lambda: f"generate prompt {i}: {toks} does not end where the stop rule says ({stops}, "
+                       f"max_tokens {sp.max_tokens})")
+
+
 def test_generate_matches_oracle(conf, scale, model):
     """generate(): every decisive step picks the oracle's token (teacher-forced along the engine's own tokens) and
     every turn ends exactly where the stop rule says; the decisive share is reported and must reach the minimum."""
@@ -39,10 +47,7 @@ def test_generate_matches_oracle(conf, scale, model):
     tally = Tally()
     for i, (p, toks) in enumerate(zip(prompts, outs)):
         toks = [int(t) for t in toks]
-        case.check(expected_stop(len(p), toks, sp, eng.max_model_len) is not None and
-                   early_stop(len(p), toks, sp, eng.max_model_len) is None,
-                   lambda: f"generate prompt {i}: {toks} does not end where the stop rule says (stops {stops}, "
-                           f"max_tokens {sp.max_tokens})")
+        _check_stop(case, eng, i, p, toks, sp, f"stops {stops}")
         tally.add(oracle_tally(case, f"generate prompt {i} ({len(p)} tokens)", p, toks, None, sp, noise.bound))
     conf.note(f"[ORACLE] {model}: {noise.describe()}")
     require_share(case, tally, "decisive", min_decisive_share(noise.dtype), "generate vs no-cache oracle")
@@ -67,10 +72,7 @@ def test_free_running_oracle(conf, scale, model):
     tally = Tally()
     for i, (p, toks) in enumerate(zip(prompts, outs)):
         toks = [int(t) for t in toks]
-        case.check(expected_stop(len(p), toks, sp, eng.max_model_len) is not None and
-                   early_stop(len(p), toks, sp, eng.max_model_len) is None,
-                   lambda: f"generate prompt {i}: {toks} does not end where the stop rule says (stops {len(sp.stop_token_ids)} "
-                           f"ids, max_tokens {sp.max_tokens})")
+        _check_stop(case, eng, i, p, toks, sp, f"stops {len(sp.stop_token_ids)} ids")
         tally.add(free_running_tally(case, f"generate prompt {i} ({len(p)} tokens)", p, toks, sp, noise.bound,
                                      run_oracle))
     require_share(case, tally, "decisive", min_free_running_share(noise.dtype),
