@@ -499,6 +499,13 @@ def drop_weights(name: str | None = None) -> None:
     gc.collect()
 
 
+def decode_pool(tokens_per_seq: int, max_seqs: int, block_size: int) -> dict[str, int]:
+    """Engine sizes for ``max_seqs`` sequences of up to ``tokens_per_seq`` tokens each: ``max_num_seqs``,
+    ``max_model_len`` (whole blocks) and ``num_blocks`` (every sequence's blocks + 8 spare)."""
+    per_seq = -(-tokens_per_seq // block_size)
+    return dict(max_num_seqs=max_seqs, max_model_len=per_seq * block_size, num_blocks=max_seqs * per_seq + 8)
+
+
 def make_engine(scale: Scale, cfg: ModelConfig, weights: dict[str, torch.Tensor], **engine_kwargs: Any):
     """The optimized engine on the GPU scale, the reference engine (fp32) on the CPU scale."""
     if scale.gpu:

@@ -27,7 +27,8 @@ import statistics
 import pytest
 import torch
 
-from _bench import (HFStepClock, Scale, StepRecorder, Stopwatch, agreement, drop_weights, free_cuda, hf_generate,
+from _bench import (HFStepClock, Scale, StepRecorder, Stopwatch, agreement, decode_pool, drop_weights, free_cuda,
+                    hf_generate,
                     hf_model, kv_bytes_per_token, make_engine, model_weights, scale_name, weight_bytes_per_step)
 from reference import SamplingParams, named_config
 
@@ -68,11 +69,10 @@ class Bundle:
         self.cfg = named_config(name)
         self.weights = model_weights(self.cfg, torch.bfloat16 if scale.gpu else torch.float32)
         s = scale.name
-        per_seq = -(-(PROMPT[s] + max(STEPS[s], CHECK[s][1]) + 2) // ENGINE_KW[s]["block_size"])
-        maxb = max(max(BATCHES[s]), CHECK[s][0])
-        self.max_len = per_seq * ENGINE_KW[s]["block_size"]
-        self.engine = make_engine(scale, self.cfg, self.weights, max_num_seqs=maxb, max_model_len=self.max_len,
-                                  num_blocks=maxb * per_seq + 8, **ENGINE_KW[s])
+        pool = decode_pool(PROMPT[s] + max(STEPS[s], CHECK[s][1]) + 2, max(max(BATCHES[s]), CHECK[s][0]),
+                           ENGINE_KW[s]["block_size"])
+        self.max_len = pool["max_model_len"]
+        self.engine = make_engine(scale, self.cfg, self.weights, **pool, **ENGINE_KW[s])
         self._hf = None
         self.check: dict | None = None
 

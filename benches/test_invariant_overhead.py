@@ -34,8 +34,8 @@ import statistics
 import pytest
 import torch
 
-from _bench import (Scale, StepRecorder, Stopwatch, agreement, drop_weights, free_cuda, kv_bytes_per_token, make_engine,
-                    model_weights, scale_name, weight_bytes_per_step)
+from _bench import (Scale, StepRecorder, Stopwatch, agreement, decode_pool, drop_weights, free_cuda, kv_bytes_per_token,
+                    make_engine, model_weights, scale_name, weight_bytes_per_step)
 from reference import SamplingParams, named_config
 
 GROUP = "invariant_overhead"
@@ -78,11 +78,9 @@ class Bundle:
         self.cfg = named_config(name)
         self.weights = model_weights(self.cfg, torch.bfloat16 if scale.gpu else torch.float32)
         s = scale.name
-        bs = ENGINE_KW[s]["block_size"]
-        per_seq = -(-(PROMPT[s] + max(STEPS[s], CHECK[s][1]) + 2) // bs)
-        maxb = max(max(BATCHES[s]), CHECK[s][0] + 1)
-        self.kw = dict(max_num_seqs=maxb, max_model_len=per_seq * bs, num_blocks=maxb * per_seq + 8,
-                       split_kv=SPLIT_KV[s], **ENGINE_KW[s])
+        pool = decode_pool(PROMPT[s] + max(STEPS[s], CHECK[s][1]) + 2, max(max(BATCHES[s]), CHECK[s][0] + 1),
+                           ENGINE_KW[s]["block_size"])
+        self.kw = dict(**pool, split_kv=SPLIT_KV[s], **ENGINE_KW[s])
         self.engines: dict[str, object] = {}
         self.checked: set[str] = set()
         self.check_outputs: dict[str, list] = {}
