@@ -22,14 +22,17 @@ def split_for(policy: str, B: int, ctx: int, n_kv: int) -> int:
     return size if size is not None else ctx
 
 
-def decode(scale: Scale, policy: str, q, k_cache, v_cache, tables, lens, ctx: int, sm_scale: float):
-    """Closure: split-KV decode of ``q [B, n_q, D]`` (the engine's decode attention)."""
+def decode(scale: Scale, policy: str, q, k_cache, v_cache, tables, lens, ctx: int, sm_scale: float,
+           fused: bool = True):
+    """Closure: split-KV decode of ``q [B, n_q, D]`` (the engine's decode attention; ``fused=False``:
+    the partials kernel, then the separate reduce kernel)."""
     B, n_kv = q.shape[0], k_cache.shape[2]
     split = split_for(policy, B, ctx, n_kv)
     max_splits = math.ceil(ctx / split)
     if scale.gpu:
         from optimized import ops
-        return lambda: ops.split_kv_decode(q, k_cache, v_cache, tables, lens, split, sm_scale, max_splits=max_splits)
+        return lambda: ops.split_kv_decode(q, k_cache, v_cache, tables, lens, split, sm_scale, max_splits=max_splits,
+                                           fused=fused)
     t, sl = tables.long(), lens.long()
     return lambda: attention.split_kv_decode(q, k_cache, v_cache, t, sl, split, sm_scale)
 
@@ -103,3 +106,9 @@ def gemm(scale: Scale, x, w, out_dtype: torch.dtype, out=None):
         y = linear(x, w, batch_invariant=True).to(out_dtype)
         return y if out is None else out.copy_(y)
     return run
+
+
+def skinny_gemm(x, w, out_dtype: torch.dtype, out=None):
+    """Closure (GPU only): the default engine's GEMM for at most 16 rows, ``ops.skinny_gemm``."""
+    from optimized import ops
+    return lambda: ops.skinny_gemm(x, w, out_dtype=out_dtype, out=out)

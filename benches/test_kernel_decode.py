@@ -29,7 +29,7 @@ SHAPE = {"cpu": dict(n_q=4, n_kv=2, D=32, block=8), "gpu": dict(n_q=32, n_kv=8, 
 BATCHES = {"cpu": (1, 3), "gpu": (1, 8, 32, 128)}
 CONTEXTS = {"cpu": (40, 96), "gpu": (1024, 4096, 16384)}
 IMPLS = {"cpu": ("reference fixed:16", "sdpa math"),
-         "gpu": ("turnkv fixed:256", "turnkv auto", "sdpa flash", "sdpa cudnn")}
+         "gpu": ("turnkv fixed:256", "turnkv fixed:256 two-launch", "turnkv auto", "sdpa flash", "sdpa cudnn")}
 ENGINE_IMPL = {"cpu": "reference fixed:16", "gpu": "turnkv fixed:256"}   # the engine's default split policy
 TARGET_CTX = {"cpu": 64, "gpu": 4096}                                     # targets apply at context >= this
 
@@ -75,7 +75,8 @@ def test_decode(benchmark, scale: Scale, ceilings, results, B, ctx, impl):
     gqa = "native (paged, h // group)"
     if impl.startswith(("turnkv", "reference")):
         policy = impl.split()[1]
-        fns = [_ours.decode(scale, policy, qs[i], p.k_cache, p.v_cache, p.tables, p.lens, ctx, sm)
+        fused = not impl.endswith("two-launch")          # two-launch: partials, then split_kv_reduce
+        fns = [_ours.decode(scale, policy, qs[i], p.k_cache, p.v_cache, p.tables, p.lens, ctx, sm, fused=fused)
                for i, p in enumerate(probs)]
         check = flash_rule(fns[0]().float(), ref, low, f"{impl} B={B} ctx={ctx}")
         extra = {"split": _ours.split_for(policy, B, ctx, nkv)}

@@ -22,6 +22,10 @@ ratio to ``torch.matmul``, and the GEMM time of a whole decode step (every layer
 the LM head) with each implementation, whose difference is the part of the batch-invariant engine's
 decode overhead that the GEMMs cause (goal of the engine: at most 10%).
 
+At M <= 16 on the GPU a third implementation runs: ``ops.skinny_gemm``, the default (not batch-
+invariant) engine's GEMM for the rows of a small decode step, against the same cuBLAS rows; the
+step note then compares the default engine's decode GEMMs with and without it.
+
 CPU scale: the reference's row-at-a-time ``linear(x, w, batch_invariant=True)`` against
 ``torch.matmul`` in fp32 at the tiny model's shapes (a smoke test of the harness).
 """
@@ -41,11 +45,13 @@ GROUP = "kernel_gemm"
 
 # ---------------------------------------------------------------- problem sizes (one table)
 MODEL = {"cpu": "tiny", "gpu": "qwen3-8b"}
-M_SIZES = {"cpu": (1, 4, 16), "gpu": (1, 8, 32, 64, 256, 2048)}
+M_SIZES = {"cpu": (1, 4, 16), "gpu": (1, 8, 16, 32, 64, 256, 2048)}
 DECODE_MAX_M = {"cpu": 4, "gpu": 64}            # M up to this is a decode batch (the overhead target)
 GEMMS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 OURS = {"cpu": "reference", "gpu": "turnkv"}
 PEER = "torch.matmul"
+SKINNY = "turnkv skinny"                        # ops.skinny_gemm (default mode, M <= SKINNY_MAX_M; GPU only)
+SKINNY_MAX_M = 16
 BUDGET_S = {"cpu": 0.02, "gpu": 0.25}           # timing budget per case
 CHECK_ROWS = 256                                # rows checked by the accuracy rule
 GOAL_OVERHEAD_PCT = 10.0
@@ -67,8 +73,12 @@ def gemm_shapes(name: str) -> dict[str, tuple[int, int, torch.dtype]]:
 def pytest_generate_tests(metafunc):
     if "impl" in metafunc.fixturenames and "gemm" in metafunc.fixturenames:
         s = scale_name(metafunc.config)
-        metafunc.parametrize("gemm,M,impl", [pytest.param(g, M, i, id=f"{g}-M{M}-{i.replace('.', '_')}")
-                                             for g in GEMMS for M in M_SIZES[s] for i in (PEER, OURS[s])])
+        metafunc.parametrize("gemm,M,impl", [pytest.param(g, M, i, id=f"{g}-M{M}-{i.replace('.', '_').replace(' ', '_')}")
+                                             for g in GEMMS for M in M_SIZES[s] for i in _impls(s, M)])
+
+
+def _impls(s: str, M: int) -> tuple[str, ...]:
+    return (PEER, OURS[s]) + ((SKINNY,) if s == "gpu" and M <= SKINNY_MAX_M else ())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -103,14 +113,17 @@ def _peer(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, out: torch.T
 
 
 def _make(impl: str, scale: Scale, x, w, out_dtype, out=None):
-    return _peer(x, w, out_dtype, out) if impl == PEER else _ours.gemm(scale, x, w, out_dtype, out=out)
+    if impl == PEER:
+        return _peer(x, w, out_dtype, out)
+    if impl == SKINNY:
+        return _ours.skinny_gemm(x, w, out_dtype, out=out)
+    return _ours.gemm(scale, x, w, out_dtype, out=out)
 
 
-def _set_ratio(results, gemm: str, M: int, ours: str) -> None:
-    if (gemm, M, PEER) in _times and (gemm, M, ours) in _times:
-        for r in results.group(GROUP).records:
-            if r["gemm"] == gemm and r["M"] == M and r["impl"] == ours:
-                r["x_torch"] = _times[(gemm, M, PEER)] / _times[(gemm, M, ours)]
+def _set_ratio(results, gemm: str, M: int) -> None:
+    for r in results.group(GROUP).records:
+        if r["gemm"] == gemm and r["M"] == M and r["impl"] != PEER and (gemm, M, PEER) in _times:
+            r["x_torch"] = _times[(gemm, M, PEER)] / _times[(gemm, M, r["impl"])]
 
 
 def test_gemm(benchmark, scale: Scale, ceilings, results, gemm: str, M: int, impl: str):
@@ -150,7 +163,7 @@ def test_gemm(benchmark, scale: Scale, ceilings, results, gemm: str, M: int, imp
         bitwise.append((r, bool(torch.equal(one[0], y[r])),
                         float((one[0].double() - y[r].double()).abs().max())))
     same = all(b for _, b, _ in bitwise)
-    if impl != PEER:
+    if impl == OURS[s]:
         bad = [f"row {r}: max diff {d:.3g}" for r, b, d in bitwise if not b]
         assert same, f"{impl} {gemm} M={M}: rows are not batch-invariant (one-row product differs): {'; '.join(bad)}"
     del y
@@ -165,7 +178,7 @@ def test_gemm(benchmark, scale: Scale, ceilings, results, gemm: str, M: int, imp
                 pct_copy=100 * moved / sec / bw, pct_gemm=100 * flops / sec / rate,
                 floor_ms=max(moved / bw, flops / rate) * 1e3, weight_bytes=w_bytes, bytes=moved, flops=flops,
                 rows_bitwise=same, sets=t.sets, **check)
-    _set_ratio(results, gemm, M, OURS[s])
+    _set_ratio(results, gemm, M)
     benchmark.extra_info.update({"TFLOPs": flops / sec / 1e12, "GBps": w_bytes / sec / 1e9, "median_ms": t.median_ms})
 
 
@@ -184,6 +197,10 @@ def test_gemm_targets(scale: Scale, results):
             results.note(GROUP, f"{MODEL[s]} step of M = {M} tokens ({layers} layers + LM head): GEMMs take "
                                 f"{step[ours]:.4g} ms with {ours}, {step[PEER]:.4g} ms with {PEER}: overhead "
                                 f"{per_m[M][0]:.1f}%")
+        if all((g, M, SKINNY) in _times for g in GEMMS):
+            sk = layers * sum(_times[(g, M, SKINNY)] for g in GEMMS if g != "lm_head") + _times[("lm_head", M, SKINNY)]
+            results.note(GROUP, f"default engine, M = {M}: the step's GEMMs take {sk:.4g} ms with {SKINNY} against "
+                                f"{step[PEER]:.4g} ms with {PEER} ({step[PEER] / sk:.2f}x)")
     recs = results.group(GROUP).records
     varies = [f"{r['gemm']} M={r['M']}" for r in recs if r["impl"] == PEER and not r.get("rows_bitwise", True)]
     if varies:

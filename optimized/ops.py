@@ -32,7 +32,8 @@ __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "decode_smem_bytes", "ATTN_HEAD_DIMS",
-    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK",
+    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M",
+    "FUSED_DECODE_MAX_B",
 ]
 
 #: head dims the attention kernels are instantiated for
@@ -69,6 +70,10 @@ def decode_smem_bytes(head_dim: int) -> int:
 # --------------------------------------------------------------------------------------
 # launching
 # --------------------------------------------------------------------------------------
+
+_TICKETS = 1 << 16
+_tickets: dict[int, torch.Tensor] = {}
+
 
 def _device_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
@@ -361,12 +366,15 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float, *,
-                 rotate_k: bool = True) -> None:
+                 rotate_k: bool = True,
+                 store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """In place: per-head RMSNorm (``q_weight`` / ``k_weight [D]``) then rotate-half RoPE at ``positions``
     (``rotate_k=False``: k gets the norm only, for fused RoPE in the attention kernels).
 
     ``q [T, n_q, D]``, ``k [T, n_kv, D]`` bf16 (token-row strides allowed); ``cos, sin`` fp32
     ``[max_pos, D/2]``; ``positions`` int32 ``[T]`` (a position outside the table is not rotated).
+    ``store = (v, k_cache, v_cache, slot_mapping)``: also ``store_kvcache(k, v, k_cache, v_cache,
+    slot_mapping)`` with the finished k, in the same launch (same arguments and checks).
     """
     _tensor("q", q, torch.bfloat16, 3)
     _tensor("k", k, torch.bfloat16, 3)
@@ -387,10 +395,23 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     ks = k.stride(0) if T > 1 else n_kv * D
     _need(q.stride(2) == 1 and (n_q == 1 or q.stride(1) == D), "q: heads and head_dim must be contiguous")
     _need(k.stride(2) == 1 and (n_kv == 1 or k.stride(1) == D), "k: heads and head_dim must be contiguous")
+    v = kc = vc = slots = None
+    vs = 0
+    if store is not None:
+        v, kc, vc, slots = store
+        _tensor("v", v, torch.bfloat16, 3)
+        N, bs, c_kv, c_D = _cache_pair(kc, vc)
+        _need((c_kv, c_D) == (n_kv, D), f"caches hold [{c_kv}, {c_D}] per token, k has [{n_kv}, {D}]")
+        _need(tuple(v.shape) == (T, n_kv, D), f"v must have shape {(T, n_kv, D)}, got {tuple(v.shape)}")
+        _need(v.stride(2) == 1 and (n_kv == 1 or v.stride(1) == D), "v: heads and head_dim must be contiguous")
+        _int_vec("slot_mapping", slots, T)
+        _same_device(q=q, v=v, k_cache=kc, v_cache=vc, slot_mapping=slots)
+        vs = v.stride(0) if T > 1 else n_kv * D
     warps = T * (n_q + n_kv)
     _launch(q, "rope", "qk_norm_rope", (-(-warps // 4), 1, 1), (128, 1, 1),
             (_p(q), _i(qs), _p(k), _i(ks), _p(q_weight), _p(k_weight), _p(cos), _p(sin), _p(positions),
-             _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps), _i(1 if rotate_k else 0)))
+             _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps), _i(1 if rotate_k else 0),
+             _p(v), _i(vs), _p(kc), _p(vc), _p(slots)))
 
 
 def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -481,7 +502,8 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       seq_lens: torch.Tensor, split_size: int, scale: float | None = None,
                       max_splits: int | None = None, *, o_part: torch.Tensor | None = None,
                       lse_part: torch.Tensor | None = None, row_seq: torch.Tensor | None = None,
-                      rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      _fused_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial states of every split (twin: ``reference.attention.split_kv_partials``).
 
     ``q [B, n_q, D]`` bf16 (one query per sequence; row stride allowed). Split ``k`` covers key
@@ -492,6 +514,8 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     (batch-invariant prefill: one row per token, ``seq_lens`` = its position + 1; the caller's
     guards have checked the indices). ``rope``: fused RoPE, as in ``paged_prefill``.
     Returns fp32 ``o_part [B, max_splits, n_q, D]`` and natural-log ``lse_part [B, max_splits, n_q]``.
+    (``_fused_out``, bf16 ``[B, n_q, D]``: ``split_kv_decode``'s one-launch mode, where the kernel also
+    folds the splits into it and the partials are scratch; see attention.cu.)
     """
     B, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
@@ -507,17 +531,23 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     lse_part = _out("lse_part", lse_part, (B, S, n_q), torch.float32, q)
     cos_p, sin_p, max_pos = _rope_tables(rope, D)
     _same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
-                 o_part=o_part, lse_part=lse_part, row_seq=row_seq, cos=None if rope is None else rope[0])
+                 o_part=o_part, lse_part=lse_part, row_seq=row_seq, cos=None if rope is None else rope[0],
+                 out=_fused_out)
     if B == 0:
         return o_part, lse_part
     HG = -(-G // 16)
     _need(B <= 65535 and n_kv * HG <= 65535, "batch or KV-head count exceeds the grid limits")
     grid = (S, n_kv * HG, B)
+    tickets = None
+    if _fused_out is not None:
+        _need(B * n_kv * HG <= _TICKETS, f"split_kv_decode: {B * n_kv * HG} (sequence, head group) pairs exceed "
+                                         f"the ticket array ({_TICKETS})")
+        tickets = _kernel_tickets(q)
     smem = decode_smem_bytes(D)
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
              _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
-             _p(row_seq), cos_p, sin_p, max_pos), smem)
+             _p(row_seq), cos_p, sin_p, max_pos, _p(_fused_out), _p(tickets)), smem)
     return o_part, lse_part
 
 
@@ -549,24 +579,45 @@ def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.
     return out
 
 
+#: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows. Measured on the
+#: H200 (kernel lab, docs/performance.md): one launch wins at batch 1-8 (latency-bound), two launches
+#: win by 3-9% at batch 32-128, where the separate reduce is fully parallel and the fused kernel's
+#: last CTAs fold in the tail.
+FUSED_DECODE_MAX_B = 16
+
+
 def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, split_size: int | None, scale: float | None = None, *,
                     max_splits: int | None = None, out: torch.Tensor | None = None,
                     row_seq: torch.Tensor | None = None,
-                    rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    rope: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None) -> torch.Tensor:
     """Decode attention of one query per sequence (twin: ``reference.attention.split_kv_decode``).
 
     ``split_size=None`` runs one split over all keys. Partials go to ``torch.empty`` scratch on the
     same device. ``row_seq`` and ``rope`` as in ``split_kv_partials``. Returns bf16 ``[B, n_q, D]``.
+    ``fused=True``: one launch, the last CTA of each sequence folds its splits (and a sequence with
+    one non-empty split writes no partials); ``fused=False``: ``split_kv_partials`` then
+    ``split_kv_reduce``; ``None`` (default): fused for at most ``FUSED_DECODE_MAX_B`` rows. Both give
+    the same bits; the fused launches of one device share a ticket array, so they must be ordered
+    (one stream), as they are in the engine.
     """
     _tensor("block_tables", block_tables, torch.int32, 2)
     _tensor("k_cache", k_cache, torch.bfloat16, 4)
     if split_size is None:
         split_size = max(1, block_tables.shape[1] * k_cache.shape[1])
         max_splits = 1
-    o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits,
-                                         row_seq=row_seq, rope=rope)
-    return split_kv_reduce(o_part, lse_part, out=out)
+    if fused is None:
+        fused = q.shape[0] <= FUSED_DECODE_MAX_B
+    if not fused:
+        o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale,
+                                             max_splits, row_seq=row_seq, rope=rope)
+        return split_kv_reduce(o_part, lse_part, out=out)
+    _tensor("q", q, torch.bfloat16, 3)
+    out = _out("out", out, tuple(q.shape), torch.bfloat16, q)
+    _contig("out", out)
+    split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits,
+                      row_seq=row_seq, rope=rope, _fused_out=out)
+    return out
 
 
 def merge_states(o: torch.Tensor, lse: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -612,8 +663,6 @@ GEMM_TILES: dict[str, tuple[int, int, int, int, int, bool]] = {
 }
 #: largest fp32 workspace (chunks x M x N) a split launch may take; past it the folding kernel runs
 GEMM_SPLIT_WORKSPACE = 64 << 20
-_TICKETS = 1 << 16
-_tickets: dict[int, torch.Tensor] = {}
 
 
 def gemm_choice(M: int, N: int, K: int) -> str:
@@ -628,8 +677,9 @@ def gemm_choice(M: int, N: int, K: int) -> str:
     return "64x64" if M <= 256 else "128x64"
 
 
-def _gemm_tickets(ref: torch.Tensor) -> torch.Tensor:
-    """The per-device ticket array of the split kernels (zeros; each launch leaves it zero)."""
+def _kernel_tickets(ref: torch.Tensor) -> torch.Tensor:
+    """The per-device ticket array of the last-CTA-folds kernels (gemm's split tiles, the fused split-KV
+    decode): zeros, and every launch leaves it zero."""
     dev = _device_index(ref)
     t = _tickets.get(dev)
     if t is None:
@@ -683,8 +733,59 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     if split:   # + the fp32 workspace of the chunk partials and the tickets
         _need(grid[0] * grid[1] <= _TICKETS, f"gemm: {grid[0] * grid[1]} output tiles exceed the ticket array")
         ws = torch.empty(chunks, M, N, dtype=torch.float32, device=x.device)
-        args += (_p(ws), _p(_gemm_tickets(x)))
+        args += (_p(ws), _p(_kernel_tickets(x)))
     _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1), args + (_i(M), _i(N), _i(K)), smem)
+    return out
+
+
+#: most rows ``skinny_gemm`` takes (two 8-column B tiles of ``mma.m16n8k16``)
+SKINNY_MAX_M = 16
+_SKINNY_KB = 32          # columns of one k-block (4 lanes x 8); ``kU`` blocks in flight per lane
+_SKINNY_U = 8
+
+
+def skinny_warps(N: int, K: int) -> int:
+    """Warps per CTA of ``skinny_gemm`` for ``N x K`` weights: 16 when the ``ceil(N / 16)`` CTAs of
+    8 warps would leave the GPU short of loads in flight (fewer than 2048 warps) and K is long enough
+    to give 16 warps a full round of loads each; 8 otherwise."""
+    tiles = -(-N // 16)
+    blocks = -(-K // _SKINNY_KB)
+    return 16 if tiles * 8 < 2048 and blocks >= 16 * _SKINNY_U else 8
+
+
+def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x @ w.T`` for ``M <= 16`` rows, streaming the weights (``skinny_gemm.cu``; default mode).
+
+    ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, both
+    16-byte aligned; fp32 accumulation, output bf16 or fp32 ``[M, N]``. The reduction order differs
+    from cuBLAS's and from ``gemm``'s (not for batch-invariant mode); a row's result does not depend
+    on the other rows (any ``M <= 16``), and one launch is deterministic.
+    """
+    _tensor("x", x, torch.bfloat16, 2)
+    _tensor("w", w, torch.bfloat16, 2)
+    M, Kx = x.shape
+    N, K = w.shape
+    _need(Kx == K, f"x must have shape [M, {K}], got {tuple(x.shape)}")
+    _need(K % 8 == 0 and K > 0, f"K = {K} must be a positive multiple of 8")
+    _need(M <= SKINNY_MAX_M, f"skinny_gemm takes at most {SKINNY_MAX_M} rows, got {M}")
+    _need(0 < N <= 65535 * 16, f"N = {N} must be in [1, {65535 * 16}]")
+    _contig("w", w)
+    _aligned16("w", w)
+    _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    out = _out("out", out, (M, N), out_dtype, x)
+    _contig("out", out)
+    _same_device(x=x, w=w, out=out)
+    if M == 0:
+        return out
+    ldx = _rows("x", x, 1) if M > 1 else K
+    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
+          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
+    mt = 8 if M <= 8 else 16
+    kind = "f32" if out_dtype == torch.float32 else "bf16"
+    warps = skinny_warps(N, K)
+    _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (-(-N // 16), 1, 1), (32 * warps, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)))
     return out
 
 

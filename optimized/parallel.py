@@ -106,17 +106,23 @@ class ShardedCudaRunner(CudaRunner):
             rows = _runner.ops.embedding((ids - self.shard.vocab_start).to(ids.dtype), self.embed)
         return self._reduce(rows)
 
+    def _kv_slots(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """CP: a token's K/V goes to the rank that owns its block (block ``j`` lives on rank ``j % cp``)."""
+        g = self.grid
+        if g.cp == 1:
+            return slots
+        owned = ((pos // self.block_size) % g.cp == g.cp_rank) & (slots >= 0)
+        return torch.where(owned, slots, torch.full_like(slots, -1))                  # [T]
+
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                 tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,
                 decode_split: int | None, max_splits: int) -> torch.Tensor:
-        """CP: write the K/V of owned blocks only, attend over owned blocks, merge all ranks' block states in
-        global block order (``reference/parallel_attention.py``'s rule, with our split-KV kernels)."""
+        """CP (the K/V of owned blocks only was written, see ``_kv_slots``): attend over owned blocks, merge all
+        ranks' block states in global block order (``reference/parallel_attention.py``'s rule, with our split-KV kernels)."""
         g = self.grid
         if g.cp == 1:
             return super()._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)
         bs, cp, r = self.block_size, g.cp, g.cp_rank
-        owned = torch.where(((pos // bs) % cp == r) & (slots >= 0), slots, torch.full_like(slots, -1))   # [T]
-        _runner.ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], owned)
         # this rank's blocks r, r + cp, ... as a compact table; the keys a query sees there are a prefix of it
         M = tables.shape[1]
         J = -(-M // cp)

@@ -133,6 +133,10 @@ class CudaRunner:
         self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV (pinned)
         self.record_logits = False
         self._mm_fp32 = self._probe_mm_out_dtype()
+        #: GEMMs of at most this many rows run through ``ops.skinny_gemm`` (default mode; 0: always cuBLAS).
+        #: 8, not the kernel's 16: on the H200 its two-tile variant was slower than cuBLAS at M = 16
+        #: (docs/performance.md, "Skinny GEMM")
+        self.skinny_max_m = 8
 
     # ---------------------------------------------------------------- weights and pages
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -194,20 +198,30 @@ class CudaRunner:
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                 tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,
                 decode_split: int | None, max_splits: int) -> torch.Tensor:
-        """Write layer ``i``'s K/V into the pages, attend (context-parallel hook: ``optimized/parallel.py``).
+        """Attend over layer ``i``'s pages, where ``qk_norm_rope`` has just written this step's K/V
+        (context-parallel hook: ``optimized/parallel.py``).
 
         Batch-invariant prefill comes here with ``lens`` and ``qidx`` per token (see ``_prefill``)
         and takes the split-KV path like a decode step."""
-        ops.store_kvcache(k, v, self.k_cache[i], self.v_cache[i], slots)
         if qidx is not None and not self.invariant:
             return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale,
                                      rope=self.rope)
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
                                    max_splits=max_splits, row_seq=qidx, rope=self.rope)
 
+    def _kv_slots(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The slots this rank writes each token's K/V to (``-1``: none); context-parallel hook."""
+        return slots
+
     def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T``: cuBLAS, or our fixed-order GEMM in batch-invariant mode."""
-        return ops.gemm(x, w) if self.invariant else torch.matmul(x, w.t())
+        """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step, or our
+        fixed-order GEMM in batch-invariant mode."""
+        if self.invariant:
+            return ops.gemm(x, w)
+        if x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0:
+            return ops.skinny_gemm(x, w)
+        return torch.matmul(x, w.t())
+
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
@@ -217,6 +231,8 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self.invariant:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
+        if hidden.shape[0] <= self.skinny_max_m:
+            return ops.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
             return torch.mm(hidden, self.lm_head.t(), out_dtype=torch.float32)
         return torch.mm(hidden, self.lm_head.t()).float()
@@ -228,6 +244,7 @@ class CudaRunner:
         T = ids.shape[0]
         nq, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
+        kv_slots = self._kv_slots(pos, slots)                                         # [T]
         residual = self._embed(ids)                                                   # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
@@ -235,7 +252,8 @@ class CudaRunner:
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
-            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None)
+            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None,
+                             store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"]))                  # [T, H]
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn

@@ -58,13 +58,16 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         residual.copy_(residual + x)
         return rms_norm(residual, w, eps)
 
-    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps, *, rotate_k=True):
+    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps, *, rotate_k=True, store=None):
         p = positions.long().clamp(min=0)
         c = torch.cat([cos[p], cos[p]], -1)
         s_ = torch.cat([sin[p], sin[p]], -1)
         log.append(("qk_norm_rope", rotate_k))
         q.copy_(apply_rope(rms_norm(q, qw, eps), c, s_))
         k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_) if rotate_k else rms_norm(k, kw, eps))
+        if store is not None:            # the fused KV write
+            v, kc, vc, slots = store
+            store_kvcache(k, v, kc, vc, slots)
 
     def silu_mul(x):
         i = x.shape[1] // 2
@@ -86,6 +89,10 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("gemm", x.shape[0]))
         return linear(x, w, batch_invariant=True).to(out_dtype)
 
+    def skinny_gemm(x, w, *, out_dtype=torch.bfloat16):
+        log.append(("skinny_gemm", (x.shape[0], out_dtype)))
+        return linear(x, w).to(out_dtype)
+
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -101,7 +108,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
-                                 gemm=gemm, ATTN_HEAD_DIMS=(16, 32, 64, 128))
+                                 gemm=gemm, skinny_gemm=skinny_gemm, SKINNY_MAX_M=16, ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 
 @pytest.fixture
@@ -206,7 +213,7 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     obs = [rng.randrange(512) for _ in range(9)]
     alone, toks, ctx = target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, [], obs)
     kinds = {k for k, _ in launches}
-    assert "paged_prefill" not in kinds and "gemm" in kinds, kinds
+    assert "paged_prefill" not in kinds and "gemm" in kinds and "skinny_gemm" not in kinds, kinds
     prefill_rows = [d for k, d in launches if k == "split_kv_decode" and d[0]]
     assert prefill_rows, "no prefill token went through the split-KV path"
     split = 3 if split_kv == "fixed:3" else 128                      # disabled: one split of max_model_len
@@ -222,11 +229,28 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     assert torch.equal(torch.stack(single.logit_log[0]), alone[5:]), "INVARIANT: resume differs from single-shot"
 
 
-def test_default_mode_keeps_cublas_and_paged_prefill(opt_engine, launches):
-    _rollout(opt_engine(), PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
+def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, launches):
+    """Default mode: GEMMs of <= 16 rows (decode steps, short prefills) go to skinny_gemm -- the LM head
+    with an fp32 output -- and larger ones to cuBLAS (not logged); never the invariant GEMM.
+    ``skinny_max_m = 0`` turns skinny_gemm off."""
+    eng = opt_engine()
+    long_prompt = [(7 * i) % 512 for i in range(40)]                  # a 40-row prefill: cuBLAS
+    _rollout(eng, PROMPTS[:2] + [long_prompt], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 3,
+             turns=2)
     kinds = {k for k, _ in launches}
     assert "paged_prefill" in kinds and "gemm" not in kinds, kinds
     assert all(not d[0] for k, d in launches if k == "split_kv_decode"), "decode rows must use their own tables"
+    skinny = [d for k, d in launches if k == "skinny_gemm"]
+    assert skinny and all(m <= eng.runner.skinny_max_m for m, _ in skinny), skinny
+    assert any(dt == torch.float32 for _, dt in skinny), "the LM head of a decode step must be an fp32 skinny GEMM"
+    n_layers = TINY.num_hidden_layers
+    decode_bf16 = [m for m, dt in skinny if dt == torch.bfloat16]
+    assert len(decode_bf16) % (4 * n_layers) == 0, "qkv, o, gate_up and down of every layer of a step"
+    launches.clear()
+    off = opt_engine()
+    off.runner.skinny_max_m = 0
+    _rollout(off, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
+    assert "skinny_gemm" not in {k for k, _ in launches}
 
 
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):

@@ -802,10 +802,105 @@ def check_fused_rope(C: Checks, dev, gen) -> None:
             return res
         C.run("fused_rope", name, run)
 
+def check_skinny(C: Checks, dev, gen) -> None:
+    """``ops.skinny_gemm`` (default-mode GEMM, M <= 16): the flash rule vs a float64 product (torch's
+    bf16 matmul is the low-precision run), bf16 out == rounded fp32 out, a strided x, two launches
+    bitwise equal, and rows independent of M (every M <= 16 takes the same per-element mma chain)."""
+    shapes = [(1, 6144, 4096), (1, 4096, 12288), (4, 24576, 4096), (8, 1024, 3072), (9, 4096, 4096),
+              (16, 6144, 1024), (1, 151936, 1024), (13, 40, 40), (2, 24, 8), (7, 100, 1544), (16, 17, 4104)]
+    for M, N, K in shapes:
+        def run(M=M, N=N, K=K):
+            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+            x = xw[:, :K]                                          # row stride K + 8
+            w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
+            y = ops.skinny_gemm(x, w)
+            y32 = ops.skinny_gemm(x, w, out_dtype=torch.float32)
+            ref32 = x.double() @ w.double().t()
+            refbf = torch.matmul(x, w.t())
+            torch.cuda.synchronize()
+            res = fa_rule("bf16 out", y, ref32, refbf) + fa_rule("fp32 out", y32, ref32, refbf)
+            res += exact("bf16 out == round(fp32 out)", y, y32.to(torch.bfloat16))
+            res += exact("second launch", ops.skinny_gemm(x, w, out_dtype=torch.float32), y32)
+            r = M - 1
+            res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_gemm(x[r:r + 1].contiguous(), w,
+                                                                               out_dtype=torch.float32), y32[r:r + 1])
+            res.append((True, f"warps per CTA: {ops.skinny_warps(N, K)}"))
+            return res
+        C.run("skinny", f"M={M} N={N} K={K}", run)
+
+
+def check_fused_decode(C: Checks, dev, gen) -> None:
+    """The two launch fusions of a decode layer. (1) ``qk_norm_rope(store=...)``: q, k and both caches
+    bitwise those of ``qk_norm_rope`` then ``store_kvcache`` (strided k/v, -1 slots, NaN pages).
+    (2) ``split_kv_decode`` (one launch, last CTA folds) bitwise equal to partials + reduce, twice in a
+    row (the tickets reset), with a zero-length row (zeros), one-split rows and many-split rows."""
+    def run_store():
+        res = []
+        for T, n_q, n_kv, D, bs, rotate in ((29, 32, 8, 128, 16, True), (5, 8, 2, 64, 5, True), (7, 4, 4, 32, 8, False)):
+            nb, max_pos, eps = 8, 4096, 1e-6
+            cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
+            cos_t, sin_t = cos[:, : D // 2].contiguous().to(dev), sin[:, : D // 2].contiguous().to(dev)
+            width = (n_q + 2 * n_kv) * D
+            qkv = (torch.randn(T, width, generator=gen) * 2).to(torch.bfloat16).to(dev)
+            pos = torch.randint(0, max_pos, (T,), generator=gen).to(torch.int32).to(dev)
+            slots = torch.randperm(nb * bs, generator=gen)[:T].to(torch.int32)
+            slots[T // 2] = -1
+            slots = slots.to(dev)
+            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            outs = []
+            for fused in (False, True):
+                buf = qkv.clone()
+                q = buf[:, : n_q * D].view(T, n_q, D)
+                k = buf[:, n_q * D:(n_q + n_kv) * D].view(T, n_kv, D)
+                v = buf[:, (n_q + n_kv) * D:].view(T, n_kv, D)
+                kc = torch.full((nb, bs, n_kv, D), float("nan"), dtype=torch.bfloat16, device=dev)
+                vc = kc.clone()
+                if fused:
+                    ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, rotate_k=rotate, store=(v, kc, vc, slots))
+                else:
+                    ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, rotate_k=rotate)
+                    ops.store_kvcache(k, v, kc, vc, slots)
+                outs.append((buf, kc, vc))
+            tag = f"T={T} D={D} bs={bs} rotate_k={rotate}"
+            res += exact(f"{tag} q/k/v buffer", outs[1][0], outs[0][0])
+            res += exact(f"{tag} k_cache (NaN pages kept)", outs[1][1], outs[0][1])
+            res += exact(f"{tag} v_cache", outs[1][2], outs[0][2])
+        return res
+
+    def run_splitkv():
+        res = []
+        lens = [1, 15, 300, 17, 4097, 64]
+        for D, n_q, n_kv, bs in ((128, 32, 8, 16), (64, 8, 2, 5), (16, 3, 3, 8)):
+            kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+            sl0 = sl.clone()
+            sl0[1] = 0                                            # a padding row of a decode graph
+            q = (torch.randn(len(lens), n_q, D, generator=gen)).to(torch.bfloat16).to(dev)
+            for S in (16, 64, 1000, 5000):
+                for lens_t, tag in ((sl, "lens"), (sl0, "lens with a 0")):
+                    two = ops.split_kv_decode(q, kc, vc, bt, lens_t, S, fused=False)
+                    one = ops.split_kv_decode(q, kc, vc, bt, lens_t, S, fused=True)
+                    again = ops.split_kv_decode(q, kc, vc, bt, lens_t, S, fused=True)
+                    torch.cuda.synchronize()
+                    res += exact(f"D={D} S={S} {tag}: fused == partials+reduce", one, two)
+                    res += exact(f"D={D} S={S} {tag}: second fused launch", again, one)
+                    if tag != "lens":
+                        z = bool((one[1].float() == 0).all())
+                        res.append((z, f"D={D} S={S}: zero-length row is zeros: {z}"))
+            # None: one split over the whole table
+            res += exact(f"D={D} split None: fused == partials+reduce", ops.split_kv_decode(q, kc, vc, bt, sl, None, fused=True),
+                         ops.split_kv_decode(q, kc, vc, bt, sl, None, fused=False))
+        return res
+
+    C.run("fused", "qk_norm_rope + KV store", run_store)
+    C.run("fused", "split_kv_decode one launch", run_splitkv)
+
+
 SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
+    "skinny": check_skinny, "fused": check_fused_decode,
 }
 
 

@@ -1,7 +1,7 @@
 """CUDA kernels of the optimized engine, compiled at run time through CuPy's ``RawModule`` (NVRTC).
 
 One ``.cu`` file per reference twin lives next to this module (``attention.cu``, ``gemm.cu``,
-``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``).
+``skinny_gemm.cu``, ``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``).
 Each exposes plain ``extern "C" __global__`` kernels (templated internals are instantiated under
 explicit names such as ``paged_prefill_d128``) and includes ``<cuda_bf16.h>`` and, for the
 tensor-core kernels, the local header ``mma.cuh``. nvcc finds that header beside the source (see
@@ -35,6 +35,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")
                   for out in ("bf16", "f32")),
+    "skinny_gemm": tuple(f"skinny_m{m}_w{w}_{kind}" for m in (8, 16) for w in (8, 16)
+                         for kind in ("bf16", "f32")),
     "sampling": ("sample",),
     "rmsnorm": ("rmsnorm", "add_rmsnorm"),
     "rope": ("qk_norm_rope",),

@@ -419,6 +419,15 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 //   lse[b, k, h]    = log(sum_j exp(scale * q . k_j))              (natural log)
 // An empty split writes o = 0, lse = -inf.
 //
+// Fused reduce (out != null; split_kv_decode): the kernel also does split_kv_reduce's work and writes
+// bf16 out [B, n_q, D] itself. Only the n_live = min(max_splits, ceil(seq_len / S)) splits that hold
+// keys do anything: with one of them the CTA writes its normalised state straight to out (no partials);
+// with more, each writes its partials, takes a ticket (tickets[b * gridDim.y + blockIdx.y], an atomic
+// counter that starts and ends at zero) after a __threadfence, and the CTA that draws the last ticket
+// folds splits 0 .. n_live-1 in index order exactly as split_kv_reduce does -- so the bits do not
+// depend on which CTA finishes last, and equal those of the two-kernel path. seq_len 0: split 0
+// writes zeros. One launch instead of two, and no partials at all for short sequences.
+//
 // CTA = (split, KV head x group of <= 16 query heads, sequence). The group's query heads are the
 // 16 rows of one m16 tile (zero rows if G < 16), so K/V is read once for all heads sharing it
 // (16-byte cp.async loads, double-buffered 64-key tiles). Each of the 4 warps takes 16 keys of a
@@ -433,6 +442,30 @@ struct DecodeCfg {
   static_assert(4 * 16 * D * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
 };
 
+// merge_two of reference/attention.py, split in two: the weights (once per (o, lse) row) and the
+// per-element fold, in the reference's operation order (no FMA contraction).
+struct MergeW {
+  float wa, wb, ts;
+  bool nz;
+};
+// Updates la to the merged lse and returns the weights for merge_o.
+__device__ __forceinline__ MergeW merge_weights(float& la, float lb) {
+  MergeW w;
+  const float m = fmaxf(la, lb);
+  const float ms = finite_f(m) ? m : 0.f;  // all -inf max -> 0: never -inf - -inf
+  w.wa = expf(la - ms);                    // exp(-inf) = 0 for an empty state
+  w.wb = expf(lb - ms);
+  const float tot = __fadd_rn(w.wa, w.wb);
+  w.nz = tot > 0.f;
+  w.ts = w.nz ? tot : 1.f;
+  la = w.nz ? __fadd_rn(ms, logf(w.ts)) : neg_inf();
+  return w;
+}
+__device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
+  const float x = __fadd_rn(__fmul_rn(w.wa > 0.f ? oa : 0.f, w.wa), __fmul_rn(w.wb > 0.f ? ob : 0.f, w.wb));
+  return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
+}
+
 template <int D>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
@@ -442,7 +475,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                                                        float* __restrict__ lse_part, int n_q, int n_kv, int block_size,
                                                        int split_size, int max_splits, float scale,
                                                        const int* __restrict__ row_seq, const float* __restrict__ cos_t,
-                                                       const float* __restrict__ sin_t, int max_pos) {
+                                                       const float* __restrict__ sin_t, int max_pos,
+                                                       __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {
   typedef DecodeCfg<D> C;
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -466,12 +500,19 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int slen = seq_lens[b];
   const long long s0l = (long long)split * split_size;
   if (s0l >= slen) {  // empty split (uniform across the CTA)
+    if (out != nullptr) {  // fused: nothing to fold; an empty sequence's output is zeros (split 0 writes them)
+      if (split == 0)
+        for (int i = tid; i < nrows * D; i += THREADS) out[((long long)b * n_q + h0) * D + i] = __float2bfloat16_rn(0.f);
+      return;
+    }
     for (int i = tid; i < nrows * D; i += THREADS) o_part[(part * n_q + h0) * D + i] = 0.f;
     if (tid < nrows) lse_part[part * n_q + h0 + tid] = neg_inf();
     return;
   }
   const int s0 = (int)s0l;
   const int s1 = (int)min((long long)slen, s0l + split_size);
+  const int n_live = (int)min((long long)max_splits, (slen + (long long)split_size - 1) / split_size);  // splits with keys
+  const bool direct = out != nullptr && n_live == 1;  // fused with one live split: no partials at all
 
   for (int i = tid; i < 16 * CH; i += THREADS) {
     const int r = i / CH, c = i % CH;
@@ -548,33 +589,62 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       Lsum += e * s_l[w][r];
       acc += e * sO[(w * 16 + r) * D + d];
     }
-    o_part[(part * n_q + h0 + r) * D + d] = Lsum > 0.f ? acc / Lsum : 0.f;
+    const float ov = Lsum > 0.f ? acc / Lsum : 0.f;
+    if (direct) {  // fused, one split: this is the answer (the reduce of one split is the identity)
+      out[((long long)b * n_q + h0 + r) * D + d] = __float2bfloat16_rn(ov);
+      continue;
+    }
+    o_part[(part * n_q + h0 + r) * D + d] = ov;
     if (d == 0) lse_part[part * n_q + h0 + r] = Lsum > 0.f ? (Ms + log2f(Lsum)) * kLn2 : neg_inf();
   }
-}
+  if (out == nullptr || direct) return;
 
-// merge_two of reference/attention.py, split in two: the weights (once per (o, lse) row) and the
-// per-element fold, in the reference's operation order (no FMA contraction).
-struct MergeW {
-  float wa, wb, ts;
-  bool nz;
-};
-// Updates la to the merged lse and returns the weights for merge_o.
-__device__ __forceinline__ MergeW merge_weights(float& la, float lb) {
-  MergeW w;
-  const float m = fmaxf(la, lb);
-  const float ms = finite_f(m) ? m : 0.f;  // all -inf max -> 0: never -inf - -inf
-  w.wa = expf(la - ms);                    // exp(-inf) = 0 for an empty state
-  w.wb = expf(lb - ms);
-  const float tot = __fadd_rn(w.wa, w.wb);
-  w.nz = tot > 0.f;
-  w.ts = w.nz ? tot : 1.f;
-  la = w.nz ? __fadd_rn(ms, logf(w.ts)) : neg_inf();
-  return w;
-}
-__device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
-  const float x = __fadd_rn(__fmul_rn(w.wa > 0.f ? oa : 0.f, w.wa), __fmul_rn(w.wb > 0.f ? ob : 0.f, w.wb));
-  return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
+  // Fused reduce: the last of the sequence's n_live CTAs (for these heads) to finish folds the splits
+  // 0, 1, ..., n_live-1 in index order with split_kv_reduce's arithmetic (folding the empty splits past
+  // n_live would be the identity), then leaves the ticket at zero for the next launch.
+  __shared__ int s_last;
+  __threadfence();  // this CTA's partials are visible device-wide before its ticket is taken
+  __syncthreads();
+  if (tid == 0) {
+    int* tk = tickets + (long long)b * gridDim.y + blockIdx.y;
+    s_last = atomicAdd(tk, 1) == n_live - 1;
+    if (s_last) *tk = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // four adjacent dims per thread (float4), the loads of PF splits issued before their fold
+  constexpr int PF = D >= 64 ? 8 : 4;
+  for (int i = tid; i < nrows * (D / 4); i += THREADS) {
+    const int r = i / (D / 4), d4 = (i - r * (D / 4)) * 4;
+    const long long bh = (long long)b * max_splits * n_q + h0 + r;  // (b, split 0, head)
+    float la = __ldcg(lse_part + bh);
+    float4 oa = __ldcg(reinterpret_cast<const float4*>(o_part + bh * D + d4));
+    for (int k0 = 1; k0 < n_live; k0 += PF) {
+      float lb[PF];
+      float4 ob[PF];
+#pragma unroll
+      for (int j = 0; j < PF; ++j) {
+        const long long k = min(k0 + j, n_live - 1);
+        lb[j] = __ldcg(lse_part + bh + k * n_q);
+        ob[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
+      }
+#pragma unroll
+      for (int j = 0; j < PF; ++j) {
+        if (k0 + j >= n_live) break;
+        const MergeW w = merge_weights(la, lb[j]);
+        oa.x = merge_o(oa.x, ob[j].x, w);
+        oa.y = merge_o(oa.y, ob[j].y, w);
+        oa.z = merge_o(oa.z, ob[j].z, w);
+        oa.w = merge_o(oa.w, ob[j].w, w);
+      }
+    }
+    __nv_bfloat16* dst = out + ((long long)b * n_q + h0 + r) * D + d4;
+    dst[0] = __float2bfloat16_rn(oa.x);
+    dst[1] = __float2bfloat16_rn(oa.y);
+    dst[2] = __float2bfloat16_rn(oa.z);
+    dst[3] = __float2bfloat16_rn(oa.w);
+  }
 }
 
 }  // namespace
@@ -601,10 +671,11 @@ TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 3)
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
       int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
-      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) {                           \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
+      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {                                              \
     split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
                                n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
-                               max_pos);                                                                           \
+                               max_pos, out, tickets);                                                             \
   }
 TK_SPLITKV(16)
 TK_SPLITKV(32)

@@ -15,6 +15,11 @@
 //
 // q bf16 [T, n_q, D] (token stride q_stride), k bf16 [T, n_kv, D] (token stride k_stride): heads
 // and D contiguous. One warp per (token, head); D even and D <= 256.
+//
+// Fused KV store (k_cache != null; twin: reference/kv_cache.py KVCache.write, kv_cache.cu's
+// store_kvcache): the warp of K head j of token t with slot = slots[t] >= 0 also copies its finished
+// row to k_cache.view(-1, n_kv, D)[slot, j] and v[t, j] (token stride v_stride) to v_cache -- the
+// same bytes store_kvcache would write, one launch fewer per layer.
 
 #include <cuda_bf16.h>
 
@@ -26,7 +31,10 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
                                                                const float* __restrict__ sin_t,
                                                                const int* __restrict__ positions, int T, int n_q,
                                                                int n_kv, int D, int max_pos, float eps,
-                                                               int rotate_k) {
+                                                               int rotate_k, const __nv_bfloat16* __restrict__ v,
+                                                               int v_stride, __nv_bfloat16* __restrict__ k_cache,
+                                                               __nv_bfloat16* __restrict__ v_cache,
+                                                               const int* __restrict__ slots) {
   const int lane = threadIdx.x & 31;
   const long long gw = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int nh = n_q + n_kv;
@@ -55,6 +63,10 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
   const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)D), eps)));
   const int p = positions[t];
   const bool rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
+  // fused KV store: a K head's warp also writes its finished row and the matching V row to the pages
+  const int slot = (k_cache != nullptr && hh >= n_q) ? slots[t] : -1;
+  const long long dst = (long long)slot * n_kv * D + (long long)(hh - n_q) * D;
+  const __nv_bfloat16* vrow = v + (long long)t * v_stride + (long long)(hh - n_q) * D;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int j = lane + 32 * c;
@@ -70,8 +82,15 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
         oa = __fadd_rn(__fmul_rn(ya, cs), __fmul_rn(-yb, sn));
         ob = __fadd_rn(__fmul_rn(yb, cs), __fmul_rn(ya, sn));
       }
-      x[j] = __float2bfloat16_rn(oa);
-      x[j + half] = __float2bfloat16_rn(ob);
+      const __nv_bfloat16 ra = __float2bfloat16_rn(oa), rb = __float2bfloat16_rn(ob);
+      x[j] = ra;
+      x[j + half] = rb;
+      if (slot >= 0) {
+        k_cache[dst + j] = ra;
+        k_cache[dst + j + half] = rb;
+        v_cache[dst + j] = vrow[j];
+        v_cache[dst + j + half] = vrow[j + half];
+      }
     }
   }
 }

@@ -1,0 +1,153 @@
+// skinny_gemm.cu -- y = x W^T for the few rows of a decode step (M <= 16): the default mode's GEMM
+// where cuBLAS leaves bandwidth on the table.
+//
+// Reference twin: reference/model.py, linear(x, w) (no fixed reduction order: this kernel is *not*
+// used in batch-invariant mode, whose GEMM is gemm.cu).
+//
+// Layouts: x bf16 [M, K] (row stride ldx elements, K contiguous), W bf16 [N, K] contiguous (a torch
+// Linear weight), y [M, N] contiguous, bf16 or fp32. K % 8 == 0, x and W 16-byte aligned (the host
+// checks). (An input-side fusion of silu_mul was measured and dropped: every one of the N / 16 CTAs
+// recomputes the whole activation row, which at the 8B down projection halved the bandwidth.)
+//
+// At M <= 16 the product is a stream of the weights: 2 N K bytes, each read once, against 2 M K
+// bytes of x (cache-resident). So the kernel is built around the weight stream:
+//   * "swap AB": the weights are the 16-row A operand of mma.m16n8k16 and the (at most 16) rows of
+//     x the 8-column B operand (MT = 1 or 2 of them), so no tensor-core lane is wasted on padding
+//     rows of x beyond the 8 (16) that exist;
+//   * weights go straight from global memory into A fragments with one 16-byte streaming load per
+//     lane and row (no shared-memory staging). That works because a dot product may sum its k terms
+//     in any order: lane (g, t) loads the 8 consecutive columns 8t .. 8t+7 of a 32-column block for
+//     weight rows g and g+8, and the same 8 columns of x row g; mma step s (s = 0, 1) takes elements
+//     4s .. 4s+3 of them as its "logical" columns {2t, 2t+1, 2t+8, 2t+9}. A and B use the same
+//     permutation, so every product W[n, k] x[m, k] meets its own partner;
+//   * a CTA owns 16 weight rows and its WARPS warps share K: warp w takes the 32-column blocks
+//     w, w + WARPS, w + 2 WARPS, ... (U of them in flight per lane), so that the CTA's warps read
+//     neighbouring stretches of each row. At the end the warps' fp32 partials are summed in warp
+//     order through shared memory (deterministic: the same inputs give the same bits, but the
+//     result does depend on M through nothing -- and on the kernel choice, hence default mode only).
+// Fragment layouts: see attention.cu's header.
+
+#include <cuda_bf16.h>
+
+#include "mma.cuh"
+
+namespace {
+
+constexpr int kU = 8;  // 32-column blocks in flight per lane (x2 rows x 16 bytes of weights each)
+
+// read once: not kept in L1, and a hint that L2 may fetch the whole 256-byte stretch of the row
+__device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// 8 bf16 of x row m (columns k .. k+7): small and reread by every CTA, so cached
+__device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, int ldx, int m, int k) {
+  return __ldg(reinterpret_cast<const uint4*>(x + (long long)m * ldx + k));
+}
+
+template <int MT, int WARPS, bool F32>
+__device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                            const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
+                                            int K) {
+  __shared__ float red[WARPS][MT][4][32];  // per-warp C fragments, lane-major
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  // Loads are never skipped, only their results zeroed: out-of-range rows read row N-1 (or x row 0)
+  // and out-of-range columns column 0, so every load of a round is unconditional and can be in flight
+  // at once (a branch around each load would let the compiler serialise them).
+  const bool ra = n0 + g < N, rb = n0 + g + 8 < N;
+  const __nv_bfloat16* wa_p = w + (long long)min(n0 + g, N - 1) * K;
+  const __nv_bfloat16* wb_p = w + (long long)min(n0 + g + 8, N - 1) * K;
+  bool xr[MT];
+  int xm[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    xr[mt] = g + 8 * mt < M;
+    xm[mt] = xr[mt] ? g + 8 * mt : 0;
+  }
+
+  float acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  const int nkb = (K + 31) >> 5;  // 32-column blocks
+  for (int kb0 = warp; kb0 < nkb; kb0 += WARPS * kU) {
+    uint4 wa[kU], wb[kU], xv[kU][MT];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {  // issue every load of the U blocks before the first mma
+      const int k0 = ((kb0 + u * WARPS) << 5) + 8 * t;
+      const bool in = kb0 + u * WARPS < nkb && k0 < K;
+      const int k = in ? k0 : 0;
+      wa[u] = ld_stream(wa_p + k);
+      wb[u] = ld_stream(wb_p + k);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) xv[u][mt] = load_x8(x, ldx, xm[mt], k);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {  // zero what lies outside the problem only now: using a load's
+      const bool in = kb0 + u * WARPS < nkb && ((kb0 + u * WARPS) << 5) + 8 * t < K;  // result waits for it
+      if (!(in && ra)) wa[u] = z;
+      if (!(in && rb)) wb[u] = z;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        if (!(in && xr[mt])) xv[u][mt] = z;
+      const u32 a0[4] = {wa[u].x, wb[u].x, wa[u].y, wb[u].y};  // columns 0..3 of the lane's 8
+      const u32 a1[4] = {wa[u].z, wb[u].z, wa[u].w, wb[u].w};  // columns 4..7
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(acc[mt], a0, xv[u][mt].x, xv[u][mt].y);
+        mma_bf16(acc[mt], a1, xv[u][mt].z, xv[u][mt].w);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) red[warp][mt][c][lane] = acc[mt][c];
+  __syncthreads();
+  if (tid < 32 * MT) {  // one thread per (n8 tile of x rows, lane of the fragment): sum warps in order
+    const int mt = tid >> 5, l = tid & 31;
+    const int gg = l >> 2, tt = l & 3;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float s = red[0][mt][c][l];
+#pragma unroll
+      for (int ww = 1; ww < WARPS; ++ww) s += red[ww][mt][c][l];
+      // C fragment: c0, c1 -> (weight row gg, x rows 2tt, 2tt+1); c2, c3 -> weight row gg + 8
+      const int n = n0 + gg + 8 * (c >> 1);
+      const int m = 8 * mt + 2 * tt + (c & 1);
+      if (n < N && m < M) {
+        if constexpr (F32)
+          reinterpret_cast<float*>(y)[(long long)m * N + n] = s;
+        else
+          reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// skinny_m{8,16}_w{8,16}_{bf16,f32}: MT = M-tile count (M <= 8: one, M <= 16: two), WARPS per CTA,
+// output bf16 / fp32. Grid: ceil(N / 16) CTAs. The "1" of __launch_bounds__ matters: without a
+// minimum-blocks figure ptxas kept ~46 registers and interleaved the loads of a round with its mma
+// (one round of loads in flight at a time); with it, all kU rounds' loads are in flight (114-150 regs).
+#define TK_SKINNY(MTV, MV, WV, SUF, F32V)                                                                    \
+  extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_m##MV##_w##WV##_##SUF(                       \
+      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
+      int M, int N, int K) {                                                                                 \
+    skinny_impl<MTV, WV, F32V>(x, ldx, w, y, M, N, K);                                                       \
+  }
+#define TK_SKINNY_W(MTV, MV, WV)       \
+  TK_SKINNY(MTV, MV, WV, bf16, false)  \
+  TK_SKINNY(MTV, MV, WV, f32, true)
+TK_SKINNY_W(1, 8, 8)
+TK_SKINNY_W(1, 8, 16)
+TK_SKINNY_W(2, 16, 8)
+TK_SKINNY_W(2, 16, 16)
