@@ -23,7 +23,7 @@ from reference.types import SamplingParams, Trajectory, TurnOutput
 
 from . import cases, engines, oracles
 from .clauses import CLAUSES
-from .tolerance import as_dtype
+from .tolerance import as_dtype, min_decisive_share
 
 # ---------------------------------------------------------------------------------- the failure template
 
@@ -597,6 +597,20 @@ def trajectory_oracle_tally(case: Case, label: str, traj: Trajectory, sp: Sampli
         tally.add(oracle_tally(case, f"{label} turn span [{s.start}, {s.end})", ids[:s.start], ids[s.start:s.end],
                                lps, sp, bound, check_tokens=check_tokens, logits=logits[s.start - 1:s.end - 1]))
     return tally
+
+
+def rollouts_vs_oracle(case: Case, wl: cases.Workload, label: str, describe: Callable[[Any], str]) -> None:
+    """Drive ``wl`` on a fresh engine of ``case``, hold every assistant step of every trajectory to the
+    no-cache oracle (``trajectory_oracle_tally``: decisive tokens equal, logprobs within 2 x noise bound)
+    and require the decisive share of the engine's dtype; ``describe(run)`` names a sequence in messages."""
+    eng = case.engine()
+    noise = case.noise(eng)
+    with case.guard():
+        runs = drive(case, eng, wl)
+    tally = Tally()
+    for r in runs:
+        tally.add(trajectory_oracle_tally(case, describe(r), r.trajectory, r.plan.sp, noise.bound))
+    require_share(case, tally, "decisive", min_decisive_share(noise.dtype), label)
 
 
 def require_share(case: Case, tally: Tally, what: str, minimum: float, label: str) -> None:

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from conformance import cases, oracles
-from conformance.harness import (Tally, drive, early_stop, expected_stop, free_running_tally, oracle_tally,
-                                 require_share, trajectory_oracle_tally)
+from conformance.harness import (Tally, early_stop, expected_stop, free_running_tally, oracle_tally,
+                                 require_share, rollouts_vs_oracle)
 from conformance.tolerance import min_decisive_share, min_free_running_share
 from reference.oracle import OracleTurn, oracle_generate
 
@@ -85,11 +85,4 @@ def test_rollout_matches_oracle(conf, scale, model):
     case = conf.case(model, "ORACLE")
     wl = cases.greedy_workload(case.cfg, case.block_size, scale, seed=15, stagger=True,
                                n_seqs=min(scale.n_seqs, scale.oracle_seqs))
-    eng = case.engine()
-    noise = case.noise(eng)
-    with case.guard():
-        runs = drive(case, eng, wl)
-    tally = Tally()
-    for r in runs:
-        tally.add(trajectory_oracle_tally(case, f"sequence {r.sid}", r.trajectory, r.plan.sp, noise.bound))
-    require_share(case, tally, "decisive", min_decisive_share(noise.dtype), "rollouts vs no-cache oracle")
+    rollouts_vs_oracle(case, wl, "rollouts vs no-cache oracle", lambda r: f"sequence {r.sid}")

@@ -11,8 +11,8 @@ import pytest
 
 from conformance import cases
 from conformance.harness import (GenerateCache, Tally, check_bookkeeping, compare_with_regen, drive, require_share,
-                                 trajectory_oracle_tally, turns_vs_generate)
-from conformance.tolerance import MIN_COMPARED_SHARE, min_decisive_share
+                                 rollouts_vs_oracle, turns_vs_generate)
+from conformance.tolerance import MIN_COMPARED_SHARE
 
 pytestmark = pytest.mark.clause("SAMPLE")
 
@@ -108,14 +108,7 @@ def test_matches_reference_sampler(conf, scale, model):
     wl = cases.greedy_workload(case.cfg, case.block_size, scale, seed=26, n_seqs=n, n_turns=2)
     for p, sp in zip(wl.plans, _params(case, rng, n, scale.max_tokens)):
         p.sp = sp
-    eng = case.engine()
-    noise = case.noise(eng)
-    with case.guard():
-        runs = drive(case, eng, wl)
-    tally = Tally()
-    for r in runs:
-        tally.add(trajectory_oracle_tally(case, f"sequence {r.sid} ({r.plan.sp})", r.trajectory, r.plan.sp, noise.bound))
-    require_share(case, tally, "decisive", min_decisive_share(noise.dtype), "sampled tokens vs reference sampler")
+    rollouts_vs_oracle(case, wl, "sampled tokens vs reference sampler", lambda r: f"sequence {r.sid} ({r.plan.sp})")
 
 
 def test_seed_and_temperature_matter(conf, scale, model):

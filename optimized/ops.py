@@ -691,6 +691,37 @@ def _kernel_tickets(ref: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _linear_shape(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
+    """``(M, N, K)`` of ``x [M, K] @ w [N, K].T`` with the checks ``gemm`` and ``skinny_gemm`` share:
+    bf16 2-D operands, equal K, ``K % 8 == 0`` (16-byte loads)."""
+    _tensor("x", x, torch.bfloat16, 2)
+    _tensor("w", w, torch.bfloat16, 2)
+    M, K = x.shape
+    N = w.shape[0]
+    _need(w.shape[1] == K, f"w must have shape [N, {K}], got {tuple(w.shape)}")
+    _need(K % 8 == 0 and K > 0, f"K = {K} must be a positive multiple of 8")
+    return M, N, K
+
+
+def _linear_out(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
+                out: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """The output ``[M, N]`` (given or new) and x's row stride, after the layout checks both GEMM kernels
+    need: w contiguous and 16-byte aligned, x rows contiguous and 16-byte aligned (row stride 0 for M = 0)."""
+    M, K = x.shape
+    _contig("w", w)
+    _aligned16("w", w)
+    _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    out = _out("out", out, (M, w.shape[0]), out_dtype, x)
+    _contig("out", out)
+    _same_device(x=x, w=w, out=out)
+    if M == 0:
+        return out, 0
+    ldx = _rows("x", x, 1) if M > 1 else K
+    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
+          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
+    return out, ldx
+
+
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
          tile: str | None = None) -> torch.Tensor:
     """``y = x @ w.T`` in a fixed reduction order (twin: ``reference.model.linear(..., batch_invariant=True)``).
@@ -702,25 +733,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     (``torch.empty``, capturable in a CUDA graph) and a per-device ticket array; launches that share
     a device must be ordered (one stream), as they are in the engine.
     """
-    _tensor("x", x, torch.bfloat16, 2)
-    _tensor("w", w, torch.bfloat16, 2)
-    M, K = x.shape
-    N = w.shape[0]
-    _need(w.shape[1] == K, f"w must have shape [N, {K}], got {tuple(w.shape)}")
-    _need(K % 8 == 0 and K > 0, f"K = {K} must be a positive multiple of 8")
+    M, N, K = _linear_shape(x, w)
     _need(N % 2 == 0, f"N = {N} must be even")
     _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
-    _contig("w", w)
-    _aligned16("w", w)
-    _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
-    out = _out("out", out, (M, N), out_dtype, x)
-    _contig("out", out)
-    _same_device(x=x, w=w, out=out)
+    out, ldx = _linear_out(x, w, out_dtype, out)
     if M == 0:
         return out
-    ldx = _rows("x", x, 1) if M > 1 else K
-    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
-          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
     name = gemm_choice(M, N, K) if tile is None else tile
     _need(name in GEMM_TILES, f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES)}")
     bm, bn, warps, bk, stages, split = GEMM_TILES[name]
@@ -762,25 +780,12 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = to
     from cuBLAS's and from ``gemm``'s (not for batch-invariant mode); a row's result does not depend
     on the other rows (any ``M <= 16``), and one launch is deterministic.
     """
-    _tensor("x", x, torch.bfloat16, 2)
-    _tensor("w", w, torch.bfloat16, 2)
-    M, Kx = x.shape
-    N, K = w.shape
-    _need(Kx == K, f"x must have shape [M, {K}], got {tuple(x.shape)}")
-    _need(K % 8 == 0 and K > 0, f"K = {K} must be a positive multiple of 8")
+    M, N, K = _linear_shape(x, w)
     _need(M <= SKINNY_MAX_M, f"skinny_gemm takes at most {SKINNY_MAX_M} rows, got {M}")
     _need(0 < N <= 65535 * 16, f"N = {N} must be in [1, {65535 * 16}]")
-    _contig("w", w)
-    _aligned16("w", w)
-    _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
-    out = _out("out", out, (M, N), out_dtype, x)
-    _contig("out", out)
-    _same_device(x=x, w=w, out=out)
+    out, ldx = _linear_out(x, w, out_dtype, out)
     if M == 0:
         return out
-    ldx = _rows("x", x, 1) if M > 1 else K
-    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
-          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
     mt = 8 if M <= 8 else 16
     kind = "f32" if out_dtype == torch.float32 else "bf16"
     warps = skinny_warps(N, K)

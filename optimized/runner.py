@@ -222,7 +222,6 @@ class CudaRunner:
             return ops.skinny_gemm(x, w)
         return torch.matmul(x, w.t())
 
-
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
         return x

@@ -695,6 +695,20 @@ def timing(dev, gen) -> None:
 # batch-invariant mode: the fixed-order GEMM and prefill rows through the split-KV kernel
 # --------------------------------------------------------------------------------------
 
+def linear_accuracy(fn, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, list[tuple[bool, str]]]:
+    """``fn(x, w)`` (bf16 out) and ``fn(x, w, out_dtype=float32)``: the flash rule for both against the
+    float64 product (torch's bf16 matmul is the low-precision run), and the bf16 output equal to the
+    rounded fp32 one. Returns the fp32 output and the checks."""
+    y = fn(x, w)
+    y32 = fn(x, w, out_dtype=torch.float32)
+    ref32 = x.double() @ w.double().t()
+    refbf = torch.matmul(x, w.t())
+    torch.cuda.synchronize()
+    res = fa_rule("bf16 out", y, ref32, refbf) + fa_rule("fp32 out", y32, ref32, refbf)
+    res += exact("bf16 out == round(fp32 out)", y, y32.to(torch.bfloat16))
+    return y32, res
+
+
 def check_gemm(C: Checks, dev, gen) -> None:
     """``ops.gemm``: the flash rule vs an fp32 product (torch's bf16 matmul is the low-precision run);
     row ``r`` bitwise equal alone (M = 1) and inside M rows; every tile bitwise equal to every other."""
@@ -705,18 +719,12 @@ def check_gemm(C: Checks, dev, gen) -> None:
         def run(M=M, N=N, K=K):
             x = (torch.randn(M, K, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
-            y = ops.gemm(x, w)
-            y32 = ops.gemm(x, w, out_dtype=torch.float32)
-            ref32 = x.double() @ w.double().t()
-            refbf = torch.matmul(x, w.t())
-            torch.cuda.synchronize()
-            res = fa_rule("bf16 out", y, ref32, refbf) + fa_rule("fp32 out", y32, ref32, refbf)
-            res += exact("bf16 out == round(fp32 out)", y, y32.to(torch.bfloat16))
+            y32, res = linear_accuracy(ops.gemm, x, w)
             rows = sorted({0, M // 2, M - 1})
             for r in rows:
                 alone = ops.gemm(x[r:r + 1].clone(), w, out_dtype=torch.float32)
                 res += exact(f"row {r} of M={M} == row alone", y32[r:r + 1], alone)
-            res.append((True, f"default kernel: {ops.gemm_choice(M, N, K)}"))
+            print(f"    default kernel: {ops.gemm_choice(M, N, K)}")
             for tile in ops.GEMM_TILES:   # split tiles twice: the tickets must be reset by each launch
                 for rep in range(2 if tile.startswith("split") else 1):
                     res += exact(f"tile {tile} == default (launch {rep})",
@@ -813,18 +821,12 @@ def check_skinny(C: Checks, dev, gen) -> None:
             xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
             x = xw[:, :K]                                          # row stride K + 8
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
-            y = ops.skinny_gemm(x, w)
-            y32 = ops.skinny_gemm(x, w, out_dtype=torch.float32)
-            ref32 = x.double() @ w.double().t()
-            refbf = torch.matmul(x, w.t())
-            torch.cuda.synchronize()
-            res = fa_rule("bf16 out", y, ref32, refbf) + fa_rule("fp32 out", y32, ref32, refbf)
-            res += exact("bf16 out == round(fp32 out)", y, y32.to(torch.bfloat16))
+            y32, res = linear_accuracy(ops.skinny_gemm, x, w)
             res += exact("second launch", ops.skinny_gemm(x, w, out_dtype=torch.float32), y32)
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_gemm(x[r:r + 1].contiguous(), w,
                                                                                out_dtype=torch.float32), y32[r:r + 1])
-            res.append((True, f"warps per CTA: {ops.skinny_warps(N, K)}"))
+            print(f"    warps per CTA: {ops.skinny_warps(N, K)}")
             return res
         C.run("skinny", f"M={M} N={N} K={K}", run)
 

@@ -5,7 +5,7 @@ captured graph with each launch fusion / GEMM path switched on and off (A/B on o
                                          [--steps 48] [--out DIR]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_engine_decode.py``):
-random bf16 weights drawn on the GPU (values do not change the work), a 256-token prompt per
+random bf16 weights drawn on the GPU (``conformance.cases.draw_weights``; values do not change the work), a 256-token prompt per
 sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
 
 * the median wall time of a decode step (graph replay, host side included) for the variants
@@ -23,64 +23,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benches")]
 
 import optimized  # noqa: E402
+from _bench import Scale, StepRecorder, decode_pool, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from _ceilings import measure_ceilings  # noqa: E402
+from conformance.cases import draw_weights  # noqa: E402
 from reference import SamplingParams  # noqa: E402
 from reference.config import named_config  # noqa: E402
-from reference.weights import expected_shapes  # noqa: E402
 
 PROMPT = 256
-
-
-def gpu_weights(cfg, dev) -> dict[str, torch.Tensor]:
-    g = torch.Generator(device=dev).manual_seed(0)
-    out = {}
-    for name, shape in expected_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            out[name] = torch.ones(shape, dtype=torch.bfloat16, device=dev)
-        else:
-            out[name] = (torch.randn(shape, generator=g, device=dev) * 0.02).to(torch.bfloat16)
-    return out
-
-
-def copy_ceiling_GBps(dev) -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=dev)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(10):
-        b.copy_(a)
-    e.record()
-    torch.cuda.synchronize()
-    return 2 * n * 10 / (s.elapsed_time(e) / 1e3) / 1e9
+GPU = Scale("gpu")
 
 
 def step_times(eng, prompts, steps) -> list[float]:
-    times: list[float] = []
-    orig = eng._step
-
-    def timed():
-        t0 = time.perf_counter()
-        orig()
-        times.append(time.perf_counter() - t0)
-    eng._step = timed
-    try:
+    """Wall seconds of each decode step of a greedy generation of ``steps`` tokens."""
+    with StepRecorder(eng, GPU) as rec:
         eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, stop_token_ids=()))
-    finally:
-        eng._step = orig
-    return times[1:]                      # the first step is the prefill
+    return [d["s"] for d in rec.of("decode")]
 
 
 def kernel_table(eng, prompts) -> tuple[list[tuple[str, float, int]], float]:
@@ -125,22 +92,16 @@ def main() -> int:
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    dev = torch.device("cuda", torch.cuda.current_device())
-    ceiling = copy_ceiling_GBps(dev)
+    dev = GPU.device
+    ceiling = measure_ceilings(GPU)["copy_GBps"]
     print(f"device {torch.cuda.get_device_name()}, copy ceiling {ceiling:.0f} GB/s")
     report: dict = {"copy_GBps": ceiling, "runs": []}
     for name in args.models:
         cfg = named_config(name)
-        w = gpu_weights(cfg, dev)
-        shapes = expected_shapes(cfg)
-        wbytes = 2 * sum(math.prod(s) for k, s in shapes.items() if k != "model.embed_tokens.weight")
-        if cfg.tie_word_embeddings:
-            wbytes += 2 * cfg.vocab_size * cfg.hidden_size
-        kv_tok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-        B = max(args.batches)
-        per_seq = -(-(PROMPT + args.steps + 8) // 16)
-        eng = optimized.Engine.from_state_dict(cfg, w, device=str(dev), block_size=16, max_num_seqs=B,
-                                               max_model_len=per_seq * 16, num_blocks=B * per_seq + 8)
+        w = draw_weights(cfg, 0, dev)
+        wbytes, kv_tok = weight_bytes_per_step(cfg), kv_bytes_per_token(cfg)
+        eng = optimized.Engine.from_state_dict(cfg, w, device=str(dev), block_size=16,
+                                               **decode_pool(PROMPT + args.steps + 8, max(args.batches), 16))
         del w
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'p90':>7} {'floor ms':>8} {'% floor':>7}")
