@@ -29,7 +29,9 @@ SHAPE = {"cpu": dict(n_q=4, n_kv=2, D=32, block=8), "gpu": dict(n_q=32, n_kv=8, 
 CHUNKS = {"cpu": (8, 24), "gpu": (256, 1024, 4096)}
 PREFIXES = {"cpu": (0, 40), "gpu": (0, 1024, 4096, 16384)}
 QUERY_TOKENS = {"cpu": 32, "gpu": 8192}          # nseq = max(1, QUERY_TOKENS // chunk) sequences per problem
-IMPLS = {"cpu": ("reference", "sdpa math"), "gpu": ("turnkv", "sdpa flash", "sdpa cudnn")}
+IMPLS = {"cpu": ("reference", "sdpa math"), "gpu": ("turnkv", "turnkv 64-row", "sdpa flash", "sdpa cudnn")}
+# "turnkv": the engine's choice (ops.prefill_variant: the two-tiles-per-warp kernel on big grids);
+# "turnkv 64-row": the one-tile-per-warp kernel forced (variant "default"), for the comparison
 PEER = {"cpu": "sdpa math", "gpu": "sdpa flash"}  # the target's peer
 
 _times: dict[tuple, float] = {}
@@ -74,8 +76,9 @@ def test_prefill(benchmark, scale: Scale, ceilings, results, C, P, impl):
     ref = attention_math(q0, kd, vd, pos1, sm, high_dtype(scale), lowp=False).reshape(nseq * C, nq, D)
     low = attention_math(q0, kd, vd, pos1, sm, high_dtype(scale), lowp=True).reshape(nseq * C, nq, D)
     del kd, vd
-    if impl in ("turnkv", "reference"):
-        fns = [_ours.prefill(scale, qs[i], p.k_cache, p.v_cache, p.tables, p.lens, q_idx, q_pos, sm)
+    if impl in ("turnkv", "turnkv 64-row", "reference"):
+        variant = "default" if impl == "turnkv 64-row" else None
+        fns = [_ours.prefill(scale, qs[i], p.k_cache, p.v_cache, p.tables, p.lens, q_idx, q_pos, sm, variant)
                for i, p in enumerate(probs)]
         check = flash_rule(fns[0]().float(), ref, low, f"{impl} C={C} P={P}")
         gqa = "native (paged)"

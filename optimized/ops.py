@@ -19,6 +19,7 @@ merge_two, merge_states), ``reference/sampling.py`` (sample_one), ``reference/mo
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Sequence
@@ -31,7 +32,7 @@ from . import kernels
 __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
-    "sample", "pack_sampling_params", "prefill_smem_bytes", "decode_smem_bytes", "ATTN_HEAD_DIMS",
+    "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M",
     "FUSED_DECODE_MAX_B",
 ]
@@ -47,19 +48,24 @@ _functions: dict[tuple[int, str, str], object] = {}
 _streams: dict[tuple[int, int], object] = {}
 
 
-#: paged-prefill kernels per head dim: variant -> (kernel name, keys per tile); "default" is used
-#: unless a caller names another (benches compare them)
-PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int]]] = {
-    16: {"default": ("paged_prefill_d16", 64)},
-    32: {"default": ("paged_prefill_d32", 64)},
-    64: {"default": ("paged_prefill_d64", 64)},
-    128: {"default": ("paged_prefill_d128", 64), "bn32": ("paged_prefill_d128_bn32", 32)},
+#: paged-prefill kernels per head dim: variant -> (kernel name, keys per tile, query rows per CTA,
+#: 16-row tiles per warp). ``paged_prefill(variant=None)`` takes ``prefill_variant``'s choice; a
+#: caller (benches, checks) may name one. Variants with the same keys per tile give every row the
+#: same bits (see PrefillCfg in attention.cu).
+PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int, int, int]]] = {
+    16: {"default": ("paged_prefill_d16", 64, 64, 1)},
+    32: {"default": ("paged_prefill_d32", 64, 64, 1)},
+    64: {"default": ("paged_prefill_d64", 64, 64, 1), "x2": ("paged_prefill_d64_x2", 64, 128, 2)},
+    128: {"default": ("paged_prefill_d128", 64, 64, 1), "bn32": ("paged_prefill_d128_bn32", 32, 64, 1),
+          "x2": ("paged_prefill_d128_x2", 64, 128, 2)},
 }
 
 
-def prefill_smem_bytes(head_dim: int, block_n: int = 64) -> int:
-    """Dynamic shared memory of a paged-prefill kernel: 2 stages of K and V tiles (Q aliases one)."""
-    return 4 * block_n * (head_dim + 8) * 2
+def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tiles_per_warp: int = 1) -> int:
+    """Dynamic shared memory of a paged-prefill kernel: 2 stages of K and V tiles, plus the Q tile's
+    own buffer when a warp holds two row tiles (with one, Q aliases a stage)."""
+    q_rows = block_m if tiles_per_warp > 1 else 0
+    return (4 * block_n + q_rows) * (head_dim + 8) * 2
 
 
 def decode_smem_bytes(head_dim: int) -> int:
@@ -77,6 +83,11 @@ _tickets: dict[int, torch.Tensor] = {}
 
 def _device_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _num_sms(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def _function(dev: int, module: str, name: str, smem: int):
@@ -210,6 +221,7 @@ def _cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     _aligned16("k_cache", k_cache)
     _aligned16("v_cache", v_cache)
     N, bs, n_kv, D = k_cache.shape
+    _need(bs * n_kv * D <= _I32_MAX, f"a cache page of {bs} x {n_kv} x {D} elements exceeds int32 offsets")
     return N, bs, n_kv, D
 
 
@@ -453,7 +465,7 @@ def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, q_seq_idx: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None,
-                  *, out: torch.Tensor | None = None, variant: str = "default",
+                  *, out: torch.Tensor | None = None, variant: str | None = None,
                   rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention by absolute position over each sequence's pages (twin: ``reference.attention.paged_prefill``).
 
@@ -481,16 +493,31 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if T == 0:
         return out
     _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
+    if variant is None:
+        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(_device_index(q)))
     _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
-    kname, block_n = PREFILL_VARIANTS[D][variant]
-    tt = PREFILL_ROWS // G
+    kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
+    tt = block_m // G
     grid = (-(-T // tt), n_kv, 1)
-    smem = prefill_smem_bytes(D, block_n)
-    _launch(q, "attention", kname, grid, (128, 1, 1),
+    smem = prefill_smem_bytes(D, block_n, block_m, mt)
+    _launch(q, "attention", kname, grid, (2 * block_m // mt, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),
              _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D)),
              cos_p, sin_p, max_pos), smem)
     return out
+
+
+def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int) -> str:
+    """The paged-prefill kernel ``paged_prefill(variant=None)`` launches: the two-tiles-per-warp
+    kernel (``x2``: 128 query rows per CTA, each K/V fragment read from shared memory once for 32
+    rows) when its grid still gives every multiprocessor its two resident CTAs, the 64-row kernel
+    otherwise (short prefills keep more, smaller CTAs in flight). Measured on the H200 in
+    docs/performance.md (paged prefill section)."""
+    if "x2" not in PREFILL_VARIANTS.get(D, {}):
+        return "default"
+    G = max(1, n_q // max(1, n_kv))
+    ctas = -(-T // max(1, 128 // G)) * n_kv
+    return "x2" if ctas >= 2 * num_sms else "default"
 
 
 def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size: int) -> int:

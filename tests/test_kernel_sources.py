@@ -31,7 +31,7 @@ def test_ops_launch_only_inventoried_kernels():
     attn = set(kernels.SOURCES["attention"])
     for D in ops.ATTN_HEAD_DIMS:
         assert f"split_kv_partials_d{D}" in attn
-        assert {name for name, _ in ops.PREFILL_VARIANTS[D].values()} <= attn
+        assert {name for name, *_ in ops.PREFILL_VARIANTS[D].values()} <= attn
 
 
 def test_gemm_chunk_and_shared_memory_agree_with_the_source():
@@ -58,3 +58,29 @@ def test_gemm_choice_is_a_speed_choice_only():
     assert ops.gemm_choice(4096, 4096, 4096) == "128x64"
     assert all(ops.gemm_choice(M, N, K) in ops.GEMM_TILES for M in (1, 17, 65, 300) for N in (64, 151936)
                for K in (48, 4096))
+
+
+def test_prefill_variants_match_their_instantiations():
+    """Every paged-prefill variant's (head dim, keys per tile, rows per CTA, tiles per warp) is the
+    one attention.cu instantiates under that name, so the launch geometry and shared memory that
+    ops.py derives from the table are the kernel's."""
+    src = (kernels.KERNEL_DIR / "attention.cu").read_text()
+    inst = {m[0]: tuple(int(x) for x in m[1:5])
+            for m in re.findall(r"^TK_PREFILL\((\w+), (\d+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
+    for D, variants in ops.PREFILL_VARIANTS.items():
+        for name, bn, bm, mt in variants.values():
+            assert inst[name] == (D, bn, bm, mt), name
+    assert ops.prefill_smem_bytes(128, 64, 64, 1) == 69632      # Q aliased onto a stage
+    assert ops.prefill_smem_bytes(128, 64, 128, 2) == 104448    # Q in its own buffer
+
+
+def test_prefill_variant_choice():
+    sms = 132
+    assert ops.prefill_variant(8192, 32, 8, 128, sms) == "x2"       # 256 CTAs of 128 rows x 8 heads
+    assert ops.prefill_variant(256, 32, 8, 128, sms) == "default"   # 8 x 8 = 64 CTAs: keep 64-row CTAs
+    assert ops.prefill_variant(8192, 16, 8, 64, sms) == "x2"
+    assert ops.prefill_variant(8192, 4, 4, 32, sms) == "default"    # no two-tile kernel for D = 32
+    # the boundary: the x2 grid must give every multiprocessor two CTAs
+    t_edge = 2 * sms * (128 // 4) // 8
+    assert ops.prefill_variant(t_edge, 32, 8, 128, sms) == "x2"
+    assert ops.prefill_variant(t_edge - 128 // 4, 32, 8, 128, sms) == "default"

@@ -1,7 +1,7 @@
 // attention.cu -- paged attention kernels of the optimized engine.
 //
 // Reference twins: reference/attention.py
-//   paged_prefill_d{16,32,64,128}     <-> paged_prefill
+//   paged_prefill_d{16,32,64,128}, _d128_bn32, _d{64,128}_x2 <-> paged_prefill
 //   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
 //   split_kv_reduce                   <-> reduce_splits / merge_two
 //   merge_states                      <-> merge_states (sorting and duplicate checks stay in Python)
@@ -60,66 +60,122 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The tile helpers below take shared-memory addresses as 32-bit integers (smem_u32 of the buffer):
+// each lane computes its own offset once, and every fragment load is then that register plus a
+// compile-time constant (an immediate of LDSM). With generic pointers the compiler rebuilt 64-bit
+// addresses and converted them to the shared window on every tile.
+
 // A fragments of a 16-row Q tile (rows of `row0`, all D columns) from padded shared memory.
 template <int D>
-__device__ __forceinline__ void load_q_frags(u32 (&qf)[D / 16][4], const __nv_bfloat16* sQ, int row0, int lane) {
+__device__ __forceinline__ void load_q_frags(u32 (&qf)[D / 16][4], u32 sQ, int row0, int lane) {
   constexpr int LD = D + 8;
   const int mi = lane >> 3;
-  const int row = row0 + ((mi & 1) << 3) + (lane & 7);
+  const u32 base = sQ + ((row0 + ((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const int col = kk * 16 + ((mi >> 1) << 3);
-    ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], smem_u32(sQ + row * LD + col));
-  }
+  for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], base + kk * 16 * 2);
 }
 
 // s[nt] (16 rows x 8 keys, nt < NKT) = Q (16 x D) . K^T for the NKT*8 keys starting at sK row 0.
 template <int D, int NKT>
-__device__ __forceinline__ void tile_scores(const u32 (&qf)[D / 16][4], const __nv_bfloat16* sK, int lane,
-                                            float (&s)[NKT][4]) {
+__device__ __forceinline__ void tile_scores(const u32 (&qf)[D / 16][4], u32 sK, int lane, float (&s)[NKT][4]) {
   constexpr int LD = D + 8;
 #pragma unroll
   for (int nt = 0; nt < NKT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
   const int mi = lane >> 3;
+  // matrices: (keys nt*8+0..7, dims kk*16+0..7), (same keys, dims +8), (keys +8, dims +0), (keys +8, dims +8)
+  const u32 base = sK + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
     for (int nt = 0; nt < NKT; nt += 2) {
-      // matrices: (keys nt*8+0..7, dims kk*16+0..7), (same keys, dims +8), (keys +8, dims +0), (keys +8, dims +8)
-      const int key = nt * 8 + ((mi >> 1) << 3) + (lane & 7);
-      const int dim = kk * 16 + ((mi & 1) << 3);
       u32 b0, b1, b2, b3;
-      ldsm_x4(b0, b1, b2, b3, smem_u32(sK + key * LD + dim));
+      ldsm_x4(b0, b1, b2, b3, base + (nt * 8 * LD + kk * 16) * 2);
       mma_bf16(s[nt], qf[kk], b0, b1);
       mma_bf16(s[nt + 1], qf[kk], b2, b3);
     }
   }
 }
 
-// o (16 rows x D) += P (16 x NKT*8, fp32 probabilities in C layout) . V (NKT*8 keys from sV row 0)
-template <int D, int NKT>
-__device__ __forceinline__ void tile_pv(const float (&p)[NKT][4], const __nv_bfloat16* sV, int lane,
-                                        float (&o)[D / 8][4]) {
+// s[mt][nt] (16 rows x 8 keys, for MT tiles of 16 query rows at sQ rows row0 + 16*mt) = Q . K^T for the
+// NKT*8 keys starting at sK row 0, the Q fragments read from shared memory one k-step at a time. Each
+// K fragment is loaded once for the MT row tiles; every accumulator sees the same k-step order as
+// tile_scores, so a row's scores are bitwise those of the one-tile path.
+template <int D, int NKT, int MT>
+__device__ __forceinline__ void tile_scores_sq(u32 sQ, int row0, u32 sK, int lane, float (&s)[MT][NKT][4]) {
   constexpr int LD = D + 8;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NKT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
   const int mi = lane >> 3;
+  const u32 qbase = sQ + ((row0 + ((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
+  const u32 kbase = sK + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
 #pragma unroll
-  for (int kk = 0; kk < NKT / 2; ++kk) {
-    u32 a[4];
-    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);          // row g,   keys 2t, 2t+1
-    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);          // row g+8, keys 2t, 2t+1
-    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);  // row g,   keys 2t+8, 2t+9
-    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);  // row g+8, keys 2t+8, 2t+9
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 qa[MT][4];
 #pragma unroll
-    for (int nt = 0; nt < D / 8; nt += 2) {
-      // matrices (transposed): (keys +0..7, dims nt*8+0..7), (keys +8, dims +0), (keys +0, dims +8), (keys +8, dims +8)
-      const int key = kk * 16 + ((mi & 1) << 3) + (lane & 7);
-      const int dim = nt * 8 + ((mi >> 1) << 3);
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], qbase + (16 * mt * LD + kk * 16) * 2);
+#pragma unroll
+    for (int nt = 0; nt < NKT; nt += 2) {
       u32 b0, b1, b2, b3;
-      ldsm_x4_t(b0, b1, b2, b3, smem_u32(sV + key * LD + dim));
-      mma_bf16(o[nt], a, b0, b1);
-      mma_bf16(o[nt + 1], a, b2, b3);
+      ldsm_x4(b0, b1, b2, b3, kbase + (nt * 8 * LD + kk * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(s[mt][nt], qa[mt], b0, b1);
+        mma_bf16(s[mt][nt + 1], qa[mt], b2, b3);
+      }
     }
   }
+}
+
+// o[mt] (16 rows x D) += P[mt] (16 x NKT*8, fp32 probabilities in C layout) . V (NKT*8 keys from sV
+// row 0), for MT row tiles sharing each V fragment load.
+template <int D, int NKT, int MT>
+__device__ __forceinline__ void tile_pv_mt(const float (&p)[MT][NKT][4], u32 sV, int lane, float (&o)[MT][D / 8][4]) {
+  constexpr int LD = D + 8;
+  const int mi = lane >> 3;
+  // matrices (transposed): (keys +0..7, dims nt*8+0..7), (keys +8, dims +0), (keys +0, dims +8), (keys +8, dims +8)
+  const u32 base = sV + ((((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < NKT / 2; ++kk) {
+    u32 a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);          // row g,   keys 2t, 2t+1
+      a[mt][1] = pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);          // row g+8, keys 2t, 2t+1
+      a[mt][2] = pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);  // row g,   keys 2t+8, 2t+9
+      a[mt][3] = pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);  // row g+8, keys 2t+8, 2t+9
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt += 2) {
+      u32 b0, b1, b2, b3;
+      ldsm_x4_t(b0, b1, b2, b3, base + (kk * 16 * LD + nt * 8) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(o[mt][nt], a[mt], b0, b1);
+        mma_bf16(o[mt][nt + 1], a[mt], b2, b3);
+      }
+    }
+  }
+}
+
+// o (16 rows x D) += P (16 x NKT*8) . V: the one-tile case
+template <int D, int NKT>
+__device__ __forceinline__ void tile_pv(const float (&p)[NKT][4], u32 sV, int lane, float (&o)[D / 8][4]) {
+  tile_pv_mt<D, NKT, 1>(reinterpret_cast<const float(&)[1][NKT][4]>(p), sV, lane,
+                        reinterpret_cast<float(&)[1][D / 8][4]>(o));
+}
+
+// Fold x[0..N) with op as a pairwise tree ((x0 op x1) op (x2 op x3)) ...: depth log2(N) instead of a
+// chain of N - 1 dependent instructions. Overwrites x.
+template <int N, typename Op>
+__device__ __forceinline__ float tree_fold(float (&x)[N], Op op) {
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) x[i] = op(x[i], x[i + w]);
+  return x[0];
 }
 
 // One online-softmax step for the two rows this thread holds (h = 0: row g, h = 1: row g+8).
@@ -133,46 +189,56 @@ __device__ __forceinline__ void online_softmax(float (&s)[NKT][4], int kv0, cons
   const int c0 = kv0 + 2 * (lane & 3);
   // every key of the tile visible to both of this thread's rows: no per-element mask needed
   const bool full = kv0 + NKT * 8 - 1 <= min(lim[0], lim[1]);
+  float alphas[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = neg_inf();
+    float t[NKT];  // per 8-key tile: the pair max, later the pair sum (pairwise trees: short dependency chains)
     if (full) {
 #pragma unroll
-      for (int nt = 0; nt < NKT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+      for (int nt = 0; nt < NKT; ++nt) t[nt] = fmaxf(s[nt][2 * h], s[nt][2 * h + 1]);
     } else {
 #pragma unroll
       for (int nt = 0; nt < NKT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = c0 + nt * 8 + e;
-          const float v = (key <= lim[h]) ? s[nt][2 * h + e] : neg_inf();  // masked: selected away
-          s[nt][2 * h + e] = v;
-          mx = fmaxf(mx, v);
+          s[nt][2 * h + e] = (key <= lim[h]) ? s[nt][2 * h + e] : neg_inf();  // masked: selected away
         }
+        t[nt] = fmaxf(s[nt][2 * h], s[nt][2 * h + 1]);
       }
     }
+    float mx = tree_fold<NKT>(t, [](float x, float y) { return fmaxf(x, y); });
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_[h], mx * sl2);
     const float m_use = (m_new == neg_inf()) ? 0.f : m_new;  // never -inf - -inf
     const float alpha = fast_exp2(m_[h] - m_use);            // 0 while the row has seen nothing
     m_[h] = m_new;
-    float rs = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NKT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float v = s[nt][2 * h + e];
-        const float p = (v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));  // masked -> exactly 0
-        s[nt][2 * h + e] = p;
-        rs += p;
+        // masked -> exactly 0. A tile with no masked key skips the select (two instructions per score):
+        // its scores are real, and the select could only matter for a score of -inf, whose
+        // 2^(-inf) is 0 anyway -- the bits are the same.
+        s[nt][2 * h + e] = (!full && v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));
       }
+      t[nt] = s[nt][2 * h] + s[nt][2 * h + 1];
     }
+    const float rs = tree_fold<NKT>(t, [](float x, float y) { return x + y; });
     l_[h] = l_[h] * alpha + rs;
+    alphas[h] = alpha;
+  }
+  // Rescale the accumulator, unless no row of the warp changed its maximum (alpha == 1 everywhere:
+  // the product would be the identity, so skipping it changes no bit; on long rows most tiles skip).
+  if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
-      o[nt][2 * h] *= alpha;
-      o[nt][2 * h + 1] *= alpha;
+      o[nt][0] *= alphas[0];
+      o[nt][1] *= alphas[0];
+      o[nt][2] *= alphas[1];
+      o[nt][3] *= alphas[1];
     }
   }
 }
@@ -180,6 +246,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NKT][4], int kv0, cons
 // Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh starting at key position kv0;
 // rows at positions >= kv_end are zero-filled, never read). bs_log2 = log2(block_size) when the
 // block size is a power of two (shifts and masks), -1 otherwise (one integer division per row).
+// Each thread copies 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, so
+// the loop unrolls into straight-line code with constant shared-memory offsets, and the block-size
+// branch is taken once per tile, not per row (this loop was ~70 instructions per row before).
 template <int D, int BN, int THREADS>
 __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* __restrict__ k_cache,
                                              const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ bt,
@@ -188,24 +257,40 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   constexpr int LD = D + 8;
   constexpr int CH = D / 8;            // 16-byte chunks per row
   constexpr int RSTEP = THREADS / CH;  // rows covered per sweep
+  constexpr int ROWS = (BN + RSTEP - 1) / RSTEP;
   static_assert(THREADS % CH == 0, "threads must cover whole rows");
-  const int c = tid % CH;
-  const long long head_off = (long long)kvh * D + c * 8;
-  const long long row_elems = (long long)n_kv * D;  // elements per cache slot
+  const int c = tid % CH, r0 = tid / CH;
+  // 32-bit offsets inside a page (the host checks block_size * n_kv * D < 2^31), one wide product per row
+  const int head_off = kvh * D + c * 8;
+  const int row_elems = n_kv * D;                // elements per cache slot
+  const int page_elems = block_size * row_elems;  // elements per page
+  const u32 dk = smem_u32(sK + r0 * LD + c * 8), dv = smem_u32(sV + r0 * LD + c * 8);
+  if (bs_log2 >= 0) {  // power-of-two block size (uniform branch)
+    const int mask = block_size - 1;
 #pragma unroll
-  for (int r = tid / CH; r < BN; r += RSTEP) {
-    const int pos = kv0 + r;
-    bool ok = pos < kv_end;
-    long long off = 0;
-    if (ok) {
-      const int blk = bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size;
-      const int slot = bs_log2 >= 0 ? pos & (block_size - 1) : pos - blk * block_size;
-      const int page = bt[blk];
-      ok = page >= 0;
-      off = ok ? ((long long)page * block_size + slot) * row_elems + head_off : 0;
+    for (int i = 0; i < ROWS; ++i) {
+      const int r = r0 + i * RSTEP;
+      if (BN % RSTEP != 0 && r >= BN) break;
+      const int pos = kv0 + r;
+      const int page = pos < kv_end ? bt[pos >> bs_log2] : -1;
+      const bool ok = page >= 0;
+      const long long off = ok ? (long long)page * page_elems + ((pos & mask) * row_elems + head_off) : 0;
+      cp_async16(dk + i * RSTEP * LD * 2, k_cache + off, ok);
+      cp_async16(dv + i * RSTEP * LD * 2, v_cache + off, ok);
     }
-    cp_async16(smem_u32(sK + r * LD + c * 8), k_cache + off, ok);
-    cp_async16(smem_u32(sV + r * LD + c * 8), v_cache + off, ok);
+  } else {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      const int r = r0 + i * RSTEP;
+      if (BN % RSTEP != 0 && r >= BN) break;
+      const int pos = kv0 + r;
+      const int blk = pos / block_size;
+      const int page = pos < kv_end ? bt[blk] : -1;
+      const bool ok = page >= 0;
+      const long long off = ok ? (long long)page * page_elems + ((pos - blk * block_size) * row_elems + head_off) : 0;
+      cp_async16(dk + i * RSTEP * LD * 2, k_cache + off, ok);
+      cp_async16(dv + i * RSTEP * LD * 2, v_cache + off, ok);
+    }
   }
 }
 
@@ -240,28 +325,39 @@ __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv
 //   out[t, h] = sum_j softmax_j(scale * q[t, h] . k[b, j]) v[b, j],   j <= p (j < seq_len[b])
 // Padding rows (q_pos < 0, or a sequence index outside [0, B)) write zeros and read nothing.
 //
-// CTA = (tile of TT = 64 / G consecutive query tokens, one KV head). Its BM = 64 rows are
-// token-major (row r <-> token t0 + r / G, query head kvh*G + r % G), so GQA heads sharing the KV
-// head read each K/V tile once. 4 warps x 16 rows; keys in tiles of 64, double-buffered through
-// cp.async; S = Q K^T and O += P V on tensor cores; flash-attention-2 online softmax in fp32
-// (tiles entirely visible to a thread's rows skip the per-element mask).
+// CTA = (tile of TT = BM / G consecutive query tokens, one KV head). Its BM rows (64, or 128 for the
+// _x2 kernels) are token-major (row r <-> token t0 + r / G, query head kvh*G + r % G), so GQA heads
+// sharing the KV head read each K/V tile once. 4 warps of 16 rows (or, _x2, of two 16-row tiles);
+// keys in tiles of BN = 64 (32 for _bn32), double-buffered through cp.async; S = Q K^T and O += P V
+// on tensor cores; flash-attention-2 online softmax in fp32 (tiles entirely visible to a thread's
+// rows skip the per-element mask, and a warp whose maxima did not move skips the rescale of O).
 // The tokens of one CTA may belong to several sequences: the CTA runs one pass per distinct
 // sequence (in increasing index order), rows of other sequences fully masked in that pass, so no
 // layout of q_seq_idx can make a row read another sequence. A sequence's rows need not be
 // contiguous for correctness; contiguous rows (a chunk per sequence) keep passes to ~1 per CTA.
 // Heavy tiles (late in T) are scheduled first.
 // ------------------------------------------------------------------------------------------------
-template <int D, int BN_>
+template <int D, int BN_, int BM_, int MT_>
 struct PrefillCfg {
-  // dynamic shared memory: 2 stages x (K [BN][LD], V [BN][LD]) bf16 -> 4 * BN * LD * 2 bytes
-  // (BN = 64: D=128 69632, D=64 36864, D=32 20480; ops.py computes the same number). The Q tile
-  // [BM][LD] lives in stage 1 until its fragments are in registers; the output is staged there at
-  // the end.
-  static constexpr int BM = 64, BN = BN_, THREADS = 128, LD = D + 8;
-  static_assert(BM <= 2 * BN, "the Q tile is aliased onto one K/V stage");
+  // MT = 1: one warp per 16 query rows (BM = 64: 4 warps), Q fragments held in registers; the Q tile
+  //   [BM][LD] lives in stage 1 until they are loaded. (BM = 128 with 8 such warps measured slower
+  //   than both kernels kept: docs/performance.md.) Dynamic shared memory:
+  //   2 stages x (K [BN][LD], V [BN][LD]) bf16 = 4 * BN * LD * 2 bytes (BN = 64: D=128 69632, D=64
+  //   36864, D=32 20480).
+  // MT = 2: one warp per 32 query rows, two 16-row tiles sharing every K/V fragment it loads from
+  //   shared memory (half the ldmatrix traffic per MMA, and two independent softmax chains per warp);
+  //   the Q tile keeps its own [BM][LD] buffer and is read one k-step at a time: (4 * BN + BM) * LD * 2
+  //   bytes (D=128, BN=64, BM=128: 104448, two CTAs per multiprocessor).
+  // ops.py computes the same numbers. The output is staged in the Q tile at the end. A row's
+  // arithmetic (its key tiles, in the same order, the same k-step order in every MMA chain) depends
+  // on neither BM nor MT, so all variants with the same BN agree bit for bit.
+  static constexpr int BM = BM_, BN = BN_, MT = MT_, WARPS = BM_ / (16 * MT_), THREADS = 32 * WARPS, LD = D + 8;
+  static constexpr bool Q_OWN = MT_ > 1;
+  static_assert(BM % (16 * MT) == 0 && THREADS >= BM, "whole row tiles per warp; one thread per row for the row table");
+  static_assert(Q_OWN || BM <= 2 * BN, "the Q tile is aliased onto one K/V stage");
 };
 
-template <int D, int BN_>
+template <int D, int BN_, int BM_, int MT_>
 __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                    const __nv_bfloat16* __restrict__ k_cache,
                                                    const __nv_bfloat16* __restrict__ v_cache,
@@ -271,17 +367,19 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
                                                    int B, int n_q, int n_kv, int block_size, float scale,
                                                    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                                    int max_pos) {
-  typedef PrefillCfg<D, BN_> C;
-  constexpr int BM = C::BM, BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
+  typedef PrefillCfg<D, BN_, BM_, MT_> C;
+  constexpr int BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   constexpr int STAGE = 2 * BN * LD;  // one stage: K [BN][LD] then V [BN][LD]
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // stage st: K at sK + st*STAGE
   __nv_bfloat16* sV = sK + BN * LD;                                 //           V at sV + st*STAGE
-  __nv_bfloat16* sQ = sK + STAGE;                                   // [BM][LD], aliases stage 1
+  __nv_bfloat16* sQ = sK + (C::Q_OWN ? 2 : 1) * STAGE;              // [BM][LD]: own buffer, or stage 1
+  const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV), sQ_u = smem_u32(sQ);  // the same, as shared addresses
   __shared__ int s_seq[BM];
   __shared__ int s_pos[BM];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row0 = warp * 16 * MT;  // this warp's first query row of the tile
   const int G = n_q / n_kv;
   const int TT = BM / G;  // tokens per CTA (host guarantees 1 <= G <= BM)
   const int rows_used = TT * G;
@@ -312,15 +410,24 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   }
   __syncthreads();
 
-  u32 qf[D / 16][4];
-  load_q_frags<D>(qf, sQ, warp * 16, lane);
-  __syncthreads();  // every warp holds its Q fragments before stage 1 is overwritten
+  u32 qf[C::Q_OWN ? 1 : D / 16][4];  // MT = 1: the Q fragments, in registers for the whole kernel
+  if constexpr (!C::Q_OWN) {
+    load_q_frags<D>(qf, smem_u32(sQ), row0, lane);
+    __syncthreads();  // every warp holds its Q fragments before stage 1 is overwritten
+  }
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
+  // running maxima in registers; the running sums (touched once per tile) in shared memory, each
+  // thread its own slots, which keeps the registers of the two-tile kernel under the 255 cap
+  float m_[MT][2];
+  __shared__ float s_l[MT][2][THREADS];
 #pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-  float m_[2] = {neg_inf(), neg_inf()};
-  float l_[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.f;
+    m_[mt][0] = m_[mt][1] = neg_inf();
+    s_l[mt][0][tid] = s_l[mt][1][tid] = 0.f;
+  }
   const float sl2 = scale * kLog2e;
 
   int last = -1;
@@ -337,17 +444,20 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
       if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
     const int slen = seq_lens[b];
     const int L = min(maxpos + 1, slen);  // keys this pass needs: [0, L)
-    int lim[2];
+    // the last visible key of each of this thread's rows in this pass (-1: none), recomputed from the
+    // row table at every tile rather than held in registers across the key loop
+    auto row_lims = [&](int mt, int (&lim)[2]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + (lane >> 2) + 8 * h;
-      int lm = -1;
-      if (r < rows_used) {
-        const int tt = r / G;
-        if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 16 * mt + (lane >> 2) + 8 * h;
+        int lm = -1;
+        if (r < rows_used) {
+          const int tt = r / G;
+          if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
+        }
+        lim[h] = lm;
       }
-      lim[h] = lm;
-    }
+    };
     const int* bt = block_tables + (long long)b * max_blocks;
     const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
     if (ntiles > 0) {
@@ -365,38 +475,54 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
           rotate_k_tile<D, BN, THREADS>(sK + st * STAGE, j * BN, L, cos_t, sin_t, max_pos, tid);
           __syncthreads();
         }
-        float s[BN / 8][4];
-        tile_scores<D, BN / 8>(qf, sK + st * STAGE, lane, s);
-        online_softmax<D, BN / 8>(s, j * BN, lim, sl2, lane, m_, l_, o);
-        tile_pv<D, BN / 8>(s, sV + st * STAGE, lane, o);
+        float s[MT][BN / 8][4];
+        if constexpr (C::Q_OWN)
+          tile_scores_sq<D, BN / 8, MT>(sQ_u, row0, sK_u + st * STAGE * 2, lane, s);
+        else
+          tile_scores<D, BN / 8>(qf, sK_u + st * STAGE * 2, lane, s[0]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          int lim[2];
+          row_lims(mt, lim);
+          float l2[2] = {s_l[mt][0][tid], s_l[mt][1][tid]};
+          online_softmax<D, BN / 8>(s[mt], j * BN, lim, sl2, lane, m_[mt], l2, o[mt]);
+          s_l[mt][0][tid] = l2[0];
+          s_l[mt][1][tid] = l2[1];
+        }
+        tile_pv_mt<D, BN / 8, MT>(s, sV_u + st * STAGE * 2, lane, o);
         __syncthreads();
       }
     }
     last = b;
   }
 
-  // Normalise and stage this warp's 16 rows (bf16) in its own rows of sQ, then 16-byte stores.
-  // (Safe: every pass ends with a CTA barrier after the last read of the stage buffers.)
-  float inv[2];
+  // Normalise and stage this warp's rows (bf16) in its own rows of sQ, then 16-byte stores. (Safe:
+  // with MT = 1 every pass ends with a CTA barrier after the last read of the stage buffers; with
+  // MT = 2 only this warp ever reads its rows of the Q tile.)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[h] = l > 0.f ? 1.f / l : 0.f;
-  }
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) {
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + (lane >> 2) + 8 * h;
-      const int col = nt * 8 + 2 * (lane & 3);
-      *reinterpret_cast<u32*>(sQ + r * LD + col) = pack_bf16(o[nt][2 * h] * inv[h], o[nt][2 * h + 1] * inv[h]);
+      float l = s_l[mt][h][tid];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 16 * mt + (lane >> 2) + 8 * h;
+        const int col = nt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<u32*>(sQ + r * LD + col) =
+            pack_bf16(o[mt][nt][2 * h] * inv[h], o[mt][nt][2 * h + 1] * inv[h]);
+      }
     }
   }
   __syncwarp();
-  for (int i = lane; i < 16 * CH; i += 32) {
-    const int r = warp * 16 + i / CH, c = i % CH;
+  for (int i = lane; i < 16 * MT * CH; i += 32) {
+    const int r = row0 + i / CH, c = i % CH;
     if (r < rows_used) {
       const int tt = r / G, g = r - tt * G;
       const int t = t0 + tt;
@@ -483,6 +609,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
   __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
   __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
+  const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
   __shared__ float s_m[4][16];
   __shared__ float s_l[4][16];
 
@@ -528,7 +655,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   __syncthreads();
 
   u32 qf[D / 16][4];
-  load_q_frags<D>(qf, sQ, 0, lane);
+  load_q_frags<D>(qf, smem_u32(sQ), 0, lane);
 
   float o[D / 8][4];
 #pragma unroll
@@ -551,9 +678,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       __syncthreads();
     }
     float s[2][4];
-    tile_scores<D, 2>(qf, sK + (st * BN + warp * 16) * LD, lane, s);
+    tile_scores<D, 2>(qf, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
     online_softmax<D, 2>(s, s0 + j * BN + warp * 16, lim, sl2, lane, m_, l_, o);
-    tile_pv<D, 2>(s, sV + (st * BN + warp * 16) * LD, lane, o);
+    tile_pv<D, 2>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
     __syncthreads();
   }
 
@@ -649,24 +776,30 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
 
 }  // namespace
 
-#define TK_PREFILL(NAME, DV, BNV, MINB)                                                                        \
-  extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                                 \
+// NAME, head dim, keys per tile, query rows per CTA, 16-row tiles per warp, min CTAs per multiprocessor
+#define TK_PREFILL(NAME, DV, BNV, BMV, MTV, MINB)                                                             \
+  extern "C" __global__ void __launch_bounds__(2 * BMV / MTV, MINB) NAME(                                       \
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,           \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,         \
       const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,      \
       __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale,          \
       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) {                        \
-    paged_prefill_impl<DV, BNV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, q_seq_idx,   \
-                                q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t, sin_t, max_pos);       \
+    paged_prefill_impl<DV, BNV, BMV, MTV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,    \
+                                          q_seq_idx, q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t,     \
+                                          sin_t, max_pos);                                                      \
   }
-TK_PREFILL(paged_prefill_d16, 16, 64, 1)
-TK_PREFILL(paged_prefill_d32, 32, 64, 1)
-TK_PREFILL(paged_prefill_d64, 64, 64, 1)
-TK_PREFILL(paged_prefill_d128, 128, 64, 1)
-TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 3)
+TK_PREFILL(paged_prefill_d16, 16, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d32, 32, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d64, 64, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d128, 128, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 64, 1, 3)
+TK_PREFILL(paged_prefill_d64_x2, 64, 64, 128, 2, 2)
+TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
 
-#define TK_SPLITKV(DV)                                                                                             \
-  extern "C" __global__ void __launch_bounds__(128) split_kv_partials_d##DV(                                       \
+// head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
+// otherwise chose at ~70 registers)
+#define TK_SPLITKV(DV, MINB)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_partials_d##DV(                                 \
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
@@ -677,10 +810,10 @@ TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 3)
                                n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
                                max_pos, out, tickets);                                                             \
   }
-TK_SPLITKV(16)
-TK_SPLITKV(32)
-TK_SPLITKV(64)
-TK_SPLITKV(128)
+TK_SPLITKV(16, 4)
+TK_SPLITKV(32, 4)
+TK_SPLITKV(64, 1)
+TK_SPLITKV(128, 1)
 
 // ------------------------------------------------------------------------------------------------
 // split_kv_reduce

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{fname:<16} {info.name:<26} {info.registers:>5} {info.smem:>8} {info.stack:>9} "
               f"{info.spill_stores:>5}/{info.spill_loads:<6}{note}")
     print("(smem = static shared memory; attention kernels add dynamic shared memory at launch: "
-          "paged_prefill 256*(D+8)*2 B, split_kv_partials (16+256)*(D+8)*2 B)")
+          "paged_prefill (4*BN [+ BM for _x2])*(D+8)*2 B, split_kv_partials (16+256)*(D+8)*2 B)")
     if tmp is not None:
         tmp.cleanup()
     if failures:

@@ -1,0 +1,125 @@
+#!/usr/bin/env python
+"""Launch the attention kernels on a few lab problems, for a profiler (Nsight Compute) to read.
+
+    python benches/gpu/probe_kernels.py [--only prefill decode host] [--reps N]
+    ncu --clock-control none -k regex:"paged_prefill|split_kv" --launch-skip 2 --launch-count 4 \\
+        --section SpeedOfLight --section WarpStateStats python benches/gpu/probe_kernels.py
+
+Problems (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, pages of 16 in shuffled
+order, as in the kernel labs): paged prefill of (sequences x chunk over cached prefix) 8 x 1024 over
+4096, 32 x 256 over 0, 2 x 4096 over 0, 32 x 256 over 16384 (each ``ops.PREFILL_VARIANTS`` entry),
+and split-KV decode at (batch, context, split) =
+(1, 4096, 256), (32, 4096, 256), (128, 16384, one split). Each launch runs ``--reps`` times after a
+warm-up; CUDA-event times are printed so that the script is also a quick A/B without a profiler.
+``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
+Nothing is asserted here: correctness is ``check_kernels.py``'s job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benches"))
+
+import torch  # noqa: E402
+
+from _attn import paged_problem  # noqa: E402
+from optimized import ops  # noqa: E402
+
+N_Q, N_KV, D, BS = 32, 8, 128, 16
+
+
+def _time(fn, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def prefill(reps: int, gen: torch.Generator) -> None:
+    for nseq, C, P in ((8, 1024, 4096), (32, 256, 0), (2, 4096, 0), (32, 256, 16384)):
+        p = paged_problem(nseq, P + C, N_KV, D, BS, torch.bfloat16, "cuda", gen)
+        q = torch.randn(nseq * C, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
+        pos = torch.arange(P, P + C, device="cuda", dtype=torch.int32).repeat(nseq)
+        idx = torch.arange(nseq, device="cuda", dtype=torch.int32).repeat_interleave(C)
+        flops = 4.0 * D * N_Q * nseq * (C * P + C * (C + 1) / 2)
+        for v in ops.PREFILL_VARIANTS[D]:
+            ms = _time(lambda v=v, p=p, q=q, idx=idx, pos=pos: ops.paged_prefill(
+                q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=v), reps)
+            print(f"paged_prefill[{v}] {nseq}x{C} over {P}: {ms:.3f} ms, {flops / ms / 1e9:.1f} TFLOP/s", flush=True)
+        del p
+
+
+def decode(reps: int, gen: torch.Generator) -> None:
+    for B, ctx, split in ((1, 4096, 256), (32, 4096, 256), (128, 16384, 16384)):
+        p = paged_problem(B, ctx, N_KV, D, BS, torch.bfloat16, "cuda", gen)
+        q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
+        nbytes = 2 * B * ctx * N_KV * D * 2
+        ms = _time(lambda p=p, q=q, split=split, ctx=ctx: ops.split_kv_decode(
+            q, p.k_cache, p.v_cache, p.tables, p.lens, split, max_splits=-(-ctx // split)), reps)
+        print(f"split_kv_decode B={B} ctx={ctx} split={split}: {ms * 1e3:.1f} us, {nbytes / ms / 1e6:.0f} GB/s of K/V",
+              flush=True)
+        del p
+
+
+def host(reps: int, gen: torch.Generator) -> None:
+    """Host time to enqueue one eager op (Python checks + CuPy launch), and where it goes (cProfile)."""
+    import cProfile
+    import pstats
+    import time
+
+    p = paged_problem(1, 4096, N_KV, D, BS, torch.bfloat16, "cuda", gen)
+    q = torch.randn(1, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
+    x = torch.randn(8, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+    w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    calls = {"split_kv_decode B=1 ctx=4096": lambda: ops.split_kv_decode(q, p.k_cache, p.v_cache, p.tables, p.lens,
+                                                                          256, max_splits=16),
+             "rmsnorm 8x4096": lambda: ops.rmsnorm(x, w, 1e-6),
+             "torch.add 8x4096 (for scale)": lambda: torch.add(x, x)}
+    for name, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)          # keep the GPU busy: the loop measures the host only
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        us = (time.perf_counter() - t0) / reps * 1e6
+        torch.cuda.synchronize()
+        print(f"host enqueue {name}: {us:.1f} us per call", flush=True)
+    torch.cuda._sleep(50_000_000)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        calls["split_kv_decode B=1 ctx=4096"]()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "host"),
+                    default=("prefill", "decode"))
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if "prefill" in a.only:
+        prefill(a.reps, gen)
+    if "decode" in a.only:
+        decode(a.reps, gen)
+    if "host" in a.only:
+        host(a.reps, gen)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
