@@ -41,8 +41,10 @@ BF16_EPS = 2.0 ** -8
 #: L2 of an H200 is 50 MB (60 MB is used as the bound): inputs are rotated until the sets together span this much
 ROTATE_BYTES = 256 << 20
 #: a GPU spin before each timed region, so that the host can enqueue the region while the GPU is busy
-#: (launch overhead stays out of the CUDA-event time); about 0.2 ms at H200 clocks
-SPIN_CYCLES = 400_000
+#: (launch overhead stays out of the CUDA-event time); about 1 ms at H200 clocks. 0.2 ms was too short:
+#: an eager op with its Python argument checks and CuPy launch can take longer than that to enqueue,
+#: and the event time then measured the host (the enqueue time is recorded as ``host_ms``).
+SPIN_CYCLES = 2_000_000
 
 
 # =====================================================================================================
@@ -101,10 +103,14 @@ class Timing:
     min_ms: float
     reps: int
     sets: int = 1
+    host_ms: float | None = None   # median host time to enqueue one round (GPU: spin excluded)
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:
-        return {f"{prefix}median_ms": self.median_ms, f"{prefix}p10_ms": self.p10_ms,
-                f"{prefix}p90_ms": self.p90_ms, f"{prefix}reps": self.reps}
+        d = {f"{prefix}median_ms": self.median_ms, f"{prefix}p10_ms": self.p10_ms,
+             f"{prefix}p90_ms": self.p90_ms, f"{prefix}reps": self.reps}
+        if self.host_ms is not None:
+            d[f"{prefix}host_ms"] = self.host_ms
+        return d
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -131,6 +137,7 @@ def time_fn(benchmark, fn: Callable[[int], Any], scale: Scale, *, sets: int = 1,
     budget_s = budget_s if budget_s is not None else (0.4 if gpu else 0.03)
     min_rounds = min_rounds if min_rounds is not None else (10 if gpu else 3)
     times: list[float] = []
+    host: list[float] = []
     counter = [0]
     spin = getattr(torch.cuda, "_sleep", None) if gpu else None
     if gpu:
@@ -142,9 +149,11 @@ def time_fn(benchmark, fn: Callable[[int], Any], scale: Scale, *, sets: int = 1,
         if gpu:
             if spin is not None:
                 spin(SPIN_CYCLES)
+            t0 = time.perf_counter()
             start.record()
             fn(i)
             end.record()
+            host.append((time.perf_counter() - t0) * 1e3)
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
@@ -157,9 +166,11 @@ def time_fn(benchmark, fn: Callable[[int], Any], scale: Scale, *, sets: int = 1,
     probe = statistics.median(times[-max(1, min(3, warmup)):]) if times else 1.0
     rounds = int(max(min_rounds, min(max_rounds, budget_s * 1e3 / max(probe, 1e-3))))
     times.clear()
+    host.clear()
     benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=1)
     times = times[1:] if len(times) > rounds else times
-    return Timing(statistics.median(times), _quantile(times, 0.1), _quantile(times, 0.9), min(times), len(times), sets)
+    return Timing(statistics.median(times), _quantile(times, 0.1), _quantile(times, 0.9), min(times), len(times), sets,
+                  statistics.median(host) if host else None)
 
 
 class Stopwatch:
