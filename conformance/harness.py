@@ -23,7 +23,7 @@ from reference.types import SamplingParams, Trajectory, TurnOutput
 
 from . import cases, engines, oracles
 from .clauses import CLAUSES
-from .tolerance import as_dtype, min_decisive_share
+from .tolerance import SHARE_SIGMAS, as_dtype, min_decisive_share, share_floor
 
 # ---------------------------------------------------------------------------------- the failure template
 
@@ -613,14 +613,18 @@ def rollouts_vs_oracle(case: Case, wl: cases.Workload, label: str, describe: Cal
     require_share(case, tally, "decisive", min_decisive_share(noise.dtype), label)
 
 
-def require_share(case: Case, tally: Tally, what: str, minimum: float, label: str) -> None:
+def require_share(case: Case, tally: Tally, what: str, expected: float, label: str) -> None:
+    """The share of ``what`` steps must reach ``share_floor(expected, n)`` (tolerance.SHARE_SIGMAS)."""
     share = tally.share(what)
+    floor = share_floor(expected, tally.total)
     case.conf.note(f"[{case.clause}] {case.model}: {label}: {what} {getattr(tally, what)}/{tally.total} steps "
-                   f"= {share:.1%} (required >= {minimum:.0%}); excused {tally.excused}; "
+                   f"= {share:.1%} (required >= {floor:.1%}: expected {expected:.0%} less "
+                   f"{SHARE_SIGMAS:g} binomial sd); excused {tally.excused}; "
                    f"logprobs checked {tally.logprob_checked}, worst |diff| {tally.worst_lp:.2e}")
-    case.check(tally.total > 0 and share >= minimum, lambda: (
+    case.check(tally.total > 0 and share >= floor, lambda: (
         f"{label}: only {getattr(tally, what)} of {tally.total} steps ({share:.1%}) were {what}; the clause requires "
-        f">= {minimum:.0%} so that it cannot pass vacuously"))
+        f">= {floor:.1%} (expected {expected:.0%} less {SHARE_SIGMAS:g} binomial standard deviations at "
+        f"{tally.total} steps) so that it cannot pass vacuously"))
 
 
 def dtype_of(eng: Any) -> torch.dtype:

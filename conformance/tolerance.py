@@ -23,6 +23,13 @@ MIN_DECISIVE_SHARE = {torch.float32: 0.8, torch.bfloat16: 0.3, torch.float16: 0.
 FREE_RUNNING_SHARE_FRACTION = 1 / 3
 #: TURN (and MEM, SAMPLE token comparisons): minimum share of steps actually compared
 MIN_COMPARED_SHARE = 0.9
+#: The shares above are the shares a clause's workload is expected to reach. Whether a step is decisive
+#: (or compared) depends on the trajectory, and the trajectory on the last bits of the engine's logits at
+#: near-ties, so the observed share over n steps scatters around the expectation like a binomial
+#: proportion. A clause requires the expected share minus SHARE_SIGMAS binomial standard deviations at
+#: its n (``share_floor``): a guard against a vacuous pass, not an accuracy tolerance -- every decisive
+#: or compared step is still checked exactly, and one mismatch fails the clause.
+SHARE_SIGMAS = 3.0
 
 _DTYPE_NAMES = {
     "float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -67,6 +74,15 @@ def min_decisive_share(dtype) -> float:
 
 def min_free_running_share(dtype) -> float:
     return FREE_RUNNING_SHARE_FRACTION * min_decisive_share(dtype)
+
+
+def share_floor(expected: float, n: int) -> float:
+    """The share a clause requires of ``n`` steps whose expected share is ``expected``:
+    ``expected - SHARE_SIGMAS * sqrt(expected * (1 - expected) / n)``, never below 0
+    (``n = 0``: the expectation itself, which an empty tally cannot reach)."""
+    if n <= 0:
+        return expected
+    return max(0.0, expected - SHARE_SIGMAS * math.sqrt(expected * (1.0 - expected) / n))
 
 
 @dataclass(frozen=True)

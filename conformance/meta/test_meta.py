@@ -17,7 +17,8 @@ from conformance import cases, clauses, engines, oracles
 from conformance.conftest import clause_errors
 from conformance.harness import FAILURE_TAG, Repro, failure_message
 from conformance.meta import broken
-from conformance.tolerance import (ACCUM_FLOOR_STEPS, ErrorStats, RuleCheck, logit_bound, noise_bound, ulp)
+from conformance.tolerance import (ACCUM_FLOOR_STEPS, ErrorStats, RuleCheck, logit_bound, noise_bound, share_floor,
+                                  ulp)
 from reference.types import SamplingParams
 from reference.weights import random_weights
 
@@ -57,6 +58,16 @@ def test_logit_rule_arithmetic():
     assert logit_bound(0.01, 3.9, torch.bfloat16) == pytest.approx(0.02 + 2.0 ** -6)
     assert logit_bound(0.0, 3.9, torch.float32) == 2.0 ** -22     # float32: the reference itself, one rounding step
     assert noise_bound(0.1, 3.9) == pytest.approx(0.1 + ACCUM_FLOOR_STEPS * 2.0 ** -22)
+
+
+def test_share_floor_is_three_binomial_sd_below_the_expectation():
+    # the qwen3-0.6b ORACLE run that motivated it: 101 decisive of 345 (29.3%) against an expected 30%
+    assert share_floor(0.3, 345) == pytest.approx(0.3 - 3 * (0.3 * 0.7 / 345) ** 0.5)
+    assert 0.22 < share_floor(0.3, 345) < 101 / 345
+    assert share_floor(0.9, 10_000) == pytest.approx(0.891)          # tight with many steps
+    assert share_floor(0.3, 1) == 0.0                                 # never negative
+    assert share_floor(0.3, 0) == 0.3                                 # an empty tally cannot pass
+    assert share_floor(1.0, 50) == 1.0                                # an expectation of all steps stays all
 
 
 def test_rule_check_max_and_mean():
