@@ -39,7 +39,8 @@ __all__ = [
 
 #: head dims the attention kernels are instantiated for
 ATTN_HEAD_DIMS = (16, 32, 64, 128)
-#: query rows per paged-prefill CTA (tokens x GQA group); the GQA group must not exceed it
+#: query rows per CTA of the 64-row paged-prefill kernel (tokens x GQA group; the _x2 kernels take 128);
+#: the GQA group must not exceed it
 PREFILL_ROWS = 64
 
 _I32_MAX = 2**31 - 1
