@@ -808,8 +808,10 @@ def check_fused_rope(C: Checks, dev, gen) -> None:
             qi = torch.tensor([0] * 40 + [1] * 17 + [2], dtype=torch.int32, device=dev)
             qp = torch.tensor(list(range(260, 300)) + list(range(17)) + [0], dtype=torch.int32, device=dev)
             qq = torch.randn(len(qp), n_q, D, generator=gen).to(torch.bfloat16).to(dev)
-            fused = ops.paged_prefill(qq, kc0, vc, bt, sl, qi, qp, rope=(cos, sin))
-            res += exact("paged prefill fused == rotated cache", fused, ops.paged_prefill(qq, kc1, vc, bt, sl, qi, qp))
+            for v in ops.PREFILL_VARIANTS[D]:   # every prefill kernel (the engine picks by grid size)
+                fused = ops.paged_prefill(qq, kc0, vc, bt, sl, qi, qp, rope=(cos, sin), variant=v)
+                res += exact(f"paged prefill [{v}] fused == rotated cache", fused,
+                             ops.paged_prefill(qq, kc1, vc, bt, sl, qi, qp, variant=v))
             # qk_norm_rope(rotate_k=False) then this rotation == qk_norm_rope(rotate_k=True): the rotation
             # above is rope.cu's, bit for bit, so fused and unfused engines cache the same keys
             kx = torch.randn(len(qp), n_kv, D, generator=gen).to(torch.bfloat16).to(dev)
