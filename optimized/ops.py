@@ -516,8 +516,9 @@ def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int) -> str:
     docs/performance.md (paged prefill section)."""
     if "x2" not in PREFILL_VARIANTS.get(D, {}):
         return "default"
+    block_m = PREFILL_VARIANTS[D]["x2"][2]
     G = max(1, n_q // max(1, n_kv))
-    ctas = -(-T // max(1, 128 // G)) * n_kv
+    ctas = -(-T // max(1, block_m // G)) * n_kv
     return "x2" if ctas >= 2 * num_sms else "default"
 
 

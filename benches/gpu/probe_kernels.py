@@ -9,8 +9,9 @@ Problems (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, pages of
 order, as in the kernel labs): paged prefill of (sequences x chunk over cached prefix) 8 x 1024 over
 4096, 32 x 256 over 0, 2 x 4096 over 0, 32 x 256 over 16384 (each ``ops.PREFILL_VARIANTS`` entry),
 and split-KV decode at (batch, context, split) =
-(1, 4096, 256), (32, 4096, 256), (128, 16384, one split). Each launch runs ``--reps`` times after a
-warm-up; CUDA-event times are printed so that the script is also a quick A/B without a profiler.
+(1, 4096, 256), (32, 4096, 256), (128, 16384, one split). Each launch runs ``--reps`` times in a CUDA
+graph after a warm-up; the CUDA-event times are printed so that the script is also a quick A/B without a
+profiler.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
 Nothing is asserted here: correctness is ``check_kernels.py``'s job.
 """
@@ -28,21 +29,16 @@ sys.path.insert(0, str(ROOT / "benches"))
 import torch  # noqa: E402
 
 from _attn import paged_problem  # noqa: E402
+from check_kernels import _time as gpu_seconds  # noqa: E402  (a sibling script: benches/gpu is on sys.path)
 from optimized import ops  # noqa: E402
 
 N_Q, N_KV, D, BS = 32, 8, 128, 16
 
 
 def _time(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps
+    """Milliseconds per call, GPU time only (check_kernels' timer: ``reps`` calls in one CUDA graph after a
+    warm-up, so the host's enqueue cost -- ~0.2 ms for an eager split-KV decode -- stays out)."""
+    return gpu_seconds(fn, iters=reps) * 1e3
 
 
 def prefill(reps: int, gen: torch.Generator) -> None:
