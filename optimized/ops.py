@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import kernels
+from . import kernels, launch
 
 __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
@@ -46,6 +46,7 @@ PREFILL_ROWS = 64
 _I32_MAX = 2**31 - 1
 _lock = threading.Lock()
 _functions: dict[tuple[int, str, str], object] = {}
+_handles: dict[tuple[int, str, str], int] = {}
 _streams: dict[tuple[int, int], object] = {}
 
 
@@ -117,12 +118,25 @@ def _stream(dev: int):
     return s
 
 
+@functools.cache
+def _cc_major(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).major
+
+
 def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+    """One launch on the current torch stream: with programmatic dependent launch through the driver
+    (``optimized/launch.py``) on compute capability 9.0+ unless ``TURNKV_PDL=0``, else through CuPy."""
     import cupy
 
     dev = _device_index(ref)
     with cupy.cuda.Device(dev):
         fn = _function(dev, module, name, smem)
+        if launch.pdl_enabled(_cc_major(dev)):
+            handle = _handles.get((dev, module, name))
+            if handle is None:
+                handle = _handles[(dev, module, name)] = fn.kernel.ptr   # the CUfunction of this device
+            launch.launch_pdl(handle, grid, block, args, smem, torch.cuda.current_stream(dev).cuda_stream)
+            return
         with _stream(dev):
             fn(grid, block, args, shared_mem=smem)
 

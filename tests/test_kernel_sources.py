@@ -84,3 +84,46 @@ def test_prefill_variant_choice():
     t_edge = 2 * sms * (128 // 4) // 8
     assert ops.prefill_variant(t_edge, 32, 8, 128, sms) == "x2"
     assert ops.prefill_variant(t_edge - 128 // 4, 32, 8, 128, sms) == "default"
+
+
+def _kernel_entries(text: str) -> list[tuple[str, list[str]]]:
+    """(signature head, first statements of the body) of every ``extern "C" __global__`` definition,
+    macro continuations and comments removed."""
+    text = re.sub(r"\\\n", "\n", text)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    out = []
+    for m in re.finditer(r'extern "C" __global__', text):
+        brace = text.index("{", m.end())
+        body = text[brace + 1:brace + 400]
+        stmts = [s.strip() for s in body.split(";")[:3]]
+        head = re.sub(r"__launch_bounds__\([^)]*\)", "", text[m.end():brace])
+        out.append((head.split("(")[0].split()[-1], stmts))
+    return out
+
+
+def test_every_kernel_waits_for_its_predecessor_first():
+    """Programmatic dependent launch (optimized/launch.py) lets a kernel start before the previous one
+    ends; pdl.cuh's griddepcontrol.wait is what keeps the order. So the first statement of every kernel
+    is ``pdl_entry()`` -- except skinny_gemm's, which first prefetches its weights (written by no kernel)
+    into L2 and then waits -- and nothing of a kernel touches global memory before it."""
+    header = (kernels.KERNEL_DIR / "pdl.cuh").read_text()
+    assert "griddepcontrol.wait" in header and "griddepcontrol.launch_dependents" in header
+    seen = 0
+    for name in kernels.SOURCES:
+        text = kernels.source(name)
+        assert text.count("void pdl_entry()") == 1, f"{name}.cu: pdl.cuh not pasted exactly once"
+        entries = _kernel_entries(text)
+        assert entries, name
+        for kname, stmts in entries:
+            seen += 1
+            if name == "skinny_gemm":
+                assert stmts[0].startswith("skinny_prefetch<") and stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], \
+                    (kname, stmts)
+            else:
+                assert stmts[0] == "pdl_entry()", f"{name}.cu {kname}: first statement {stmts[0]!r}, not pdl_entry()"
+    assert seen >= len(kernels.SOURCES)
+    params, body = kernels.source("skinny_gemm").split("void skinny_prefetch(")[1].split("{", 1)
+    assert params.strip() == "const __nv_bfloat16* __restrict__ w, int N, int K)"   # it sees the weights only
+    assert "prefetch.global.L2" in body.split("\n}\n")[0]
+

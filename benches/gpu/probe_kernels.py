@@ -12,6 +12,7 @@ and split-KV decode at (batch, context, split) =
 (1, 4096, 256), (32, 4096, 256), (128, 16384, one split). Each launch runs ``--reps`` times in a CUDA
 graph after a warm-up; the CUDA-event times are printed so that the script is also a quick A/B without a
 profiler.
+``sweep``: split-KV decode at batch 1 and 8 over split sizes, one and two launches, PDL off and on.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
 Nothing is asserted here: correctness is ``check_kernels.py``'s job.
 """
@@ -67,6 +68,31 @@ def decode(reps: int, gen: torch.Generator) -> None:
         del p
 
 
+def sweep(reps: int, gen: torch.Generator) -> None:
+    """Split-KV decode at small batches, where a step's attention is latency, not bandwidth: one call's
+    GPU time per (batch, context, split size), one launch (fused) and two, with and without programmatic
+    dependent launch (back-to-back calls in the timing graph overlap each other's prologue when it is on)."""
+    from optimized import launch
+
+    for B in (1, 8):
+        for ctx in (300, 1024, 4096):
+            p = paged_problem(B, ctx, N_KV, D, BS, torch.bfloat16, "cuda", gen)
+            q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
+            cells = []
+            for split in (32, 64, 128, 256, 512, None):
+                size = split or ctx
+                for fused in (True, False):
+                    for pdl in (False, True):
+                        launch.set_pdl(pdl)
+                        us = _time(lambda p=p, q=q, split=split, n=-(-ctx // size), fused=fused: ops.split_kv_decode(
+                            q, p.k_cache, p.v_cache, p.tables, p.lens, split, max_splits=n,
+                            fused=fused), reps) * 1e3
+                        cells.append(f"{split or 'one'}/{'f' if fused else '2'}/{'pdl' if pdl else 'plain'} {us:.1f}")
+            launch.set_pdl(None)
+            print(f"decode sweep B={B} ctx={ctx} (split/launches/launch kind us): " + ", ".join(cells), flush=True)
+            del p
+
+
 def host(reps: int, gen: torch.Generator) -> None:
     """Host time to enqueue one eager op (Python checks + CuPy launch), and where it goes (cProfile)."""
     import cProfile
@@ -81,16 +107,21 @@ def host(reps: int, gen: torch.Generator) -> None:
                                                                           256, max_splits=16),
              "rmsnorm 8x4096": lambda: ops.rmsnorm(x, w, 1e-6),
              "torch.add 8x4096 (for scale)": lambda: torch.add(x, x)}
-    for name, fn in calls.items():
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(50_000_000)          # keep the GPU busy: the loop measures the host only
-        t0 = time.perf_counter()
-        for _ in range(reps):
+    from optimized import launch
+    for pdl in (False, True):              # CuPy's launch path, then the driver's (cuLaunchKernelEx with PDL)
+        launch.set_pdl(pdl)
+        for name, fn in calls.items():
             fn()
-        us = (time.perf_counter() - t0) / reps * 1e6
-        torch.cuda.synchronize()
-        print(f"host enqueue {name}: {us:.1f} us per call", flush=True)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(50_000_000)          # keep the GPU busy: the loop measures the host only
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            us = (time.perf_counter() - t0) / reps * 1e6
+            torch.cuda.synchronize()
+            path = "driver + PDL" if pdl else "CuPy"
+            print(f"host enqueue {name} ({'torch' if name.startswith('torch') else path}): {us:.1f} us per call", flush=True)
+    launch.set_pdl(None)
     torch.cuda._sleep(50_000_000)
     prof = cProfile.Profile()
     prof.enable()
@@ -103,7 +134,7 @@ def host(reps: int, gen: torch.Generator) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "host"),
+    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host"),
                     default=("prefill", "decode"))
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
@@ -112,6 +143,8 @@ def main() -> int:
         prefill(a.reps, gen)
     if "decode" in a.only:
         decode(a.reps, gen)
+    if "sweep" in a.only:
+        sweep(a.reps, gen)
     if "host" in a.only:
         host(a.reps, gen)
     return 0

@@ -2,16 +2,18 @@
 captured graph with each launch fusion / GEMM path switched on and off (A/B on one engine).
 
     python benches/gpu/profile_decode.py [--models qwen3-0.6b qwen3-8b] [--batches 1 8 16 32 64]
-                                         [--steps 48] [--out DIR]
+                                         [--steps 48] [--variants cuBLAS skinny pdl pdl+auto] [--out DIR]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_engine_decode.py``):
 random bf16 weights drawn on the GPU (``conformance.cases.draw_weights``; values do not change the work), a 256-token prompt per
 sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
 
-* the median wall time of a decode step (graph replay, host side included) for the variants
-  ``cuBLAS`` (every GEMM through ``torch.matmul``) and ``skinny`` (GEMMs of <= 16 rows through
-  ``ops.skinny_gemm``, the engine default), with the memory floor (weight + KV bytes over the copy
-  ceiling measured here) and the % of it;
+* the median wall time of a decode step (graph replay, host side included) for the variants of
+  ``VARIANTS``: ``cuBLAS`` (every GEMM through ``torch.matmul``), ``skinny`` (the runner's choice:
+  GEMMs of <= 8 rows through ``ops.skinny_gemm``), both with plain launches and ``split_kv="fixed:256"``,
+  ``pdl`` (the same with programmatic dependent launch, the default on sm_90) and ``pdl+auto`` (and
+  ``split_kv="auto"``: the engine's defaults),
+  with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
   (the rest is launch gaps and the host).
@@ -33,14 +35,24 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benches")]
 
 import optimized  # noqa: E402
+from optimized import launch  # noqa: E402
 from _bench import Scale, StepRecorder, decode_pool, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from _ceilings import measure_ceilings  # noqa: E402
 from conformance.cases import draw_weights  # noqa: E402
 from reference import SamplingParams  # noqa: E402
+from reference.types import SplitKVPolicy  # noqa: E402
 from reference.config import named_config  # noqa: E402
 
 PROMPT = 256
 GPU = Scale("gpu")
+#: variant -> (GEMMs of at most this many rows through skinny_gemm (-1: the runner's default), programmatic
+#: dependent launch on, split-KV policy)
+VARIANTS: dict[str, tuple[int, bool, str]] = {
+    "cuBLAS": (0, False, "fixed:256"),      # every GEMM through torch.matmul, plain launches
+    "skinny": (-1, False, "fixed:256"),     # the runner's GEMM choice, plain launches (CuPy)
+    "pdl": (-1, True, "fixed:256"),         # the same with programmatic dependent launch (the default on sm_90)
+    "pdl+auto": (-1, True, "auto"),         # and split_kv="auto" (the engine's default)
+}
 
 
 def step_times(eng, prompts, steps) -> list[float]:
@@ -84,12 +96,54 @@ def kernel_table(eng, prompts) -> tuple[list[tuple[str, float, int]], float]:
     return rows, sum(v for _, v, _ in rows)
 
 
+def graph_timeline(eng, prompts, steps: int = 6) -> tuple[list[tuple[str, int, float, float]], float]:
+    """The kernels of one replayed decode step (its third), from a profiler trace: per kernel name the
+    launches, the summed duration and the summed *increment*: this kernel's end less the previous
+    kernel's end. With programmatic dependent launch a kernel starts (and is timed) while its
+    predecessor runs, so durations overlap; the increments do not, and sum to the step's span."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, stop_token_ids=()))
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.loads(Path(f.name).read_text())
+    ks = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in trace["traceEvents"]
+                if e.get("cat") == "kernel" and e.get("ph") == "X")
+    steps_k: list[list] = []                       # split at the sampling kernel, the last of every step
+    cur: list = []
+    for k in ks:
+        cur.append(k)
+        if k[2] == "sample":
+            steps_k.append(cur)
+            cur = []
+    if not steps_k:
+        return [], 0.0
+    step = steps_k[-2] if len(steps_k) > 2 else steps_k[-1]   # a warm decode step (the first ones prefill)
+    agg: dict[str, list[float]] = {}
+    prev_end = step[0][0]
+    for start, end, name in step:
+        a = agg.setdefault(name[:60], [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += end - start
+        a[2] += max(end, prev_end) - prev_end
+        prev_end = max(end, prev_end)
+    rows = sorted(((k, int(v[0]), v[1], v[2]) for k, v in agg.items()), key=lambda r: -r[3])
+    return rows, prev_end - step[0][0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=["qwen3-0.6b", "qwen3-8b"])
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8, 16, 32, 64])
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
+    ap.add_argument("--timeline-batches", nargs="*", type=int, default=[])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS), default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = GPU.device
@@ -103,23 +157,62 @@ def main() -> int:
         eng = optimized.Engine.from_state_dict(cfg, w, device=str(dev), block_size=16,
                                                **decode_pool(PROMPT + args.steps + 8, max(args.batches), 16))
         del w
+        default_split, default_mm = str(eng.policy), eng.runner.skinny_max_m
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
-        print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'p90':>7} {'floor ms':>8} {'% floor':>7}")
+        print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
+              f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
         for batch in args.batches:
             prompts = [[(b * 131 + i * 7) % cfg.vocab_size for i in range(PROMPT)] for b in range(batch)]
             ctx = PROMPT + args.steps / 2
             floor = (wbytes + batch * ctx * kv_tok) / (ceiling * 1e9) * 1e3
-            for variant, mm in (("cuBLAS", 0), ("skinny", optimized.ops.SKINNY_MAX_M)):
-                eng.runner.skinny_max_m = mm
-                eng.runner.graphs.clear()
-                eng.runner.pool = None                        # a fresh graph pool for the new captures
-                step_times(eng, prompts, 4)                   # capture + warm
-                ts = step_times(eng, prompts, args.steps)
-                med = statistics.median(ts) * 1e3
-                p90 = sorted(ts)[int(0.9 * len(ts))] * 1e3
-                print(f"{batch:>5} {variant:>8} {med:8.3f} {p90:7.3f} {floor:8.3f} {100 * floor / med:7.1f}")
-                report["runs"].append(dict(model=name, batch=batch, variant=variant, step_ms=med, p90_ms=p90,
+            graph_sets: dict[str, dict] = {}
+            pools: dict[str, object] = {}
+            current: list[str] = []
+
+            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, current=current, mm0=default_mm) -> None:
+                """The variant's settings, its own captured graphs and its own graph memory pool."""
+                if current:
+                    pools[current[0]] = eng.runner.pool
+                    current.clear()
+                mm, pdl, split = VARIANTS[variant]
+                eng.runner.skinny_max_m = mm if mm >= 0 else mm0
+                eng.runner.policy = SplitKVPolicy.parse(split)
+                launch.set_pdl(pdl)
+                eng.runner.graphs = graph_sets.setdefault(variant, {})
+                eng.runner.pool = pools.get(variant)
+                current.append(variant)
+
+            for variant in args.variants:                      # capture + warm each variant once
+                use(variant)
+                step_times(eng, prompts, 4)
+            times: dict[str, list[float]] = {v: [] for v in args.variants}
+            for _ in range(args.rounds):                       # then alternate, so drift hits all alike
+                for variant in args.variants:
+                    use(variant)
+                    times[variant].append(statistics.median(step_times(eng, prompts, args.steps)) * 1e3)
+            for variant in args.variants:
+                med = statistics.median(times[variant])
+                lo, hi = min(times[variant]), max(times[variant])
+                print(f"{batch:>5} {variant:>8} {med:8.3f} {lo:7.3f} {hi:7.3f} {floor:8.3f} {100 * floor / med:7.1f}")
+                report["runs"].append(dict(model=name, batch=batch, variant=variant, step_ms=med, round_ms=times[variant],
                                            floor_ms=floor, pct_floor=100 * floor / med))
+            if batch in args.timeline_batches:
+                for variant in args.variants:
+                    use(variant)
+                    rows, span = graph_timeline(eng, prompts)
+                    print(f"   graph timeline, {variant}, batch {batch}: {span:.1f} us from the first kernel's start to "
+                          f"the last one's end; per kernel: launches, summed duration, summed increment of the end")
+                    for k, n, dur, inc in rows[:12]:
+                        print(f"     {n:4d}x {dur:9.1f} us {inc:9.1f} us  {k}")
+                    report["runs"].append(dict(model=name, batch=batch, variant=variant + " timeline", span_us=span,
+                                               kernels=[dict(name=k, launches=n, dur_us=d, inc_us=i) for k, n, d, i in rows]))
+            eng.runner.graphs, eng.runner.pool = {}, None
+            graph_sets.clear()
+            pools.clear()
+            torch.cuda.synchronize()
+            launch.set_pdl(None)
+            eng.runner.policy = SplitKVPolicy.parse(default_split)
+            eng.runner.skinny_max_m = default_mm
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

@@ -9,6 +9,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 namespace {
 __device__ __forceinline__ float silu_mul1(float g, float u) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, expf(-g))), u);
@@ -17,6 +19,7 @@ __device__ __forceinline__ float silu_mul1(float g, float u) {
 
 extern "C" __global__ void __launch_bounds__(256) silu_mul(const __nv_bfloat16* __restrict__ x, int x_stride,
                                                            __nv_bfloat16* __restrict__ out, int T, int I) {
+  pdl_entry();
   const int chunks = I >> 3;
   const long long total = (long long)T * chunks;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {

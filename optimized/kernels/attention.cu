@@ -43,6 +43,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 #include "mma.cuh"
 
 namespace {
@@ -783,7 +785,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,         \
       const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,      \
       __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale,          \
-      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) {                        \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) { pdl_entry();           \
     paged_prefill_impl<DV, BNV, BMV, MTV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,    \
                                           q_seq_idx, q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t,     \
                                           sin_t, max_pos);                                                      \
@@ -805,7 +807,7 @@ TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
       int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
-      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {                                              \
+      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) { pdl_entry();                                 \
     split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
                                n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
                                max_pos, out, tickets);                                                             \
@@ -830,6 +832,7 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_reduce(const float* _
                                                                   __nv_bfloat16* __restrict__ out,
                                                                   float* __restrict__ lse_out, int B, int n_q, int D,
                                                                   int max_splits) {
+  pdl_entry();
   const int D4 = D >> 2;
   const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (long long)B * n_q * D4) return;
@@ -869,6 +872,7 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_reduce(const float* _
 extern "C" __global__ void __launch_bounds__(256) merge_states(const float* __restrict__ o, const float* __restrict__ lse,
                                                                float* __restrict__ o_out, float* __restrict__ lse_out,
                                                                int N, int R, int D) {
+  pdl_entry();
   const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (long long)R * D) return;
   const long long r = idx / D;

@@ -9,9 +9,12 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 extern "C" __global__ void __launch_bounds__(256) embedding(const int* __restrict__ ids,
                                                             const __nv_bfloat16* __restrict__ table,
                                                             __nv_bfloat16* __restrict__ out, int T, int H, int V) {
+  pdl_entry();
   const int chunks = H >> 3;
   const long long total = (long long)T * chunks;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {

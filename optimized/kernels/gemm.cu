@@ -34,6 +34,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 #include "mma.cuh"
 
 namespace {
@@ -259,13 +261,13 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
 #define TK_GEMM(NAME, BM, BN, WM, WN, BK, STAGES, F32, OUT_T)                                                      \
   extern "C" __global__ void __launch_bounds__(32 * WM * WN) NAME(const __nv_bfloat16* __restrict__ x, int ldx,    \
                                                                  const __nv_bfloat16* __restrict__ w,              \
-                                                                 OUT_T* __restrict__ y, int M, int N, int K) {     \
+                                                                 OUT_T* __restrict__ y, int M, int N, int K) { pdl_entry(); \
     gemm_impl<BM, BN, WM, WN, BK, STAGES, F32>(x, ldx, w, y, M, N, K);                                           \
   }
 #define TK_GEMM_SPLIT(NAME, BM, BN, WM, WN, BK, STAGES, F32, OUT_T)                                                \
   extern "C" __global__ void __launch_bounds__(32 * WM * WN) NAME(                                                 \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, OUT_T* __restrict__ y,    \
-      float* __restrict__ ws, int* __restrict__ tickets, int M, int N, int K) {                                    \
+      float* __restrict__ ws, int* __restrict__ tickets, int M, int N, int K) { pdl_entry();                       \
     gemm_split_impl<BM, BN, WM, WN, BK, STAGES, F32>(x, ldx, w, y, ws, tickets, M, N, K);                        \
   }
 #define TK_GEMM2(TAG, BM, BN, WM, WN, BK, STAGES)                               \

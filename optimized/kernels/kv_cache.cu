@@ -12,12 +12,15 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 extern "C" __global__ void __launch_bounds__(256) store_kvcache(const __nv_bfloat16* __restrict__ k, int k_stride,
                                                                 const __nv_bfloat16* __restrict__ v, int v_stride,
                                                                 __nv_bfloat16* __restrict__ k_cache,
                                                                 __nv_bfloat16* __restrict__ v_cache,
                                                                 const int* __restrict__ slot_mapping, int T, int n_kv,
                                                                 int D) {
+  pdl_entry();
   const int chunks = (n_kv * D) >> 3;  // 16-byte chunks per token
   const long long total = (long long)T * chunks;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {

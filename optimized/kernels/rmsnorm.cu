@@ -13,6 +13,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 namespace {
 
 __device__ __forceinline__ float block_sum(float v, float* s_warp) {
@@ -62,6 +64,7 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm(const __nv_bfloat16* 
                                                            const __nv_bfloat16* __restrict__ w,
                                                            __nv_bfloat16* __restrict__ out, int out_stride, int H,
                                                            float eps) {
+  pdl_entry();
   __shared__ float s_warp[32];
   const __nv_bfloat16* xr = x + (long long)blockIdx.x * x_stride;
   __nv_bfloat16* orow = out + (long long)blockIdx.x * out_stride;
@@ -86,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const __nv_bfloat
                                                                const __nv_bfloat16* __restrict__ w,
                                                                __nv_bfloat16* __restrict__ out, int out_stride, int H,
                                                                float eps) {
+  pdl_entry();
   __shared__ float s_warp[32];
   const __nv_bfloat16* xr = x + (long long)blockIdx.x * x_stride;
   __nv_bfloat16* rr = residual + (long long)blockIdx.x * r_stride;

@@ -23,6 +23,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __restrict__ q, int q_stride,
                                                                __nv_bfloat16* __restrict__ k, int k_stride,
                                                                const __nv_bfloat16* __restrict__ q_w,
@@ -35,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
                                                                int v_stride, __nv_bfloat16* __restrict__ k_cache,
                                                                __nv_bfloat16* __restrict__ v_cache,
                                                                const int* __restrict__ slots) {
+  pdl_entry();
   const int lane = threadIdx.x & 31;
   const long long gw = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int nh = n_q + n_kv;

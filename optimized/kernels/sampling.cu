@@ -30,6 +30,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 namespace {
 
 typedef unsigned int u32;
@@ -261,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
                                                           const u32* __restrict__ seed_hi, const int* __restrict__ pos,
                                                           const int* __restrict__ mode, int* __restrict__ tokens,
                                                           float* __restrict__ logprobs) {
+  pdl_entry();
   __shared__ u64 s_hist[2048];  // bin counts (as u32) or fixed-point masses (u64)
   __shared__ Scratch sc;
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;

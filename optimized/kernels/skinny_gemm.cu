@@ -29,6 +29,8 @@
 
 #include <cuda_bf16.h>
 
+#include "pdl.cuh"
+
 #include "mma.cuh"
 
 namespace {
@@ -46,6 +48,23 @@ __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
 // 8 bf16 of x row m (columns k .. k+7): small and reread by every CTA, so cached
 __device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, int ldx, int m, int k) {
   return __ldg(reinterpret_cast<const uint4*>(x + (long long)m * ldx + k));
+}
+
+// Programmatic dependent launch (pdl.cuh): while the previous kernel (the norm or activation that
+// produces x) finishes, a CTA asks L2 for the first round of its weight stream -- the kU 32-column
+// blocks per warp that skinny_impl loads first, one prefetch per 64-byte block and weight row. The
+// weights are written by no kernel of a step, so this may precede pdl_wait(); x and y come after it.
+template <int WARPS>
+__device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row = blockIdx.x * 16 + (lane & 15);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
+  if (row >= N) return;
+  const int nkb = (K + 31) >> 5;
+#pragma unroll
+  for (int u = 0; u < kU; u += 2) {  // blocks kb and kb + WARPS of the first round: 2 x 64 bytes
+    const int kb = warp + (u + (lane >> 4)) * WARPS;
+    if (kb < nkb) asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(w + (long long)row * K + (kb << 5))));
+  }
 }
 
 template <int MT, int WARPS, bool F32>
@@ -142,6 +161,9 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
   extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_m##MV##_w##WV##_##SUF(                       \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
       int M, int N, int K) {                                                                                 \
+    skinny_prefetch<WV>(w, N, K); /* the weights depend on no kernel: fetched before the wait */             \
+    pdl_wait();                                                                                              \
+    pdl_launch_dependents();                                                                                 \
     skinny_impl<MTV, WV, F32V>(x, ldx, w, y, M, N, K);                                                       \
   }
 #define TK_SKINNY_W(MTV, MV, WV)       \

@@ -1,0 +1,43 @@
+// pdl.cuh -- programmatic dependent launch (PDL, compute capability 9.0+).
+//
+// ops.py launches every kernel of this package with the launch attribute
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuLaunchKernelEx), which lets a kernel's
+// CTAs start while the previous kernel in the stream is still running. What keeps that correct is
+// this header, called first in every kernel:
+//   * pdl_wait() -- griddepcontrol.wait: the calling thread waits until the previous grid has
+//     completed and its memory operations are visible. Every global read of data another kernel
+//     writes, and every global write, comes after it. Only work that depends on nothing a kernel
+//     writes may come before it (index arithmetic, or skinny_gemm's L2 prefetch of the weights).
+//   * pdl_launch_dependents() -- griddepcontrol.launch_dependents: once every CTA of this grid has
+//     passed it, the next kernel of the stream may be scheduled. Called right after pdl_wait(), so
+//     at most one kernel is ever waiting ahead of the one running.
+// Without the attribute (TURNKV_PDL=0, or a launch through CuPy) both are no-ops, and below
+// compute capability 9.0 they compile to nothing. The order they give is transitive: a kernel
+// waits for its predecessor's completion, which itself waited for its own predecessor.
+//
+// Every `extern "C" __global__` kernel calls pdl_entry() (or, in skinny_gemm.cu, pdl_wait() and
+// pdl_launch_dependents() after its prefetch) before touching global memory; tests/test_kernels_source.py
+// checks that this is so.
+#pragma once
+
+namespace {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// the usual entry: wait for the previous kernel, then let the next one be scheduled
+__device__ __forceinline__ void pdl_entry() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
+}  // namespace
