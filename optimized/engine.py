@@ -16,8 +16,20 @@ from reference.runner import StepResult
 from reference.scheduler import StepBatch
 from reference.weights import check_weights, expected_shapes, load_checkpoint, random_tensor
 
-#: defaults that differ from the reference: bf16, a context sized for rollouts, splits of 256 keys
-DEFAULTS = {"dtype": "bfloat16", "max_model_len": 8192, "split_kv": "fixed:256"}
+#: defaults that differ from the reference: bf16, a context sized for rollouts, the split-KV size chosen
+#: per decode graph from its batch and length buckets (``auto``; docs/decisions.md)
+DEFAULTS = {"dtype": "bfloat16", "max_model_len": 8192, "split_kv": "auto"}
+#: the split-KV default of batch-invariant mode, which forbids ``auto``
+INVARIANT_SPLIT_KV = "fixed:256"
+
+
+def engine_config(**kwargs: Any) -> EngineConfig:
+    """``EngineConfig`` with the optimized engine's defaults under ``kwargs``; with ``batch_invariant=True``
+    and no ``split_kv`` given, the split default is ``INVARIANT_SPLIT_KV``."""
+    cfg = {**DEFAULTS, **kwargs}
+    if cfg.get("batch_invariant") and "split_kv" not in kwargs:
+        cfg["split_kv"] = INVARIANT_SPLIT_KV
+    return EngineConfig(**cfg)
 
 
 def require_cuda(device: str | torch.device) -> torch.device:
@@ -75,7 +87,7 @@ class Engine(EngineCore):
                  engine_cfg: EngineConfig | None = None, device: str = "cuda:0", use_graphs: bool = True,
                  seed: int = 0) -> None:
         dev = require_cuda(device)
-        engine_cfg = engine_cfg or EngineConfig(**DEFAULTS)
+        engine_cfg = engine_cfg or engine_config()
         if engine_cfg.dtype != "bfloat16":
             raise ConfigError("the optimized engine computes in bfloat16; pass dtype='bfloat16'")
         check_supported(model_cfg, engine_cfg)
@@ -94,7 +106,7 @@ class Engine(EngineCore):
 
     @staticmethod
     def _config(kwargs: dict[str, Any]) -> EngineConfig:
-        return EngineConfig(**{**DEFAULTS, **kwargs})
+        return engine_config(**kwargs)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, seed: int = 0, device: str = "cuda:0",

@@ -210,7 +210,7 @@ class ParallelCudaRunner(ParallelRunner):
         return result if self.grid.rank == DRIVER else None
 
 
-#: the optimized engine's defaults (bf16, rollout-sized context, splits of 256 keys)
+#: the optimized engine's defaults (bf16, rollout-sized context, split_kv='auto')
 DEFAULTS = _engine.DEFAULTS
 
 
@@ -223,7 +223,7 @@ class ParallelEngine(_ReferenceParallelEngine):
     def __init__(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor] | None,
                  engine_cfg: EngineConfig | None = None, parallel: ParallelConfig | None = None,
                  device: str | torch.device | None = None, use_graphs: bool = True, seed: int = 0) -> None:
-        engine_cfg = engine_cfg or EngineConfig(**DEFAULTS)
+        engine_cfg = engine_cfg or _engine.engine_config()
         self.parallel = parallel or ParallelConfig()
         if engine_cfg.dtype != "bfloat16":
             raise ConfigError("the optimized engine computes in bfloat16; pass dtype='bfloat16'")
@@ -263,14 +263,14 @@ class ParallelEngine(_ReferenceParallelEngine):
             cfg, weights = load_checkpoint(path)
         else:
             cfg, weights = named_config(str(name_or_path)), None
-        return cls(cfg, weights, EngineConfig(**{**DEFAULTS, **engine_kwargs}), ParallelConfig(tp, cp),
+        return cls(cfg, weights, _engine.engine_config(**engine_kwargs), ParallelConfig(tp, cp),
                    device=device, use_graphs=use_graphs, seed=seed)
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, tp: int = 1,  # type: ignore[override]
                         cp: int = 1, device: str | None = None, use_graphs: bool = True,
                         **engine_kwargs: Any) -> "ParallelEngine":
-        return cls(cfg, weights, EngineConfig(**{**DEFAULTS, **engine_kwargs}), ParallelConfig(tp, cp),
+        return cls(cfg, weights, _engine.engine_config(**engine_kwargs), ParallelConfig(tp, cp),
                    device=device, use_graphs=use_graphs)
 
     def _load_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -127,3 +127,15 @@ def test_every_kernel_waits_for_its_predecessor_first():
     assert params.strip() == "const __nv_bfloat16* __restrict__ w, int N, int K)"   # it sees the weights only
     assert "prefetch.global.L2" in body.split("\n}\n")[0]
 
+
+def test_auto_split_is_whole_decode_tiles():
+    """``auto`` sizes splits in whole K/V tiles of the split-KV decode kernel (DecodeCfg::BN)."""
+    from reference import attention
+    src = (kernels.KERNEL_DIR / "attention.cu").read_text()
+    bn = int(re.search(r"struct DecodeCfg \{.*?static constexpr int BN = (\d+)", src, re.S).group(1))
+    assert bn == attention.AUTO_TILE
+    for B in (1, 2, 8, 32, 128):
+        for L in (1, 300, 1024, 4096, 16384):
+            size = attention.split_size_for("auto", 0, [L] * B, 8)
+            assert size % bn == 0 and size >= 2 * bn, (B, L, size)
+            assert -(-L // size) <= attention.AUTO_MAX_SPLITS, (B, L, size)
