@@ -273,3 +273,15 @@ def test_optimized_accepts_any_block_size_and_head_dim_16():
     import dataclasses
     assert shape_problems(dataclasses.replace(TINY, head_dim=16), 4) == []
     assert "head_dim 8" in shape_problems(dataclasses.replace(TINY, head_dim=8), 4)[0]
+
+
+def test_optimized_defaults_auto_split_but_fixed_under_batch_invariance():
+    """The optimized engine sizes splits with ``auto`` by default; batch-invariant mode, which forbids
+    ``auto``, gets ``fixed:256`` unless the caller names a policy (and naming ``auto`` there stays an error)."""
+    from optimized.engine import INVARIANT_SPLIT_KV, engine_config
+    assert engine_config().split_kv == "auto"
+    assert engine_config(split_kv="fixed:64").split_kv == "fixed:64"
+    assert engine_config(batch_invariant=True).split_kv == INVARIANT_SPLIT_KV == "fixed:256"
+    assert engine_config(batch_invariant=True, split_kv="disabled").split_kv == "disabled"
+    with pytest.raises(reference.ConfigError):
+        engine_config(batch_invariant=True, split_kv="auto")
