@@ -302,7 +302,6 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 
 
-
 #: ``auto``'s rule, fitted to split-KV decode timings on an H200 (docs/performance.md, "Split size of a
 #: decode step"): about this many work items (sequence x KV head x split) per multiprocessor ...
 AUTO_ITEMS_PER_SM = 4
