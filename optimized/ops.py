@@ -45,8 +45,7 @@ PREFILL_ROWS = 64
 
 _I32_MAX = 2**31 - 1
 _lock = threading.Lock()
-_functions: dict[tuple[int, str, str], object] = {}
-_handles: dict[tuple[int, str, str], int] = {}
+_functions: dict[tuple[int, str, str], tuple[object, int]] = {}   # (RawKernel, its CUfunction handle)
 _streams: dict[tuple[int, int], object] = {}
 
 
@@ -92,18 +91,19 @@ def _num_sms(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def _function(dev: int, module: str, name: str, smem: int):
+def _function(dev: int, module: str, name: str, smem: int) -> tuple[object, int]:
+    """The kernel (``cupy.RawKernel``) and its CUfunction handle on device ``dev``, loaded once."""
     key = (dev, module, name)
-    fn = _functions.get(key)
-    if fn is None:
+    entry = _functions.get(key)
+    if entry is None:
         with _lock:
-            fn = _functions.get(key)
-            if fn is None:
+            entry = _functions.get(key)
+            if entry is None:
                 fn = kernels.load(module).get_function(name)
                 if smem > 48 * 1024:
                     fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default, once
-                _functions[key] = fn
-    return fn
+                entry = _functions[key] = (fn, fn.kernel.ptr)
+    return entry
 
 
 def _stream(dev: int):
@@ -130,11 +130,8 @@ def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple
 
     dev = _device_index(ref)
     with cupy.cuda.Device(dev):
-        fn = _function(dev, module, name, smem)
+        fn, handle = _function(dev, module, name, smem)
         if launch.pdl_enabled(_cc_major(dev)):
-            handle = _handles.get((dev, module, name))
-            if handle is None:
-                handle = _handles[(dev, module, name)] = fn.kernel.ptr   # the CUfunction of this device
             launch.launch_pdl(handle, grid, block, args, smem, torch.cuda.current_stream(dev).cuda_stream)
             return
         with _stream(dev):

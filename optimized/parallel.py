@@ -210,10 +210,6 @@ class ParallelCudaRunner(ParallelRunner):
         return result if self.grid.rank == DRIVER else None
 
 
-#: the optimized engine's defaults (bf16, rollout-sized context, split_kv='auto')
-DEFAULTS = _engine.DEFAULTS
-
-
 class ParallelEngine(_ReferenceParallelEngine):
     """The optimized engine over a ``tp x cp`` grid of GPUs: build it on every rank; rank 0 drives (the rollout
     API of ``optimized.Engine``), the others call ``follow()``. Under CP the split-KV policy is ``fixed:<block_size>``."""

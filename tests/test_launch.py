@@ -57,3 +57,54 @@ def test_when_the_pdl_path_is_taken(monkeypatch):
         assert not launch.pdl_enabled(9)
     finally:
         launch.set_pdl(None)
+
+
+def test_ops_launch_dispatch(monkeypatch):
+    """``ops._launch`` without a GPU: a stand-in CuPy and kernel module. Each kernel is loaded once per
+    (device, module, name) with its CUfunction handle; the PDL path passes that handle to the driver
+    launch, the other path calls the CuPy kernel on the stream."""
+    import contextlib
+    import sys
+    import types
+
+    import torch
+
+    from optimized import kernels, ops
+
+    calls: list[tuple] = []
+
+    class FakeKernel:
+        def __init__(self, name):
+            self.name, self.kernel = name, types.SimpleNamespace(ptr=1000 + len(calls))
+            self.max_dynamic_shared_size_bytes = 0
+            calls.append(("load", name))
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            calls.append(("cupy", self.name, grid, block, args, shared_mem))
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda dev: contextlib.nullcontext()))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(kernels, "load", lambda module: types.SimpleNamespace(get_function=FakeKernel))
+    monkeypatch.setattr(ops, "_functions", {})
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_cc_major", lambda dev: 9)
+    monkeypatch.setattr(ops, "_stream", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: types.SimpleNamespace(cuda_stream=77))
+    monkeypatch.setattr(launch, "launch_pdl", lambda *a: calls.append(("pdl",) + a))
+    ref = torch.zeros(1)
+    args = (np.int32(1),)
+    try:
+        launch.set_pdl(True)
+        monkeypatch.setattr(launch, "_driver", lambda: object())
+        ops._launch(ref, "rmsnorm", "rmsnorm", (2, 1, 1), (32, 1, 1), args, smem=64 * 1024)
+        ops._launch(ref, "rmsnorm", "rmsnorm", (3, 1, 1), (32, 1, 1), args, smem=64 * 1024)
+        launch.set_pdl(False)
+        ops._launch(ref, "rmsnorm", "rmsnorm", (4, 1, 1), (32, 1, 1), args, smem=64 * 1024)
+    finally:
+        launch.set_pdl(None)
+    assert calls[0] == ("load", "rmsnorm") and [c[0] for c in calls].count("load") == 1   # loaded once
+    fn, handle = ops._functions[(0, "rmsnorm", "rmsnorm")]
+    assert handle == 1000 and fn.max_dynamic_shared_size_bytes == 64 * 1024
+    assert calls[1] == ("pdl", 1000, (2, 1, 1), (32, 1, 1), args, 64 * 1024, 77)
+    assert calls[2] == ("pdl", 1000, (3, 1, 1), (32, 1, 1), args, 64 * 1024, 77)
+    assert calls[3] == ("cupy", "rmsnorm", (4, 1, 1), (32, 1, 1), args, 64 * 1024)

@@ -167,24 +167,20 @@ def main() -> int:
             floor = (wbytes + batch * ctx * kv_tok) / (ceiling * 1e9) * 1e3
             graph_sets: dict[str, dict] = {}
             pools: dict[str, object] = {}
-            current: list[str] = []
 
-            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, current=current, mm0=default_mm) -> None:
+            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
-                if current:
-                    pools[current[0]] = eng.runner.pool
-                    current.clear()
                 mm, pdl, split = VARIANTS[variant]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.policy = SplitKVPolicy.parse(split)
                 launch.set_pdl(pdl)
                 eng.runner.graphs = graph_sets.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
-                current.append(variant)
 
             for variant in args.variants:                      # capture + warm each variant once
                 use(variant)
                 step_times(eng, prompts, 4)
+                pools[variant] = eng.runner.pool               # the pool its captures created
             times: dict[str, list[float]] = {v: [] for v in args.variants}
             for _ in range(args.rounds):                       # then alternate, so drift hits all alike
                 for variant in args.variants:
