@@ -165,9 +165,13 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+#: device types an op accepts (a CPU test of the host-side checks adds "cpu", with ``_launch`` stubbed)
+_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+
+
 def _tensor(name: str, t, dtype: torch.dtype | tuple[torch.dtype, ...], dims: int | None = None) -> torch.Tensor:
     _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _need(t.is_cuda, f"{name} must be a CUDA tensor, got device {t.device}")
+    _need(t.device.type in _DEVICE_TYPES, f"{name} must be a CUDA tensor, got device {t.device}")
     dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
     _need(t.dtype in dtypes, f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
     if dims is not None:
@@ -811,8 +815,17 @@ def skinny_warps(N: int, K: int) -> int:
     return 16 if tiles * 8 < 2048 and blocks >= 16 * _SKINNY_U else 8
 
 
+def skinny_ctas(tiles: int, ref: torch.Tensor, ctas: int | None = None) -> int:
+    """CTAs of a skinny GEMM launch over ``tiles`` tiles of 16 weight rows: ``ctas`` if given (clamped to
+    [1, tiles]), else one per tile. With fewer, a CTA takes every ``ctas``-th tile in turn."""
+    if ctas is None:
+        return tiles
+    _need(isinstance(ctas, int) and ctas > 0, f"ctas must be a positive int, got {ctas!r}")
+    return min(ctas, tiles)
+
+
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, ctas: int | None = None) -> torch.Tensor:
     """``y = x @ w.T`` for ``M <= 16`` rows, streaming the weights (``skinny_gemm.cu``; default mode).
 
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, both
@@ -829,8 +842,36 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = to
     mt = 8 if M <= 8 else 16
     kind = "f32" if out_dtype == torch.float32 else "bf16"
     warps = skinny_warps(N, K)
-    _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (-(-N // 16), 1, 1), (32 * warps, 1, 1),
+    _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (skinny_ctas(-(-N // 16), x, ctas), 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)))
+    return out
+
+
+def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
+                  ctas: int | None = None) -> torch.Tensor:
+    """``silu_mul(skinny_gemm(x, w))`` in one launch, bitwise: ``w = [gate | up]`` bf16 ``[2I, K]``
+    (``I % 8 == 0``), ``x [M, K]`` as in ``skinny_gemm`` (``M <= 16``); returns bf16 ``[M, I]``.
+
+    Each CTA streams 8 gate rows and the 8 matching up rows, so the activation is formed from the
+    bf16-rounded gate and up in the GEMM's epilogue (``skinny_gemm.cu``)."""
+    M, N2, K = _linear_shape(x, w)
+    _need(M <= SKINNY_MAX_M, f"skinny_swiglu takes at most {SKINNY_MAX_M} rows, got {M}")
+    _need(N2 % 16 == 0 and 0 < N2 <= 65535 * 16, f"w must have 2*I rows with I a multiple of 8 (and I <= {65535 * 8}), got {N2}")
+    I = N2 // 2
+    _contig("w", w)
+    _aligned16("w", w)
+    out = _out("out", out, (M, I), torch.bfloat16, x)
+    _contig("out", out)
+    _same_device(x=x, w=w, out=out)
+    if M == 0:
+        return out
+    ldx = _rows("x", x, 1) if M > 1 else K
+    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
+          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
+    mt = 8 if M <= 8 else 16
+    warps = skinny_warps(N2, K)
+    _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (skinny_ctas(I // 8, x, ctas), 1, 1), (32 * warps, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K)))
     return out
 
 

@@ -137,6 +137,9 @@ class CudaRunner:
         #: 8, not the kernel's 16: on the H200 its two-tile variant was slower than cuBLAS at M = 16
         #: (docs/performance.md, "Skinny GEMM")
         self.skinny_max_m = 8
+        #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
+        #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
+        self.fuse_swiglu = True
 
     # ---------------------------------------------------------------- weights and pages
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -256,11 +259,19 @@ class CudaRunner:
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"]))                  # [T, H]
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
-            a = ops.silu_mul(self._mm(h, L["wgu"]))                                    # [T, I]
+            a = self._mlp_act(h, L["wgu"])                                            # [T, I]
             m = self._reduce(self._mm(a, L["wd"]))                                    # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
+
+    def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
+        """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
+        (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
+        skinny = not self.invariant and h.shape[0] <= self.skinny_max_m and h.shape[1] % 8 == 0
+        if skinny and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+            return ops.skinny_swiglu(h, wgu)
+        return ops.silu_mul(self._mm(h, wgu))
 
     # ---------------------------------------------------------------- steps
     def _upload(self, arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

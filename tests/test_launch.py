@@ -108,3 +108,32 @@ def test_ops_launch_dispatch(monkeypatch):
     assert calls[1] == ("pdl", 1000, (2, 1, 1), (32, 1, 1), args, 64 * 1024, 77)
     assert calls[2] == ("pdl", 1000, (3, 1, 1), (32, 1, 1), args, 64 * 1024, 77)
     assert calls[3] == ("cupy", "rmsnorm", (4, 1, 1), (32, 1, 1), args, 64 * 1024)
+
+
+def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(monkeypatch):
+    """``ops.skinny_swiglu`` on the CPU with ``_launch`` recorded: the kernel name (M tile, warps), the
+    grid (I / 8 CTAs) and I; bad shapes are ValueErrors that launch nothing."""
+    import pytest
+    import torch
+
+    from optimized import ops
+
+    log: list[tuple] = []
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0:
+                        log.append((module, name, grid, block, args)))
+    monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
+    bf = torch.bfloat16
+    x = torch.randn(3, 64).to(bf)
+    out = ops.skinny_swiglu(x, torch.randn(48, 64).to(bf))
+    assert out.shape == (3, 24) and log[-1][:4] == ("skinny_gemm", "skinny_swiglu_m8_w8", (3, 1, 1), (256, 1, 1))
+    assert int(log[-1][4][5]) == 24                                      # the kernel's I
+    ops.skinny_swiglu(torch.randn(12, 64).to(bf), torch.randn(48, 64).to(bf))
+    assert log[-1][1] == "skinny_swiglu_m16_w8"
+    n = len(log)
+    for bad_x, bad_w in ((x, torch.randn(40, 64).to(bf)),                # 2I rows, I not a multiple of 8
+                         (torch.randn(17, 64).to(bf), torch.randn(48, 64).to(bf)),   # more than 16 rows
+                         (x, torch.randn(48, 32).to(bf)),                # K differs from x's
+                         (x.float(), torch.randn(48, 64).to(bf))):       # x not bf16
+        with pytest.raises(ValueError):
+            ops.skinny_swiglu(bad_x, bad_w)
+    assert len(log) == n

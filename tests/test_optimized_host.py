@@ -93,6 +93,10 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("skinny_gemm", (x.shape[0], out_dtype)))
         return linear(x, w).to(out_dtype)
 
+    def skinny_swiglu(x, w):         # the fused epilogue: the gate/up GEMM, then the activation
+        log.append(("skinny_swiglu", x.shape[0]))
+        return silu_mul(linear(x, w))
+
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -108,7 +112,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
-                                 gemm=gemm, skinny_gemm=skinny_gemm, SKINNY_MAX_M=16, ATTN_HEAD_DIMS=(16, 32, 64, 128))
+                                 gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, SKINNY_MAX_M=16,
+                                 ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 
 @pytest.fixture
@@ -230,9 +235,10 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
 
 
 def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, launches):
-    """Default mode: GEMMs of <= 16 rows (decode steps, short prefills) go to skinny_gemm -- the LM head
-    with an fp32 output -- and larger ones to cuBLAS (not logged); never the invariant GEMM.
-    ``skinny_max_m = 0`` turns skinny_gemm off."""
+    """Default mode: GEMMs of <= 8 rows (decode steps, short prefills) go to the skinny kernels -- qkv,
+    o_proj, down_proj and the LM head (fp32 output) to skinny_gemm, gate/up with the SwiGLU epilogue
+    (skinny_swiglu) -- and larger ones to cuBLAS (not logged); never the invariant GEMM.
+    ``skinny_max_m = 0`` turns the skinny kernels off."""
     eng = opt_engine()
     long_prompt = [(7 * i) % 512 for i in range(40)]                  # a 40-row prefill: cuBLAS
     _rollout(eng, PROMPTS[:2] + [long_prompt], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 3,
@@ -244,13 +250,33 @@ def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, laun
     assert skinny and all(m <= eng.runner.skinny_max_m for m, _ in skinny), skinny
     assert any(dt == torch.float32 for _, dt in skinny), "the LM head of a decode step must be an fp32 skinny GEMM"
     n_layers = TINY.num_hidden_layers
-    decode_bf16 = [m for m, dt in skinny if dt == torch.bfloat16]
-    assert len(decode_bf16) % (4 * n_layers) == 0, "qkv, o, gate_up and down of every layer of a step"
+    bf16 = [m for m, dt in skinny if dt == torch.bfloat16]
+    swiglu = [m for k, m in launches if k == "skinny_swiglu"]
+    assert swiglu and len(swiglu) % n_layers == 0, "gate/up + SwiGLU of every layer of a step"
+    assert sorted(bf16) == sorted(m for m in swiglu for _ in range(3)), "qkv, o and down beside each gate/up"
     launches.clear()
     off = opt_engine()
     off.runner.skinny_max_m = 0
     _rollout(off, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
-    assert "skinny_gemm" not in {k for k, _ in launches}
+    assert not {"skinny_gemm", "skinny_swiglu"} & {k for k, _ in launches}
+
+
+def test_swiglu_epilogue_switch(opt_engine, launches):
+    """``fuse_swiglu = False`` runs gate/up as skinny_gemm + silu_mul; with the stand-ins (whose fused
+    op composes the unfused pair) the rollouts agree token for token; batch-invariant mode never fuses."""
+    runs = []
+    for fuse in (True, False):
+        launches.clear()
+        eng = opt_engine()
+        eng.runner.fuse_swiglu = fuse
+        runs.append(_rollout(eng, PROMPTS[:3], [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3, turns=2))
+        kinds = {k for k, _ in launches}
+        assert ("skinny_swiglu" in kinds) == fuse and "skinny_gemm" in kinds, kinds
+    assert runs[0] == runs[1]
+    launches.clear()
+    _rollout(opt_engine(batch_invariant=True), PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2,
+             turns=2)
+    assert not {"skinny_swiglu", "skinny_gemm"} & {k for k, _ in launches}
 
 
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):

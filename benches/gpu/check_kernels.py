@@ -836,12 +836,36 @@ def check_skinny(C: Checks, dev, gen) -> None:
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
             y32, res = linear_accuracy(ops.skinny_gemm, x, w)
             res += exact("second launch", ops.skinny_gemm(x, w, out_dtype=torch.float32), y32)
+            for ctas in (1, 7, 132):   # a CTA per tile, or fewer CTAs looping over the tiles: the same bits
+                res += exact(f"{ctas} CTAs == one per tile", ops.skinny_gemm(x, w, out_dtype=torch.float32, ctas=ctas), y32)
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_gemm(x[r:r + 1].contiguous(), w,
                                                                                out_dtype=torch.float32), y32[r:r + 1])
             print(f"    warps per CTA: {ops.skinny_warps(N, K)}")
             return res
         C.run("skinny", f"M={M} N={N} K={K}", run)
+
+
+def check_skinny_epilogues(C: Checks, dev, gen) -> None:
+    """The skinny GEMM's SwiGLU epilogue: ``skinny_swiglu`` bitwise equal to ``silu_mul(skinny_gemm)``
+    (strided x, both M tiles, a width that is not a multiple of 16 CTAs' worth), and the flash rule
+    against a float64 run of the whole step (torch's bf16 GEMM + silu * up is the low-precision run)."""
+    for M, I, K in ((1, 12288, 4096), (8, 3072, 1024), (5, 24, 40), (16, 6144, 4096), (9, 1536, 2048)):
+        def run_swiglu(M=M, I=I, K=K):
+            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+            x = xw[:, :K]
+            w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
+            fused = ops.skinny_swiglu(x, w)
+            unfused = ops.silu_mul(ops.skinny_gemm(x, w))
+            looped = ops.skinny_swiglu(x, w, ctas=5)
+            torch.cuda.synchronize()
+            gu = x.double() @ w.double().t()
+            ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+            gbf = torch.matmul(x, w.t())
+            refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
+            return (exact("fused == silu_mul(skinny_gemm)", fused, unfused) + exact("5 CTAs == one per tile", looped, fused)
+                    + fa_rule("vs float64", fused, ref32, refbf))
+        C.run("epilogue", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
 def check_fused_decode(C: Checks, dev, gen) -> None:
@@ -915,7 +939,7 @@ SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
-    "skinny": check_skinny, "fused": check_fused_decode,
+    "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Launch the attention kernels on a few lab problems, for a profiler (Nsight Compute) to read.
 
-    python benches/gpu/probe_kernels.py [--only prefill decode host] [--reps N]
+    python benches/gpu/probe_kernels.py [--only prefill decode sweep host epilogue tiles] [--reps N]
     ncu --clock-control none -k regex:"paged_prefill|split_kv" --launch-skip 2 --launch-count 4 \\
         --section SpeedOfLight --section WarpStateStats python benches/gpu/probe_kernels.py
 
@@ -14,6 +14,9 @@ graph after a warm-up; the CUDA-event times are printed so that the script is al
 profiler.
 ``sweep``: split-KV decode at batch 1 and 8 over split sizes, one and two launches, PDL off and on.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
+``tiles``: the skinny GEMMs of a qwen3-8b step with one CTA per tile and with fewer, looping CTAs.
+``epilogue``: the skinny GEMMs of a qwen3-8b layer at batch 1 and 8, alone and with their layer's next
+launch (add_rmsnorm; silu_mul), and the gate/up GEMM with its SwiGLU epilogue (``skinny_swiglu``).
 Nothing is asserted here: correctness is ``check_kernels.py``'s job.
 """
 
@@ -132,9 +135,64 @@ def host(reps: int, gen: torch.Generator) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
+def epilogue(reps: int, gen: torch.Generator) -> None:
+    """Per GEMM: microseconds and GB/s of weights of (a) the skinny GEMM alone, (b) it and its layer's
+    next launch (add_rmsnorm or silu_mul), (c) for gate/up, the fused kernel. Each timed call runs the GEMM over
+    ``COPIES`` weight tensors in turn, so that no GEMM finds its weights in L2 (50 MB)."""
+    copies, H, I, eps = 3, 4096, 12288, 1e-6
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+
+    def variants(name, x, ws, r, nw):
+        if name == "gate_up":
+            return (("GEMM alone", lambda: [ops.skinny_gemm(x, w) for w in ws]),
+                    ("GEMM + next launch", lambda: [ops.silu_mul(ops.skinny_gemm(x, w)) for w in ws]),
+                    ("fused", lambda: [ops.skinny_swiglu(x, w) for w in ws]))
+        return (("GEMM alone", lambda: [ops.skinny_gemm(x, w) for w in ws]),
+                ("GEMM + next launch", lambda: [ops.add_rmsnorm(ops.skinny_gemm(x, w), r, nw, eps) for w in ws]))
+
+    for M in (1, 8):
+        xh, xi, r, nw = rnd(M, H), rnd(M, I), rnd(M, H, scale=3.0), torch.ones(H, device="cuda", dtype=torch.bfloat16)
+        for name, N, K, x in (("o_proj", H, H, xh), ("down_proj", H, I, xi), ("gate_up", 2 * I, H, xh)):
+            ws = [rnd(N, K, scale=K ** -0.5) for _ in range(copies)]
+            for label, fn in variants(name, x, ws, r, nw):
+                us = _time(fn, reps) * 1e3 / copies
+                print(f"epilogue {name} M={M} N={N} K={K} {label}: {us:.1f} us, {2 * N * K / us / 1e3:.0f} GB/s",
+                      flush=True)
+
+
+def tiles(reps: int, gen: torch.Generator) -> None:
+    """The skinny GEMMs of a qwen3-8b decode step (and the LM head) at batch 1 and 8, launched with one
+    CTA per 16-row tile (the default) and with fewer CTAs looping over the tiles: us and GB/s of
+    weights per GEMM, ``COPIES`` weight tensors in turn so that none is found in L2."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copies = 3
+    shapes = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up+swiglu", 24576, 4096, True),
+              ("down_proj", 4096, 12288, False), ("lm_head", 151936, 4096, False))
+    for M in (1, 8):
+        for name, N, K, swiglu in shapes:
+            x = (torch.randn(M, K, device="cuda", generator=gen)).to(torch.bfloat16)
+            ws = [(torch.randn(N, K, device="cuda", generator=gen) * K ** -0.5).to(torch.bfloat16) for _ in range(copies)]
+            n_tiles = -(-N // 16)
+            for ctas in (None, sms, 2 * sms, 3 * sms, 4 * sms):
+                if ctas is not None and ctas >= n_tiles:
+                    continue
+                if swiglu:
+                    fn = lambda c=ctas, x=x, ws=ws: [ops.skinny_swiglu(x, w, ctas=c) for w in ws]     # noqa: E731
+                else:
+                    dt = torch.float32 if name == "lm_head" else torch.bfloat16
+                    fn = lambda c=ctas, x=x, ws=ws, dt=dt: [ops.skinny_gemm(x, w, out_dtype=dt, ctas=c) for w in ws]  # noqa: E731
+                us = _time(fn, reps) * 1e3 / copies
+                label = f"{n_tiles} (one per tile)" if ctas is None else str(ctas)
+                print(f"tiles {name} M={M} N={N} K={K} CTAs {label}: {us:.1f} us, {2 * N * K / us / 1e3:.0f} GB/s",
+                      flush=True)
+            del ws
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host"),
+    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host", "epilogue", "tiles"),
                     default=("prefill", "decode"))
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
@@ -147,6 +205,10 @@ def main() -> int:
         sweep(a.reps, gen)
     if "host" in a.only:
         host(a.reps, gen)
+    if "epilogue" in a.only:
+        epilogue(a.reps, gen)
+    if "tiles" in a.only:
+        tiles(a.reps, gen)
     return 0
 
 

@@ -2,7 +2,7 @@
 captured graph with each launch fusion / GEMM path switched on and off (A/B on one engine).
 
     python benches/gpu/profile_decode.py [--models qwen3-0.6b qwen3-8b] [--batches 1 8 16 32 64]
-                                         [--steps 48] [--variants cuBLAS skinny pdl pdl+auto] [--out DIR]
+                                         [--steps 48] [--variants cuBLAS skinny pdl pdl+auto fused] [--out DIR]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_engine_decode.py``):
 random bf16 weights drawn on the GPU (``conformance.cases.draw_weights``; values do not change the work), a 256-token prompt per
@@ -11,8 +11,9 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
 * the median wall time of a decode step (graph replay, host side included) for the variants of
   ``VARIANTS``: ``cuBLAS`` (every GEMM through ``torch.matmul``), ``skinny`` (the runner's choice:
   GEMMs of <= 8 rows through ``ops.skinny_gemm``), both with plain launches and ``split_kv="fixed:256"``,
-  ``pdl`` (the same with programmatic dependent launch, the default on sm_90) and ``pdl+auto`` (and
-  ``split_kv="auto"``: the engine's defaults),
+  ``pdl`` (the same with programmatic dependent launch, the default on sm_90), ``pdl+auto`` (and
+  ``split_kv="auto"``), all with the skinny gate/up GEMM's SwiGLU epilogue off, and ``fused`` (and
+  the epilogue on: the engine's defaults),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -46,12 +47,13 @@ from reference.config import named_config  # noqa: E402
 PROMPT = 256
 GPU = Scale("gpu")
 #: variant -> (GEMMs of at most this many rows through skinny_gemm (-1: the runner's default), programmatic
-#: dependent launch on, split-KV policy)
-VARIANTS: dict[str, tuple[int, bool, str]] = {
-    "cuBLAS": (0, False, "fixed:256"),      # every GEMM through torch.matmul, plain launches
-    "skinny": (-1, False, "fixed:256"),     # the runner's GEMM choice, plain launches (CuPy)
-    "pdl": (-1, True, "fixed:256"),         # the same with programmatic dependent launch (the default on sm_90)
-    "pdl+auto": (-1, True, "auto"),         # and split_kv="auto" (the engine's default)
+#: dependent launch on, split-KV policy, the skinny gate/up GEMM's SwiGLU epilogue on)
+VARIANTS: dict[str, tuple[int, bool, str, bool]] = {
+    "cuBLAS": (0, False, "fixed:256", False),      # every GEMM through torch.matmul, plain launches
+    "skinny": (-1, False, "fixed:256", False),     # the runner's GEMM choice, plain launches (CuPy)
+    "pdl": (-1, True, "fixed:256", False),         # the same with programmatic dependent launch (the default on sm_90)
+    "pdl+auto": (-1, True, "auto", False),         # and split_kv="auto" (the engine's default)
+    "fused": (-1, True, "auto", True),             # and SwiGLU in the gate/up GEMM's epilogue (the defaults)
 }
 
 
@@ -170,8 +172,9 @@ def main() -> int:
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
-                mm, pdl, split = VARIANTS[variant]
+                mm, pdl, split, fuse = VARIANTS[variant]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
+                eng.runner.fuse_swiglu = fuse
                 eng.runner.policy = SplitKVPolicy.parse(split)
                 launch.set_pdl(pdl)
                 eng.runner.graphs = graph_sets.setdefault(variant, {})
@@ -209,6 +212,7 @@ def main() -> int:
             launch.set_pdl(None)
             eng.runner.policy = SplitKVPolicy.parse(default_split)
             eng.runner.skinny_max_m = default_mm
+            eng.runner.fuse_swiglu = True
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

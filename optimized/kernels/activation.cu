@@ -9,13 +9,8 @@
 
 #include <cuda_bf16.h>
 
+#include "swiglu.cuh"
 #include "pdl.cuh"
-
-namespace {
-__device__ __forceinline__ float silu_mul1(float g, float u) {
-  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, expf(-g))), u);
-}
-}  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) silu_mul(const __nv_bfloat16* __restrict__ x, int x_stride,
                                                            __nv_bfloat16* __restrict__ out, int T, int I) {

@@ -9,6 +9,15 @@
 // checks). (An input-side fusion of silu_mul was measured and dropped: every one of the N / 16 CTAs
 // recomputes the whole activation row, which at the 8B down projection halved the bandwidth.)
 //
+// The SwiGLU epilogue (skinny_swiglu_*) saves a decode layer its silu_mul launch, with the bits of
+// the unfused pair: W = [gate | up] [2I, K], and CTA b takes gate rows 8b .. 8b+7 as its rows 0-7 and
+// up rows I+8b .. I+8b+7 as rows 8-15. A thread's C fragment then holds gate (c0, c1) and up (c2, c3)
+// of the same output column and x rows, so it writes bf16(silu(bf16(gate)) * bf16(up)) -- what
+// silu_mul computes from the bf16 GEMM output (activation.cu) -- and the [M, 2I] intermediate never
+// exists. (A residual add + RMSNorm epilogue for o_proj / down_proj -- the last CTAs to finish fold
+// the rows -- was measured and dropped: at the 8B shapes it was slower than the
+// GEMM followed by add_rmsnorm: 0.6-1.4 us per call, docs/performance.md "Fused epilogues".)
+//
 // At M <= 16 the product is a stream of the weights: 2 N K bytes, each read once, against 2 M K
 // bytes of x (cache-resident). So the kernel is built around the weight stream:
 //   * "swap AB": the weights are the 16-row A operand of mma.m16n8k16 and the (at most 16) rows of
@@ -29,13 +38,35 @@
 
 #include <cuda_bf16.h>
 
-#include "pdl.cuh"
-
 #include "mma.cuh"
+#include "swiglu.cuh"
+#include "pdl.cuh"
 
 namespace {
 
 constexpr int kU = 8;  // 32-column blocks in flight per lane (x2 rows x 16 bytes of weights each)
+
+enum Epilogue { kPlain = 0, kSwiGLU = 1 };
+
+// Tiles of 16 weight rows: a CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (one each when
+// the grid has a CTA per tile). N is the output width: the weight's row count, or I for SwiGLU (whose
+// weight has 2I rows: gate rows, then up rows; a tile holds 8 of each).
+template <int EPI>
+__device__ __forceinline__ int num_tiles(int N) {
+  return EPI == kSwiGLU ? (N + 7) >> 3 : (N + 15) >> 4;
+}
+
+// The weight row behind row r (0 .. 15) of tile `tile`, or -1 past the end.
+template <int EPI>
+__device__ __forceinline__ int weight_row(int r, int N, int tile) {
+  if constexpr (EPI == kSwiGLU) {
+    const int i = tile * 8 + (r & 7);  // output column
+    return i < N ? (r < 8 ? i : N + i) : -1;
+  } else {
+    const int n = tile * 16 + r;
+    return n < N ? n : -1;
+  }
+}
 
 // read once: not kept in L1, and a hint that L2 may fetch the whole 256-byte stretch of the row
 __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
@@ -52,13 +83,17 @@ __device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, in
 
 // Programmatic dependent launch (pdl.cuh): while the previous kernel (the norm or activation that
 // produces x) finishes, a CTA asks L2 for the first round of its weight stream -- the kU 32-column
-// blocks per warp that skinny_impl loads first, one prefetch per 64-byte block and weight row. The
+// blocks per warp that skinny_tile loads first, one prefetch per 64-byte block and weight row. The
 // weights are written by no kernel of a step, so this may precede pdl_wait(); x and y come after it.
-template <int WARPS>
-__device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K) {
+// A CTA with several tiles also prefetches each next tile's first round when its loads for the
+// current one are issued.
+template <int WARPS, int EPI>
+__device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K,
+                                                int tile = blockIdx.x) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int row = blockIdx.x * 16 + (lane & 15);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
-  if (row >= N) return;
+  if (tile >= num_tiles<EPI>(N)) return;
+  const int row = weight_row<EPI>(lane & 15, N, tile);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
+  if (row < 0) return;
   const int nkb = (K + 31) >> 5;
 #pragma unroll
   for (int u = 0; u < kU; u += 2) {  // blocks kb and kb + WARPS of the first round: 2 x 64 bytes
@@ -67,20 +102,20 @@ __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict_
   }
 }
 
-template <int MT, int WARPS, bool F32>
-__device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+template <int MT, int WARPS, bool F32, int EPI>
+__device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, int ldx,
                                             const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
-                                            int K) {
+                                            int K, int tile) {
   __shared__ float red[WARPS][MT][4][32];  // per-warp C fragments, lane-major
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 16;
-  // Loads are never skipped, only their results zeroed: out-of-range rows read row N-1 (or x row 0)
-  // and out-of-range columns column 0, so every load of a round is unconditional and can be in flight
-  // at once (a branch around each load would let the compiler serialise them).
-  const bool ra = n0 + g < N, rb = n0 + g + 8 < N;
-  const __nv_bfloat16* wa_p = w + (long long)min(n0 + g, N - 1) * K;
-  const __nv_bfloat16* wb_p = w + (long long)min(n0 + g + 8, N - 1) * K;
+  // Loads are never skipped, only their results zeroed: out-of-range rows read weight row 0 (or x
+  // row 0) and out-of-range columns column 0, so every load of a round is unconditional and can be
+  // in flight at once (a branch around each load would let the compiler serialise them).
+  const int row_a = weight_row<EPI>(g, N, tile), row_b = weight_row<EPI>(g + 8, N, tile);
+  const bool ra = row_a >= 0, rb = row_b >= 0;
+  const __nv_bfloat16* wa_p = w + (long long)max(row_a, 0) * K;
+  const __nv_bfloat16* wb_p = w + (long long)max(row_b, 0) * K;
   bool xr[MT];
   int xm[MT];
 #pragma unroll
@@ -125,6 +160,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
     }
   }
 
+  if (tile + (int)gridDim.x < num_tiles<EPI>(N)) skinny_prefetch<WARPS, EPI>(w, N, K, tile + gridDim.x);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -133,22 +169,49 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
   if (tid < 32 * MT) {  // one thread per (n8 tile of x rows, lane of the fragment): sum warps in order
     const int mt = tid >> 5, l = tid & 31;
     const int gg = l >> 2, tt = l & 3;
+    float sum[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      float s = red[0][mt][c][l];
+      float v = red[0][mt][c][l];
 #pragma unroll
-      for (int ww = 1; ww < WARPS; ++ww) s += red[ww][mt][c][l];
-      // C fragment: c0, c1 -> (weight row gg, x rows 2tt, 2tt+1); c2, c3 -> weight row gg + 8
-      const int n = n0 + gg + 8 * (c >> 1);
-      const int m = 8 * mt + 2 * tt + (c & 1);
-      if (n < N && m < M) {
-        if constexpr (F32)
-          reinterpret_cast<float*>(y)[(long long)m * N + n] = s;
-        else
-          reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(s);
+      for (int ww = 1; ww < WARPS; ++ww) v += red[ww][mt][c][l];
+      sum[c] = v;
+    }
+    // C fragment: c0, c1 -> (row gg, x rows 2tt, 2tt+1); c2, c3 -> row gg + 8, the same x rows
+    if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8 tile + gg
+      const int n = tile * 8 + gg;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int m = 8 * mt + 2 * tt + c;
+        if (n < N && m < M) {
+          const float gt = __bfloat162float(__float2bfloat16_rn(sum[c]));
+          const float up = __bfloat162float(__float2bfloat16_rn(sum[c + 2]));
+          reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(silu_mul1(gt, up));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = tile * 16 + gg + 8 * (c >> 1);
+        const int m = 8 * mt + 2 * tt + (c & 1);
+        if (n < N && m < M) {
+          if constexpr (F32)
+            reinterpret_cast<float*>(y)[(long long)m * N + n] = sum[c];
+          else
+            reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(sum[c]);
+        }
       }
     }
   }
+  __syncthreads();  // red is free for the CTA's next tile
+}
+
+template <int MT, int WARPS, bool F32, int EPI = kPlain>
+__device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                            const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
+                                            int K) {
+  for (int tile = blockIdx.x; tile < num_tiles<EPI>(N); tile += gridDim.x)
+    skinny_tile<MT, WARPS, F32, EPI>(x, ldx, w, y, M, N, K, tile);
 }
 
 }  // namespace
@@ -161,14 +224,26 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
   extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_m##MV##_w##WV##_##SUF(                       \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
       int M, int N, int K) {                                                                                 \
-    skinny_prefetch<WV>(w, N, K); /* the weights depend on no kernel: fetched before the wait */             \
+    skinny_prefetch<WV, kPlain>(w, N, K); /* the weights depend on no kernel: fetched before the wait */     \
     pdl_wait();                                                                                              \
     pdl_launch_dependents();                                                                                 \
     skinny_impl<MTV, WV, F32V>(x, ldx, w, y, M, N, K);                                                       \
   }
+// skinny_swiglu_m{8,16}_w{8,16}: y [M, I] bf16 = silu(x Wg^T) * (x Wu^T), W = [Wg | Wu] [2I, K];
+// I % 8 == 0; grid I / 8 CTAs.
+#define TK_SWIGLU(MTV, MV, WV)                                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_swiglu_m##MV##_w##WV(                        \
+      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
+      int M, int I, int K) {                                                                                 \
+    skinny_prefetch<WV, kSwiGLU>(w, I, K);                                                                   \
+    pdl_wait();                                                                                              \
+    pdl_launch_dependents();                                                                                 \
+    skinny_impl<MTV, WV, false, kSwiGLU>(x, ldx, w, y, M, I, K);                                             \
+  }
 #define TK_SKINNY_W(MTV, MV, WV)       \
   TK_SKINNY(MTV, MV, WV, bf16, false)  \
-  TK_SKINNY(MTV, MV, WV, f32, true)
+  TK_SKINNY(MTV, MV, WV, f32, true)    \
+  TK_SWIGLU(MTV, MV, WV)
 TK_SKINNY_W(1, 8, 8)
 TK_SKINNY_W(1, 8, 16)
 TK_SKINNY_W(2, 16, 8)
