@@ -815,17 +815,8 @@ def skinny_warps(N: int, K: int) -> int:
     return 16 if tiles * 8 < 2048 and blocks >= 16 * _SKINNY_U else 8
 
 
-def skinny_ctas(tiles: int, ref: torch.Tensor, ctas: int | None = None) -> int:
-    """CTAs of a skinny GEMM launch over ``tiles`` tiles of 16 weight rows: ``ctas`` if given (clamped to
-    [1, tiles]), else one per tile. With fewer, a CTA takes every ``ctas``-th tile in turn."""
-    if ctas is None:
-        return tiles
-    _need(isinstance(ctas, int) and ctas > 0, f"ctas must be a positive int, got {ctas!r}")
-    return min(ctas, tiles)
-
-
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                out: torch.Tensor | None = None, ctas: int | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """``y = x @ w.T`` for ``M <= 16`` rows, streaming the weights (``skinny_gemm.cu``; default mode).
 
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, both
@@ -842,13 +833,12 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = to
     mt = 8 if M <= 8 else 16
     kind = "f32" if out_dtype == torch.float32 else "bf16"
     warps = skinny_warps(N, K)
-    _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (skinny_ctas(-(-N // 16), x, ctas), 1, 1), (32 * warps, 1, 1),
+    _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (-(-N // 16), 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)))
     return out
 
 
-def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
-                  ctas: int | None = None) -> torch.Tensor:
+def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu_mul(skinny_gemm(x, w))`` in one launch, bitwise: ``w = [gate | up]`` bf16 ``[2I, K]``
     (``I % 8 == 0``), ``x [M, K]`` as in ``skinny_gemm`` (``M <= 16``); returns bf16 ``[M, I]``.
 
@@ -870,7 +860,7 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
           "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
     mt = 8 if M <= 8 else 16
     warps = skinny_warps(N2, K)
-    _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (skinny_ctas(I // 8, x, ctas), 1, 1), (32 * warps, 1, 1),
+    _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (I // 8, 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K)))
     return out
 

@@ -836,8 +836,6 @@ def check_skinny(C: Checks, dev, gen) -> None:
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
             y32, res = linear_accuracy(ops.skinny_gemm, x, w)
             res += exact("second launch", ops.skinny_gemm(x, w, out_dtype=torch.float32), y32)
-            for ctas in (1, 7, 132):   # a CTA per tile, or fewer CTAs looping over the tiles: the same bits
-                res += exact(f"{ctas} CTAs == one per tile", ops.skinny_gemm(x, w, out_dtype=torch.float32, ctas=ctas), y32)
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_gemm(x[r:r + 1].contiguous(), w,
                                                                                out_dtype=torch.float32), y32[r:r + 1])
@@ -857,14 +855,12 @@ def check_skinny_epilogues(C: Checks, dev, gen) -> None:
             w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
             fused = ops.skinny_swiglu(x, w)
             unfused = ops.silu_mul(ops.skinny_gemm(x, w))
-            looped = ops.skinny_swiglu(x, w, ctas=5)
             torch.cuda.synchronize()
             gu = x.double() @ w.double().t()
             ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
             gbf = torch.matmul(x, w.t())
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
-            return (exact("fused == silu_mul(skinny_gemm)", fused, unfused) + exact("5 CTAs == one per tile", looped, fused)
-                    + fa_rule("vs float64", fused, ref32, refbf))
+            return exact("fused == silu_mul(skinny_gemm)", fused, unfused) + fa_rule("vs float64", fused, ref32, refbf)
         C.run("epilogue", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 

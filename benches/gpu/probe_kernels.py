@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Launch the attention kernels on a few lab problems, for a profiler (Nsight Compute) to read.
 
-    python benches/gpu/probe_kernels.py [--only prefill decode sweep host epilogue tiles] [--reps N]
+    python benches/gpu/probe_kernels.py [--only prefill decode sweep host epilogue] [--reps N]
     ncu --clock-control none -k regex:"paged_prefill|split_kv" --launch-skip 2 --launch-count 4 \\
         --section SpeedOfLight --section WarpStateStats python benches/gpu/probe_kernels.py
 
@@ -14,7 +14,6 @@ graph after a warm-up; the CUDA-event times are printed so that the script is al
 profiler.
 ``sweep``: split-KV decode at batch 1 and 8 over split sizes, one and two launches, PDL off and on.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
-``tiles``: the skinny GEMMs of a qwen3-8b step with one CTA per tile and with fewer, looping CTAs.
 ``epilogue``: the skinny GEMMs of a qwen3-8b layer at batch 1 and 8, alone and with their layer's next
 launch (add_rmsnorm; silu_mul), and the gate/up GEMM with its SwiGLU epilogue (``skinny_swiglu``).
 Nothing is asserted here: correctness is ``check_kernels.py``'s job.
@@ -162,37 +161,9 @@ def epilogue(reps: int, gen: torch.Generator) -> None:
                       flush=True)
 
 
-def tiles(reps: int, gen: torch.Generator) -> None:
-    """The skinny GEMMs of a qwen3-8b decode step (and the LM head) at batch 1 and 8, launched with one
-    CTA per 16-row tile (the default) and with fewer CTAs looping over the tiles: us and GB/s of
-    weights per GEMM, ``COPIES`` weight tensors in turn so that none is found in L2."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    copies = 3
-    shapes = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up+swiglu", 24576, 4096, True),
-              ("down_proj", 4096, 12288, False), ("lm_head", 151936, 4096, False))
-    for M in (1, 8):
-        for name, N, K, swiglu in shapes:
-            x = (torch.randn(M, K, device="cuda", generator=gen)).to(torch.bfloat16)
-            ws = [(torch.randn(N, K, device="cuda", generator=gen) * K ** -0.5).to(torch.bfloat16) for _ in range(copies)]
-            n_tiles = -(-N // 16)
-            for ctas in (None, sms, 2 * sms, 3 * sms, 4 * sms):
-                if ctas is not None and ctas >= n_tiles:
-                    continue
-                if swiglu:
-                    fn = lambda c=ctas, x=x, ws=ws: [ops.skinny_swiglu(x, w, ctas=c) for w in ws]     # noqa: E731
-                else:
-                    dt = torch.float32 if name == "lm_head" else torch.bfloat16
-                    fn = lambda c=ctas, x=x, ws=ws, dt=dt: [ops.skinny_gemm(x, w, out_dtype=dt, ctas=c) for w in ws]  # noqa: E731
-                us = _time(fn, reps) * 1e3 / copies
-                label = f"{n_tiles} (one per tile)" if ctas is None else str(ctas)
-                print(f"tiles {name} M={M} N={N} K={K} CTAs {label}: {us:.1f} us, {2 * N * K / us / 1e3:.0f} GB/s",
-                      flush=True)
-            del ws
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host", "epilogue", "tiles"),
+    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host", "epilogue"),
                     default=("prefill", "decode"))
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
@@ -207,8 +178,6 @@ def main() -> int:
         host(a.reps, gen)
     if "epilogue" in a.only:
         epilogue(a.reps, gen)
-    if "tiles" in a.only:
-        tiles(a.reps, gen)
     return 0
 
 

@@ -48,22 +48,18 @@ constexpr int kU = 8;  // 32-column blocks in flight per lane (x2 rows x 16 byte
 
 enum Epilogue { kPlain = 0, kSwiGLU = 1 };
 
-// Tiles of 16 weight rows: a CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (one each when
-// the grid has a CTA per tile). N is the output width: the weight's row count, or I for SwiGLU (whose
-// weight has 2I rows: gate rows, then up rows; a tile holds 8 of each).
+// The weight row behind row r (0 .. 15) of this CTA's 16, or -1 past the end. N is the output width:
+// the weight's row count, or I for SwiGLU (whose weight has 2I rows: gate rows, then up rows; a CTA
+// takes 8 of each). (A grid-stride loop over these 16-row tiles, fewer CTAs than tiles with a next-tile
+// L2 prefetch, was measured and dropped: at the 8B shapes 132-528 CTAs were at best 1-2% faster than
+// one CTA per tile (at M = 1), and up to 22% slower -- docs/performance.md, "Skinny GEMM".)
 template <int EPI>
-__device__ __forceinline__ int num_tiles(int N) {
-  return EPI == kSwiGLU ? (N + 7) >> 3 : (N + 15) >> 4;
-}
-
-// The weight row behind row r (0 .. 15) of tile `tile`, or -1 past the end.
-template <int EPI>
-__device__ __forceinline__ int weight_row(int r, int N, int tile) {
+__device__ __forceinline__ int weight_row(int r, int N) {
   if constexpr (EPI == kSwiGLU) {
-    const int i = tile * 8 + (r & 7);  // output column
+    const int i = blockIdx.x * 8 + (r & 7);  // output column
     return i < N ? (r < 8 ? i : N + i) : -1;
   } else {
-    const int n = tile * 16 + r;
+    const int n = blockIdx.x * 16 + r;
     return n < N ? n : -1;
   }
 }
@@ -83,16 +79,12 @@ __device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, in
 
 // Programmatic dependent launch (pdl.cuh): while the previous kernel (the norm or activation that
 // produces x) finishes, a CTA asks L2 for the first round of its weight stream -- the kU 32-column
-// blocks per warp that skinny_tile loads first, one prefetch per 64-byte block and weight row. The
+// blocks per warp that skinny_impl loads first, one prefetch per 64-byte block and weight row. The
 // weights are written by no kernel of a step, so this may precede pdl_wait(); x and y come after it.
-// A CTA with several tiles also prefetches each next tile's first round when its loads for the
-// current one are issued.
 template <int WARPS, int EPI>
-__device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K,
-                                                int tile = blockIdx.x) {
+__device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tile >= num_tiles<EPI>(N)) return;
-  const int row = weight_row<EPI>(lane & 15, N, tile);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
+  const int row = weight_row<EPI>(lane & 15, N);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
   if (row < 0) return;
   const int nkb = (K + 31) >> 5;
 #pragma unroll
@@ -102,17 +94,17 @@ __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict_
   }
 }
 
-template <int MT, int WARPS, bool F32, int EPI>
-__device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, int ldx,
+template <int MT, int WARPS, bool F32, int EPI = kPlain>
+__device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                             const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
-                                            int K, int tile) {
+                                            int K) {
   __shared__ float red[WARPS][MT][4][32];  // per-warp C fragments, lane-major
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   // Loads are never skipped, only their results zeroed: out-of-range rows read weight row 0 (or x
   // row 0) and out-of-range columns column 0, so every load of a round is unconditional and can be
   // in flight at once (a branch around each load would let the compiler serialise them).
-  const int row_a = weight_row<EPI>(g, N, tile), row_b = weight_row<EPI>(g + 8, N, tile);
+  const int row_a = weight_row<EPI>(g, N), row_b = weight_row<EPI>(g + 8, N);
   const bool ra = row_a >= 0, rb = row_b >= 0;
   const __nv_bfloat16* wa_p = w + (long long)max(row_a, 0) * K;
   const __nv_bfloat16* wb_p = w + (long long)max(row_b, 0) * K;
@@ -160,7 +152,6 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     }
   }
 
-  if (tile + (int)gridDim.x < num_tiles<EPI>(N)) skinny_prefetch<WARPS, EPI>(w, N, K, tile + gridDim.x);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -178,8 +169,8 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
       sum[c] = v;
     }
     // C fragment: c0, c1 -> (row gg, x rows 2tt, 2tt+1); c2, c3 -> row gg + 8, the same x rows
-    if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8 tile + gg
-      const int n = tile * 8 + gg;
+    if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8b + gg
+      const int n = blockIdx.x * 8 + gg;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int m = 8 * mt + 2 * tt + c;
@@ -192,7 +183,7 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     } else {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int n = tile * 16 + gg + 8 * (c >> 1);
+        const int n = blockIdx.x * 16 + gg + 8 * (c >> 1);
         const int m = 8 * mt + 2 * tt + (c & 1);
         if (n < N && m < M) {
           if constexpr (F32)
@@ -203,15 +194,6 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
       }
     }
   }
-  __syncthreads();  // red is free for the CTA's next tile
-}
-
-template <int MT, int WARPS, bool F32, int EPI = kPlain>
-__device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x, int ldx,
-                                            const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
-                                            int K) {
-  for (int tile = blockIdx.x; tile < num_tiles<EPI>(N); tile += gridDim.x)
-    skinny_tile<MT, WARPS, F32, EPI>(x, ldx, w, y, M, N, K, tile);
 }
 
 }  // namespace
