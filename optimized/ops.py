@@ -33,7 +33,7 @@ __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "decode_smem_bytes", "ATTN_HEAD_DIMS",
-    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M",
+    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -806,17 +806,37 @@ _SKINNY_KB = 32          # columns of one k-block (4 lanes x 8); ``kU`` blocks i
 _SKINNY_U = 8
 
 
+#: from this many 16-row tiles on, ``skinny_warps`` picks CTAs of 4 warps (see there)
+SKINNY_W4_TILES = 1024
+
+
 def skinny_warps(N: int, K: int) -> int:
-    """Warps per CTA of ``skinny_gemm`` for ``N x K`` weights: 16 when the ``ceil(N / 16)`` CTAs of
-    8 warps would leave the GPU short of loads in flight (fewer than 2048 warps) and K is long enough
-    to give 16 warps a full round of loads each; 8 otherwise."""
+    """Warps per CTA of ``skinny_gemm`` for ``N x K`` weights (one CTA per 16 weight rows):
+
+    * 4 when there are at least ``SKINNY_W4_TILES`` tiles: four small CTAs per SM (the register
+      limit) instead of two large ones, so one CTA's start and end overlap the others' streams. On the
+      H200 this took the 8B gate/up GEMM (1536 tiles) from 60.7 to 56.3 us and the LM head (9496
+      tiles) from 343 to 309 us; at 384 tiles (qkv) it tied, at 256 (o_proj, down) it lost 10-20%.
+    * 16 when the ``ceil(N / 16)`` CTAs of 8 warps would leave the GPU short of loads in flight
+      (fewer than 2048 warps) and K is long enough to give 16 warps a full round of loads each;
+    * 8 otherwise."""
     tiles = -(-N // 16)
     blocks = -(-K // _SKINNY_KB)
+    if tiles >= SKINNY_W4_TILES:
+        return 4
     return 16 if tiles * 8 < 2048 and blocks >= 16 * _SKINNY_U else 8
 
 
+def _skinny_warps_arg(warps: int | None, N: int, K: int) -> int:
+    """``warps`` (a benchmark's override: 4, 8 or 16) or ``skinny_warps(N, K)``."""
+    if warps is None:
+        return skinny_warps(N, K)
+    _need(warps in (4, 8, 16), f"warps must be 4, 8 or 16, got {warps!r}")
+    return warps
+
+
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, warps: int | None = None) -> torch.Tensor:
     """``y = x @ w.T`` for ``M <= 16`` rows, streaming the weights (``skinny_gemm.cu``; default mode).
 
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, both
@@ -832,13 +852,14 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = to
         return out
     mt = 8 if M <= 8 else 16
     kind = "f32" if out_dtype == torch.float32 else "bf16"
-    warps = skinny_warps(N, K)
+    warps = _skinny_warps_arg(warps, N, K)
     _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (-(-N // 16), 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)))
     return out
 
 
-def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
+                  warps: int | None = None) -> torch.Tensor:
     """``silu_mul(skinny_gemm(x, w))`` in one launch, bitwise: ``w = [gate | up]`` bf16 ``[2I, K]``
     (``I % 8 == 0``), ``x [M, K]`` as in ``skinny_gemm`` (``M <= 16``); returns bf16 ``[M, I]``.
 
@@ -859,10 +880,25 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
           "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
     mt = 8 if M <= 8 else 16
-    warps = skinny_warps(N2, K)
+    warps = _skinny_warps_arg(warps, N2, K)
     _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (I // 8, 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K)))
     return out
+
+
+def l2_prefetch(t: torch.Tensor, nbytes: int | None = None, *, ctas: int | None = None) -> None:
+    """Ask L2 for the first ``nbytes`` bytes of ``t``'s storage (all of it by default): one launch of
+    ``skinny_l2_prefetch``, which returns once every 128-byte line is requested. For the weights of a
+    GEMM a few launches later, while the launches in between are latency-bound. No effect on results."""
+    _need(isinstance(t, torch.Tensor), f"t must be a torch.Tensor, got {type(t).__name__}")
+    _need(t.device.type in _DEVICE_TYPES, f"t must be a CUDA tensor, got device {t.device}")
+    _contig("t", t)
+    total = t.numel() * t.element_size()
+    nbytes = total if nbytes is None else min(int(nbytes), total)
+    if nbytes <= 0:
+        return
+    blocks = ctas if ctas is not None else min(-(-nbytes // (256 * 128)), 2 * _num_sms(_device_index(t)))
+    _launch(t, "skinny_gemm", "skinny_l2_prefetch", (blocks, 1, 1), (256, 1, 1), (_p(t), np.uint64(nbytes)))
 
 
 # --------------------------------------------------------------------------------------

@@ -839,6 +839,9 @@ def check_skinny(C: Checks, dev, gen) -> None:
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_gemm(x[r:r + 1].contiguous(), w,
                                                                                out_dtype=torch.float32), y32[r:r + 1])
+            ref32 = x.double() @ w.double().t()
+            for wp in sorted({4, 8, 16} - {ops.skinny_warps(N, K)}):   # the CTA sizes not picked here
+                res += fa_rule(f"{wp} warps", ops.skinny_gemm(x, w, warps=wp), ref32, torch.matmul(x, w.t()))
             print(f"    warps per CTA: {ops.skinny_warps(N, K)}")
             return res
         C.run("skinny", f"M={M} N={N} K={K}", run)

@@ -2,7 +2,7 @@
 captured graph with each launch fusion / GEMM path switched on and off (A/B on one engine).
 
     python benches/gpu/profile_decode.py [--models qwen3-0.6b qwen3-8b] [--batches 1 8 16 32 64]
-                                         [--steps 48] [--variants cuBLAS skinny pdl pdl+auto fused] [--out DIR]
+                                         [--steps 48] [--variants cuBLAS skinny pdl pdl+auto fused w4] [--out DIR]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_engine_decode.py``):
 random bf16 weights drawn on the GPU (``conformance.cases.draw_weights``; values do not change the work), a 256-token prompt per
@@ -12,8 +12,9 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
   ``VARIANTS``: ``cuBLAS`` (every GEMM through ``torch.matmul``), ``skinny`` (the runner's choice:
   GEMMs of <= 8 rows through ``ops.skinny_gemm``), both with plain launches and ``split_kv="fixed:256"``,
   ``pdl`` (the same with programmatic dependent launch, the default on sm_90), ``pdl+auto`` (and
-  ``split_kv="auto"``), all with the skinny gate/up GEMM's SwiGLU epilogue off, and ``fused`` (and
-  the epilogue on: the engine's defaults),
+  ``split_kv="auto"``), all with the skinny gate/up GEMM's SwiGLU epilogue off, ``fused`` (and the
+  epilogue on), and ``w4`` (and 4-warp CTAs for GEMMs of many tiles: the engine's defaults), and
+  the ``PREFETCH`` variants on top of ``w4`` (L2 prefetch of a skinny GEMM's weights ahead of time),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benches")]
 
 import optimized  # noqa: E402
-from optimized import launch  # noqa: E402
+from optimized import launch, ops  # noqa: E402
 from _bench import Scale, StepRecorder, decode_pool, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from _ceilings import measure_ceilings  # noqa: E402
 from conformance.cases import draw_weights  # noqa: E402
@@ -45,15 +46,23 @@ from reference.types import SplitKVPolicy  # noqa: E402
 from reference.config import named_config  # noqa: E402
 
 PROMPT = 256
+W4_TILES = ops.SKINNY_W4_TILES
 GPU = Scale("gpu")
 #: variant -> (GEMMs of at most this many rows through skinny_gemm (-1: the runner's default), programmatic
-#: dependent launch on, split-KV policy, the skinny gate/up GEMM's SwiGLU epilogue on)
-VARIANTS: dict[str, tuple[int, bool, str, bool]] = {
-    "cuBLAS": (0, False, "fixed:256", False),      # every GEMM through torch.matmul, plain launches
-    "skinny": (-1, False, "fixed:256", False),     # the runner's GEMM choice, plain launches (CuPy)
-    "pdl": (-1, True, "fixed:256", False),         # the same with programmatic dependent launch (the default on sm_90)
-    "pdl+auto": (-1, True, "auto", False),         # and split_kv="auto" (the engine's default)
-    "fused": (-1, True, "auto", True),             # and SwiGLU in the gate/up GEMM's epilogue (the defaults)
+#: dependent launch on, split-KV policy, the skinny gate/up GEMM's SwiGLU epilogue on, 4-warp skinny CTAs
+#: from ``ops.SKINNY_W4_TILES`` tiles on (False: never))
+VARIANTS: dict[str, tuple[int, bool, str, bool, bool]] = {
+    "cuBLAS": (0, False, "fixed:256", False, False),     # every GEMM through torch.matmul, plain launches
+    "skinny": (-1, False, "fixed:256", False, False),    # the runner's GEMM choice, plain launches (CuPy)
+    "pdl": (-1, True, "fixed:256", False, False),        # the same with programmatic dependent launch (sm_90)
+    "pdl+auto": (-1, True, "auto", False, False),        # and split_kv="auto"
+    "fused": (-1, True, "auto", True, False),            # and SwiGLU in the gate/up GEMM's epilogue
+    "w4": (-1, True, "auto", True, True),                # and 4-warp CTAs for many-tile GEMMs (the defaults)
+}
+#: variants on top of ``w4``: runner attributes (L2 prefetch of a skinny GEMM's weights, ``ops.l2_prefetch``)
+PREFETCH: dict[str, dict] = {
+    "pf-o": {"prefetch_o": True},                        # o_proj's weights before rope and attention
+    "pf-o+gu16": {"prefetch_o": True, "prefetch_gu_mb": 16},   # and gate/up's first 16 MB before the norm
 }
 
 
@@ -145,7 +154,7 @@ def main() -> int:
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
     ap.add_argument("--timeline-batches", nargs="*", type=int, default=[])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS), default=["cuBLAS", "skinny", "pdl"])
+    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS) + tuple(PREFETCH), default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = GPU.device
@@ -172,9 +181,13 @@ def main() -> int:
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
-                mm, pdl, split, fuse = VARIANTS[variant]
+                mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
+                extra = PREFETCH.get(variant, {})
+                eng.runner.prefetch_o = extra.get("prefetch_o", False)
+                eng.runner.prefetch_gu_mb = extra.get("prefetch_gu_mb", 0)
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.fuse_swiglu = fuse
+                ops.SKINNY_W4_TILES = W4_TILES if w4 else 1 << 40   # read at capture (each variant captures its own)
                 eng.runner.policy = SplitKVPolicy.parse(split)
                 launch.set_pdl(pdl)
                 eng.runner.graphs = graph_sets.setdefault(variant, {})
@@ -213,6 +226,8 @@ def main() -> int:
             eng.runner.policy = SplitKVPolicy.parse(default_split)
             eng.runner.skinny_max_m = default_mm
             eng.runner.fuse_swiglu = True
+            ops.SKINNY_W4_TILES = W4_TILES
+            eng.runner.prefetch_o, eng.runner.prefetch_gu_mb = False, 0
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

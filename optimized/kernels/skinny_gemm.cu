@@ -29,11 +29,12 @@
 //     weight rows g and g+8, and the same 8 columns of x row g; mma step s (s = 0, 1) takes elements
 //     4s .. 4s+3 of them as its "logical" columns {2t, 2t+1, 2t+8, 2t+9}. A and B use the same
 //     permutation, so every product W[n, k] x[m, k] meets its own partner;
-//   * a CTA owns 16 weight rows and its WARPS warps share K: warp w takes the 32-column blocks
-//     w, w + WARPS, w + 2 WARPS, ... (U of them in flight per lane), so that the CTA's warps read
-//     neighbouring stretches of each row. At the end the warps' fp32 partials are summed in warp
-//     order through shared memory (deterministic: the same inputs give the same bits, but the
-//     result does depend on M through nothing -- and on the kernel choice, hence default mode only).
+//   * a CTA owns 16 weight rows and its WARPS warps (4, 8 or 16: ops.skinny_warps) share K: warp w
+//     takes the 32-column blocks w, w + WARPS, w + 2 WARPS, ... (U of them in flight per lane), so
+//     that the CTA's warps read neighbouring stretches of each row. At the end the warps' fp32
+//     partials are summed in warp order through shared memory (deterministic: the same inputs give
+//     the same bits, and the result depends on M through nothing -- but on the kernel choice and the
+//     warp count, hence default mode only).
 // Fragment layouts: see attention.cu's header.
 
 #include <cuda_bf16.h>
@@ -226,7 +227,22 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
   TK_SKINNY(MTV, MV, WV, bf16, false)  \
   TK_SKINNY(MTV, MV, WV, f32, true)    \
   TK_SWIGLU(MTV, MV, WV)
+TK_SKINNY_W(1, 8, 4)
 TK_SKINNY_W(1, 8, 8)
 TK_SKINNY_W(1, 8, 16)
+TK_SKINNY_W(2, 16, 4)
 TK_SKINNY_W(2, 16, 8)
 TK_SKINNY_W(2, 16, 16)
+
+// skinny_l2_prefetch: asks L2 for the `bytes` bytes at `p` (one prefetch per 128-byte line, grid-
+// stride), for a skinny GEMM a few launches later: the lines arrive while the latency-bound launches in
+// between (a decode step's attention, its norms) leave DRAM idle. Issuing a prefetch returns at once,
+// so the kernel ends as soon as every line is asked for; it reads and writes nothing itself. The PDL
+// entry keeps the launch order intact (the weights need no wait, but the chain of waits does).
+extern "C" __global__ void __launch_bounds__(256) skinny_l2_prefetch(const char* __restrict__ p,
+                                                                       unsigned long long bytes) {
+  pdl_entry();
+  const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x * 128;
+  for (unsigned long long off = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * 128; off < bytes; off += step)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p + off)));
+}
