@@ -886,21 +886,6 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     return out
 
 
-def l2_prefetch(t: torch.Tensor, nbytes: int | None = None, *, ctas: int | None = None) -> None:
-    """Ask L2 for the first ``nbytes`` bytes of ``t``'s storage (all of it by default): one launch of
-    ``skinny_l2_prefetch``, which returns once every 128-byte line is requested. For the weights of a
-    GEMM a few launches later, while the launches in between are latency-bound. No effect on results."""
-    _need(isinstance(t, torch.Tensor), f"t must be a torch.Tensor, got {type(t).__name__}")
-    _need(t.device.type in _DEVICE_TYPES, f"t must be a CUDA tensor, got device {t.device}")
-    _contig("t", t)
-    total = t.numel() * t.element_size()
-    nbytes = total if nbytes is None else min(int(nbytes), total)
-    if nbytes <= 0:
-        return
-    blocks = ctas if ctas is not None else min(-(-nbytes // (256 * 128)), 2 * _num_sms(_device_index(t)))
-    _launch(t, "skinny_gemm", "skinny_l2_prefetch", (blocks, 1, 1), (256, 1, 1), (_p(t), np.uint64(nbytes)))
-
-
 # --------------------------------------------------------------------------------------
 # sampling
 # --------------------------------------------------------------------------------------

@@ -140,11 +140,6 @@ class CudaRunner:
         #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
-        #: L2 prefetch of a skinny GEMM's weights ahead of the latency-bound launches before it
-        #: (``ops.l2_prefetch``): o_proj's before rope and attention; the first MB of gate/up's
-        #: before the post-attention norm (0: none)
-        self.prefetch_o = False
-        self.prefetch_gu_mb = 0
 
     # ---------------------------------------------------------------- weights and pages
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -256,9 +251,6 @@ class CudaRunner:
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
             qkv = self._mm(h, L["wqkv"])                                              # [T, (n_q + 2 n_kv) D]
-            skinny = not self.invariant and T <= self.skinny_max_m
-            if skinny and self.prefetch_o:                # o_proj's weights, while rope and attention run
-                ops.l2_prefetch(L["wo"])
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
@@ -266,8 +258,6 @@ class CudaRunner:
                              store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"]))                  # [T, H]
-            if skinny and self.prefetch_gu_mb:            # the head of gate/up's, while the norm runs
-                ops.l2_prefetch(L["wgu"], self.prefetch_gu_mb << 20)
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
             a = self._mlp_act(h, L["wgu"])                                            # [T, I]
             m = self._reduce(self._mm(a, L["wd"]))                                    # [T, H]

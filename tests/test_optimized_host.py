@@ -93,9 +93,6 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("skinny_gemm", (x.shape[0], out_dtype)))
         return linear(x, w).to(out_dtype)
 
-    def l2_prefetch(t, nbytes=None):  # a cache hint: nothing to compute
-        log.append(("l2_prefetch", min(nbytes or t.numel() * t.element_size(), t.numel() * t.element_size())))
-
     def skinny_swiglu(x, w):         # the fused epilogue: the gate/up GEMM, then the activation
         log.append(("skinny_swiglu", x.shape[0]))
         return silu_mul(linear(x, w))
@@ -115,8 +112,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
-                                 gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, l2_prefetch=l2_prefetch,
-                                 SKINNY_MAX_M=16,
+                                 gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, SKINNY_MAX_M=16,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Launch the attention kernels on a few lab problems, for a profiler (Nsight Compute) to read.
 
-    python benches/gpu/probe_kernels.py [--only prefill decode sweep host epilogue warps prefetch] [--reps N]
+    python benches/gpu/probe_kernels.py [--only prefill decode sweep host epilogue warps] [--reps N]
     ncu --clock-control none -k regex:"paged_prefill|split_kv" --launch-skip 2 --launch-count 4 \\
         --section SpeedOfLight --section WarpStateStats python benches/gpu/probe_kernels.py
 
@@ -14,7 +14,6 @@ graph after a warm-up; the CUDA-event times are printed so that the script is al
 profiler.
 ``sweep``: split-KV decode at batch 1 and 8 over split sizes, one and two launches, PDL off and on.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
-``prefetch``: a GEMM's weights asked of L2 before the latency-bound launches that precede it, or not.
 ``warps``: the skinny GEMMs of a qwen3-8b step with 4, 8 and 16 warps per CTA.
 ``epilogue``: the skinny GEMMs of a qwen3-8b layer at batch 1 and 8, alone and with their layer's next
 launch (add_rmsnorm; silu_mul), and the gate/up GEMM with its SwiGLU epilogue (``skinny_swiglu``).
@@ -189,51 +188,9 @@ def warps(reps: int, gen: torch.Generator) -> None:
             del ws
 
 
-def prefetch(reps: int, gen: torch.Generator) -> None:
-    """Does asking L2 for a GEMM's weights before the latency-bound launches that precede it pay? Per
-    chain of a qwen3-8b batch-1 layer, us per chain with and without ``ops.l2_prefetch`` first:
-    (a) split-KV decode over 300 keys, then o_proj (33.5 MB of weights);
-    (b) add_rmsnorm, then gate/up + SwiGLU (201 MB) with its first 8, 16 or 32 MB prefetched.
-    ``COPIES`` weight tensors in turn, so that no chain finds its weights in L2 from the last one."""
-    copies, H, I = 3, 4096, 12288
-    p = paged_problem(1, 300, N_KV, D, BS, torch.bfloat16, "cuda", gen)
-    q = torch.randn(1, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
-    x = torch.randn(1, H, device="cuda", generator=gen).to(torch.bfloat16)
-    r = torch.randn(1, H, device="cuda", generator=gen).to(torch.bfloat16)
-    nw = torch.ones(H, device="cuda", dtype=torch.bfloat16)
-    wo = [(torch.randn(H, H, device="cuda", generator=gen) * H ** -0.5).to(torch.bfloat16) for _ in range(copies)]
-    attn = lambda: ops.split_kv_decode(q, p.k_cache, p.v_cache, p.tables, p.lens, 128, max_splits=8)   # noqa: E731
-
-    def chain_a(pf: bool):
-        for w in wo:
-            if pf:
-                ops.l2_prefetch(w)
-            attn()
-            ops.skinny_gemm(x, w)
-
-    for label, fn in (("attention alone", lambda: [attn() for _ in wo]),
-                      ("o_proj alone", lambda: [ops.skinny_gemm(x, w) for w in wo]),
-                      ("attention -> o_proj", lambda: chain_a(False)),
-                      ("prefetch(o_proj) -> attention -> o_proj", lambda: chain_a(True))):
-        print(f"prefetch (a) {label}: {_time(fn, reps) * 1e3 / copies:.1f} us", flush=True)
-    wo.clear()                               # free the o_proj copies before the gate/up ones
-    wgu = [(torch.randn(2 * I, H, device="cuda", generator=gen) * H ** -0.5).to(torch.bfloat16) for _ in range(copies)]
-
-    def chain_b(mb: int):
-        for w in wgu:
-            if mb:
-                ops.l2_prefetch(w, mb << 20)
-            ops.add_rmsnorm(x, r, nw, 1e-6)
-            ops.skinny_swiglu(x, w)
-
-    for mb in (0, 8, 16, 32):
-        label = "add_rmsnorm -> gate_up" if mb == 0 else f"prefetch({mb} MB of gate_up) -> add_rmsnorm -> gate_up"
-        print(f"prefetch (b) {label}: {_time(lambda mb=mb: chain_b(mb), reps) * 1e3 / copies:.1f} us", flush=True)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host", "epilogue", "warps", "prefetch"),
+    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host", "epilogue", "warps"),
                     default=("prefill", "decode"))
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
@@ -250,8 +207,6 @@ def main() -> int:
         epilogue(a.reps, gen)
     if "warps" in a.only:
         warps(a.reps, gen)
-    if "prefetch" in a.only:
-        prefetch(a.reps, gen)
     return 0
 
 

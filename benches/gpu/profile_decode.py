@@ -13,8 +13,7 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
   GEMMs of <= 8 rows through ``ops.skinny_gemm``), both with plain launches and ``split_kv="fixed:256"``,
   ``pdl`` (the same with programmatic dependent launch, the default on sm_90), ``pdl+auto`` (and
   ``split_kv="auto"``), all with the skinny gate/up GEMM's SwiGLU epilogue off, ``fused`` (and the
-  epilogue on), and ``w4`` (and 4-warp CTAs for GEMMs of many tiles: the engine's defaults), and
-  the ``PREFETCH`` variants on top of ``w4`` (L2 prefetch of a skinny GEMM's weights ahead of time),
+  epilogue on), and ``w4`` (and 4-warp CTAs for GEMMs of many tiles: the engine's defaults),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -58,11 +57,6 @@ VARIANTS: dict[str, tuple[int, bool, str, bool, bool]] = {
     "pdl+auto": (-1, True, "auto", False, False),        # and split_kv="auto"
     "fused": (-1, True, "auto", True, False),            # and SwiGLU in the gate/up GEMM's epilogue
     "w4": (-1, True, "auto", True, True),                # and 4-warp CTAs for many-tile GEMMs (the defaults)
-}
-#: variants on top of ``w4``: runner attributes (L2 prefetch of a skinny GEMM's weights, ``ops.l2_prefetch``)
-PREFETCH: dict[str, dict] = {
-    "pf-o": {"prefetch_o": True},                        # o_proj's weights before rope and attention
-    "pf-o+gu16": {"prefetch_o": True, "prefetch_gu_mb": 16},   # and gate/up's first 16 MB before the norm
 }
 
 
@@ -154,7 +148,7 @@ def main() -> int:
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
     ap.add_argument("--timeline-batches", nargs="*", type=int, default=[])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS) + tuple(PREFETCH), default=["cuBLAS", "skinny", "pdl"])
+    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS), default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = GPU.device
@@ -181,10 +175,7 @@ def main() -> int:
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
-                mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
-                extra = PREFETCH.get(variant, {})
-                eng.runner.prefetch_o = extra.get("prefetch_o", False)
-                eng.runner.prefetch_gu_mb = extra.get("prefetch_gu_mb", 0)
+                mm, pdl, split, fuse, w4 = VARIANTS[variant]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.fuse_swiglu = fuse
                 ops.SKINNY_W4_TILES = W4_TILES if w4 else 1 << 40   # read at capture (each variant captures its own)
@@ -227,7 +218,6 @@ def main() -> int:
             eng.runner.skinny_max_m = default_mm
             eng.runner.fuse_swiglu = True
             ops.SKINNY_W4_TILES = W4_TILES
-            eng.runner.prefetch_o, eng.runner.prefetch_gu_mb = False, 0
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

@@ -82,6 +82,9 @@ __device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, in
 // produces x) finishes, a CTA asks L2 for the first round of its weight stream -- the kU 32-column
 // blocks per warp that skinny_impl loads first, one prefetch per 64-byte block and weight row. The
 // weights are written by no kernel of a step, so this may precede pdl_wait(); x and y come after it.
+// (Prefetching more -- a separate launch asking L2 for all of o_proj's weights before rope and
+// attention, or for the first 8-32 MB of gate/up's before the norm -- was measured and dropped: the
+// prefetch launch ran at about DRAM speed itself, and a decode step got 5% slower. docs/performance.md)
 template <int WARPS, int EPI>
 __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -234,15 +237,3 @@ TK_SKINNY_W(2, 16, 4)
 TK_SKINNY_W(2, 16, 8)
 TK_SKINNY_W(2, 16, 16)
 
-// skinny_l2_prefetch: asks L2 for the `bytes` bytes at `p` (one prefetch per 128-byte line, grid-
-// stride), for a skinny GEMM a few launches later: the lines arrive while the latency-bound launches in
-// between (a decode step's attention, its norms) leave DRAM idle. Issuing a prefetch returns at once,
-// so the kernel ends as soon as every line is asked for; it reads and writes nothing itself. The PDL
-// entry keeps the launch order intact (the weights need no wait, but the chain of waits does).
-extern "C" __global__ void __launch_bounds__(256) skinny_l2_prefetch(const char* __restrict__ p,
-                                                                       unsigned long long bytes) {
-  pdl_entry();
-  const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x * 128;
-  for (unsigned long long off = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * 128; off < bytes; off += step)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p + off)));
-}
