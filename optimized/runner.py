@@ -137,6 +137,11 @@ class CudaRunner:
         #: 8, not the kernel's 16: on the H200 its two-tile variant was slower than cuBLAS at M = 16
         #: (docs/performance.md, "Skinny GEMM")
         self.skinny_max_m = 8
+        #: ... and whose weights have at most this many elements (larger ones: cuBLAS at any M). With PDL
+        #: on, cuBLAS won every qwen3-8b GEMM of a decode step (the 8B batch-1 step: 4.90 ms all cuBLAS,
+        #: 5.25 ms all skinny) and the skinny kernel every qwen3-0.6b layer GEMM, while the 0.6b LM head
+        #: (156M elements) was faster on cuBLAS (docs/performance.md, "Which GEMM a decode step uses")
+        self.skinny_max_elems = 8 << 20
         #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
@@ -221,9 +226,13 @@ class CudaRunner:
         fixed-order GEMM in batch-invariant mode."""
         if self.invariant:
             return ops.gemm(x, w)
-        if x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0:
+        if self._skinny(x, w):
             return ops.skinny_gemm(x, w)
         return torch.matmul(x, w.t())
+
+    def _skinny(self, x: torch.Tensor, w: torch.Tensor) -> bool:
+        """Whether ``x @ w.T`` (default mode) goes to ``ops.skinny_gemm``: few rows, a small weight."""
+        return x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0 and w.numel() <= self.skinny_max_elems
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
@@ -233,7 +242,7 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self.invariant:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
-        if hidden.shape[0] <= self.skinny_max_m:
+        if self._skinny(hidden, self.lm_head):
             return ops.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
             return torch.mm(hidden, self.lm_head.t(), out_dtype=torch.float32)
@@ -268,8 +277,7 @@ class CudaRunner:
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
-        skinny = not self.invariant and h.shape[0] <= self.skinny_max_m and h.shape[1] % 8 == 0
-        if skinny and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+        if not self.invariant and self._skinny(h, wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_swiglu(h, wgu)
         return ops.silu_mul(self._mm(h, wgu))
 

@@ -261,6 +261,26 @@ def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, laun
     assert not {"skinny_gemm", "skinny_swiglu"} & {k for k, _ in launches}
 
 
+def test_skinny_max_elems_sends_large_weights_to_cublas(opt_engine, launches):
+    """``skinny_max_elems``: a decode GEMM whose weight has more elements goes to cuBLAS (not logged)
+    whatever its row count -- gate/up then runs unfused, the LM head too -- and smaller ones stay skinny."""
+    eng = opt_engine()
+    r = eng.runner
+    wgu, wo = r.layers[0]["wgu"], r.layers[0]["wo"]
+    assert r.lm_head.numel() > wgu.numel() > wo.numel(), "TINY's shapes no longer order as this test needs"
+    r.skinny_max_elems = wgu.numel() - 1              # gate/up, qkv (as large in TINY) and the head: cuBLAS
+    _rollout(eng, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
+    kinds = {k for k, _ in launches}
+    skinny = [d for k, d in launches if k == "skinny_gemm"]
+    assert "skinny_swiglu" not in kinds and skinny, kinds
+    assert all(dt == torch.bfloat16 for _, dt in skinny), "the LM head is larger than the limit: cuBLAS"
+    launches.clear()
+    r.skinny_max_elems = r.lm_head.numel()
+    _rollout(eng, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
+    assert "skinny_swiglu" in {k for k, _ in launches}
+    assert any(dt == torch.float32 for k, (_, dt) in ((k, d) for k, d in launches if k == "skinny_gemm"))
+
+
 def test_swiglu_epilogue_switch(opt_engine, launches):
     """``fuse_swiglu = False`` runs gate/up as skinny_gemm + silu_mul; with the stand-ins (whose fused
     op composes the unfused pair) the rollouts agree token for token; batch-invariant mode never fuses."""

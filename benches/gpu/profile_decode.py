@@ -2,7 +2,7 @@
 captured graph with each launch fusion / GEMM path switched on and off (A/B on one engine).
 
     python benches/gpu/profile_decode.py [--models qwen3-0.6b qwen3-8b] [--batches 1 8 16 32 64]
-                                         [--steps 48] [--variants cuBLAS skinny pdl pdl+auto fused w4] [--out DIR]
+                                         [--steps 48] [--variants VARIANT ...] [--out DIR]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_engine_decode.py``):
 random bf16 weights drawn on the GPU (``conformance.cases.draw_weights``; values do not change the work), a 256-token prompt per
@@ -13,7 +13,9 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
   GEMMs of <= 8 rows through ``ops.skinny_gemm``), both with plain launches and ``split_kv="fixed:256"``,
   ``pdl`` (the same with programmatic dependent launch, the default on sm_90), ``pdl+auto`` (and
   ``split_kv="auto"``), all with the skinny gate/up GEMM's SwiGLU epilogue off, ``fused`` (and the
-  epilogue on), and ``w4`` (and 4-warp CTAs for GEMMs of many tiles: the engine's defaults),
+  epilogue on), ``w4`` (and 4-warp CTAs for GEMMs of many tiles), ``cuBLAS+pdl`` (every GEMM through
+  ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
+  (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -54,10 +56,15 @@ VARIANTS: dict[str, tuple[int, bool, str, bool, bool]] = {
     "cuBLAS": (0, False, "fixed:256", False, False),     # every GEMM through torch.matmul, plain launches
     "skinny": (-1, False, "fixed:256", False, False),    # the runner's GEMM choice, plain launches (CuPy)
     "pdl": (-1, True, "fixed:256", False, False),        # the same with programmatic dependent launch (sm_90)
+    "cuBLAS+pdl": (0, True, "auto", False, False),       # every GEMM through torch.matmul, our kernels with PDL, auto
     "pdl+auto": (-1, True, "auto", False, False),        # and split_kv="auto"
     "fused": (-1, True, "auto", True, False),            # and SwiGLU in the gate/up GEMM's epilogue
-    "w4": (-1, True, "auto", True, True),                # and 4-warp CTAs for many-tile GEMMs (the defaults)
+    "w4": (-1, True, "auto", True, True),                # and 4-warp CTAs for many-tile GEMMs
 }
+#: variants on top of ``w4``: the runner's ``skinny_max_elems`` (weights larger than this go to cuBLAS;
+#: every other variant sends all GEMMs of <= skinny_max_m rows to skinny_gemm). "default": the engine's.
+MAX_ELEMS: dict[str, int] = {"skinny<=16M": 16 << 20, "skinny<=64M": 64 << 20, "skinny<=256M": 256 << 20,
+                             "default": 8 << 20}
 
 
 def step_times(eng, prompts, steps) -> list[float]:
@@ -148,7 +155,7 @@ def main() -> int:
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
     ap.add_argument("--timeline-batches", nargs="*", type=int, default=[])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS), default=["cuBLAS", "skinny", "pdl"])
+    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS) + tuple(MAX_ELEMS), default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = GPU.device
@@ -163,6 +170,7 @@ def main() -> int:
                                                **decode_pool(PROMPT + args.steps + 8, max(args.batches), 16))
         del w
         default_split, default_mm = str(eng.policy), eng.runner.skinny_max_m
+        default_elems = eng.runner.skinny_max_elems
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -175,7 +183,8 @@ def main() -> int:
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
-                mm, pdl, split, fuse, w4 = VARIANTS[variant]
+                mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
+                eng.runner.skinny_max_elems = MAX_ELEMS.get(variant, 1 << 62)
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.fuse_swiglu = fuse
                 ops.SKINNY_W4_TILES = W4_TILES if w4 else 1 << 40   # read at capture (each variant captures its own)
@@ -218,6 +227,7 @@ def main() -> int:
             eng.runner.skinny_max_m = default_mm
             eng.runner.fuse_swiglu = True
             ops.SKINNY_W4_TILES = W4_TILES
+            eng.runner.skinny_max_elems = default_elems
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "
