@@ -15,8 +15,8 @@
 // of the same output column and x rows, so it writes bf16(silu(bf16(gate)) * bf16(up)) -- what
 // silu_mul computes from the bf16 GEMM output (activation.cu) -- and the [M, 2I] intermediate never
 // exists. (A residual add + RMSNorm epilogue for o_proj / down_proj -- the last CTAs to finish fold
-// the rows -- was measured and dropped: at the 8B shapes it was slower than the
-// GEMM followed by add_rmsnorm: 0.6-1.4 us per call, docs/performance.md "Fused epilogues".)
+// the rows -- was measured and dropped: at the 8B shapes it was 0.6-1.4 us per call slower than the
+// GEMM followed by add_rmsnorm; docs/performance.md, "Skinny GEMM".)
 //
 // At M <= 16 the product is a stream of the weights: 2 N K bytes, each read once, against 2 M K
 // bytes of x (cache-resident). So the kernel is built around the weight stream:
@@ -202,7 +202,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 
 }  // namespace
 
-// skinny_m{8,16}_w{8,16}_{bf16,f32}: MT = M-tile count (M <= 8: one, M <= 16: two), WARPS per CTA,
+// skinny_m{8,16}_w{4,8,16}_{bf16,f32}: MT = M-tile count (M <= 8: one, M <= 16: two), WARPS per CTA,
 // output bf16 / fp32. Grid: ceil(N / 16) CTAs. The "1" of __launch_bounds__ matters: without a
 // minimum-blocks figure ptxas kept ~46 registers and interleaved the loads of a round with its mma
 // (one round of loads in flight at a time); with it, all kU rounds' loads are in flight (114-150 regs).
@@ -215,7 +215,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
     pdl_launch_dependents();                                                                                 \
     skinny_impl<MTV, WV, F32V>(x, ldx, w, y, M, N, K);                                                       \
   }
-// skinny_swiglu_m{8,16}_w{8,16}: y [M, I] bf16 = silu(x Wg^T) * (x Wu^T), W = [Wg | Wu] [2I, K];
+// skinny_swiglu_m{8,16}_w{4,8,16}: y [M, I] bf16 = silu(x Wg^T) * (x Wu^T), W = [Wg | Wu] [2I, K];
 // I % 8 == 0; grid I / 8 CTAs.
 #define TK_SWIGLU(MTV, MV, WV)                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_swiglu_m##MV##_w##WV(                        \
@@ -236,4 +236,3 @@ TK_SKINNY_W(1, 8, 16)
 TK_SKINNY_W(2, 16, 4)
 TK_SKINNY_W(2, 16, 8)
 TK_SKINNY_W(2, 16, 16)
-
