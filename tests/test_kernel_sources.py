@@ -48,6 +48,21 @@ def test_gemm_chunk_and_shared_memory_agree_with_the_source():
         assert stages * (bm + bn) * (bk + 8) * 2 <= 227 * 1024, f"{name}: too much shared memory"
 
 
+def test_skinny_warps_rule_and_its_kernels():
+    """``skinny_warps``: 4 warps from ``SKINNY_W4_TILES`` tiles of 16 rows on (8B gate/up, the LM heads),
+    16 for few CTAs over a long K, 8 otherwise (8B qkv, o_proj, down) -- and every pick has a kernel."""
+    assert ops.skinny_warps(24576, 4096) == 4 and ops.skinny_warps(151936, 1024) == 4
+    assert ops.skinny_warps(6144, 4096) == 8 and ops.skinny_warps(4096, 4096) == 8
+    assert ops.skinny_warps(4096, 12288) == 8                    # 256 tiles x 8 warps = 2048: not short
+    assert ops.skinny_warps(1024, 4096) == 16                    # 64 tiles, 128 k-blocks
+    assert ops.skinny_warps(16 * (ops.SKINNY_W4_TILES - 1), 4096) == 8
+    names = set(kernels.SOURCES["skinny_gemm"])
+    for N, K in ((24576, 4096), (6144, 4096), (1024, 4096), (64, 64)):
+        w = ops.skinny_warps(N, K)
+        for m in (8, 16):
+            assert {f"skinny_m{m}_w{w}_bf16", f"skinny_m{m}_w{w}_f32", f"skinny_swiglu_m{m}_w{w}"} <= names, (N, K, w)
+
+
 def test_gemm_choice_is_a_speed_choice_only():
     """Split (K-parallel) tiles only for decode-sized M, at least two chunks and a small workspace."""
     assert ops.gemm_choice(1, 4096, 4096) == "split_16x64"
