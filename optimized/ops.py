@@ -748,14 +748,15 @@ def _linear_shape(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _linear_out(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
-                out: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-    """The output ``[M, N]`` (given or new) and x's row stride, after the layout checks both GEMM kernels
-    need: w contiguous and 16-byte aligned, x rows contiguous and 16-byte aligned (row stride 0 for M = 0)."""
+                out: torch.Tensor | None, width: int | None = None) -> tuple[torch.Tensor, int]:
+    """The output ``[M, width]`` (``width``: N by default; given or new) and x's row stride, after the
+    layout checks the GEMM kernels need: w contiguous and 16-byte aligned, x rows contiguous and 16-byte
+    aligned (row stride 0 for M = 0)."""
     M, K = x.shape
     _contig("w", w)
     _aligned16("w", w)
     _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
-    out = _out("out", out, (M, w.shape[0]), out_dtype, x)
+    out = _out("out", out, (M, w.shape[0] if width is None else width), out_dtype, x)
     _contig("out", out)
     _same_device(x=x, w=w, out=out)
     if M == 0:
@@ -869,16 +870,9 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     _need(M <= SKINNY_MAX_M, f"skinny_swiglu takes at most {SKINNY_MAX_M} rows, got {M}")
     _need(N2 % 16 == 0 and 0 < N2 <= 65535 * 16, f"w must have 2*I rows with I a multiple of 8 (and I <= {65535 * 8}), got {N2}")
     I = N2 // 2
-    _contig("w", w)
-    _aligned16("w", w)
-    out = _out("out", out, (M, I), torch.bfloat16, x)
-    _contig("out", out)
-    _same_device(x=x, w=w, out=out)
+    out, ldx = _linear_out(x, w, torch.bfloat16, out, width=I)
     if M == 0:
         return out
-    ldx = _rows("x", x, 1) if M > 1 else K
-    _need(x.stride(1) == 1 and ldx % 8 == 0 and x.data_ptr() % 16 == 0,
-          "x: rows must be contiguous, 16-byte aligned, with a row stride that is a multiple of 8")
     mt = 8 if M <= 8 else 16
     warps = _skinny_warps_arg(warps, N2, K)
     _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (I // 8, 1, 1), (32 * warps, 1, 1),

@@ -4,12 +4,10 @@
 # SPLITK, PAGED), run concurrently (the 8B subset peaks at 70-90 GB of the H200's 141).
 #   bash benches/gpu/h200_conformance.sh
 #   WITH_CHECKS=1 bash benches/gpu/h200_conformance.sh   # also check_kernels.py and engine_smoke.py
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
-OUT="${OUT:-benches/results}"
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
 python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" >> "$OUT/env.txt"
-python3 -c "import optimized.kernels as k; k.load_all()" 2>&1 | tail -5
+build_kernels
 ARGS=(-q -rs -p no:cacheprovider --engine optimized --durations=12)
 ( timeout 300 python3 -m pytest conformance "${ARGS[@]}" > "$OUT/conformance_ci_optimized.log" 2>&1
   echo "conformance ci rc=$?"

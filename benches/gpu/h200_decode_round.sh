@@ -3,11 +3,9 @@
 # through the launch path in force, then the split-KV decode latency sweep (PDL off / on) and
 # profile_decode (plain launches, PDL, PDL + split_kv="auto") at both model shapes.
 #   bash benches/gpu/h200_decode_round.sh
-set -o pipefail
-OUT="${OUT:-benches/results}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import optimized.kernels as k; k.load_all(); print('kernels built')" 2>&1 | tail -3
+build_kernels
 timeout 200 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels.log 2>&1; echo "check_kernels rc=$?"
 grep -E "FAIL" "$OUT"/check_kernels.log | head -20; tail -1 "$OUT"/check_kernels.log
 timeout 100 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"

@@ -5,11 +5,9 @@
 #                                                    # host enqueue probe
 #   bash benches/gpu/h200_engine_round.sh checks    # check_kernels.py + engine_smoke.py + the conformance suite at
 #                                                    # CI scale, beside the qwen3-0.6b GPU-scale conformance run
-set -o pipefail
-OUT="${OUT:-benches/results}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import optimized.kernels as k; k.load_all(); print('kernels built')" 2>&1 | tail -3
+build_kernels
 if [ "${1:-benches}" = benches ]; then
   timeout 330 bash benches/run_gpu.sh -k "kernel_decode or kernel_prefill or engine_decode" > /dev/null 2>&1
   echo "benches rc=$?"

@@ -7,11 +7,9 @@
 #       batch 1, 8 and 32 of both model shapes, with the graph timeline at batch 1
 #   bash benches/gpu/h200_epilogue_round.sh record   # engine_decode (reports packed into $OUT/bench.tgz)
 #       and the conformance suite at CI scale on the optimized engine
-set -o pipefail
-OUT="${OUT:-benches/results}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import optimized.kernels as k; k.load_all(); print('kernels built')" 2>&1 | tail -3
+build_kernels
 if [ "${1:-checks}" = record ]; then
   timeout 300 bash benches/run_gpu.sh -k "engine_decode" > /dev/null 2>&1
   echo "engine_decode rc=$?"

@@ -3,10 +3,8 @@
 # fused-RoPE kernel checks, the engine smoke check, then (alone on the GPU, for timing) the
 # batch-invariant overhead bench and the GEMM kernel lab.
 #   bash benches/gpu/h200_invariant.sh
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
-OUT="${OUT:-benches/results}"
-python3 -c "import optimized.kernels as k; k.load_all()" 2>&1 | tail -5
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+build_kernels
 ( timeout 200 python3 benches/gpu/check_kernels.py --only gemm invariant fused_rope > "$OUT/check_kernels_invariant.log" 2>&1
   echo "check_kernels rc=$?" ) &
 ( timeout 200 python3 benches/gpu/engine_smoke.py > "$OUT/engine_smoke.log" 2>&1; echo "engine_smoke rc=$?" ) &

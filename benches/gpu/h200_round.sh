@@ -2,11 +2,9 @@
 # One device call for a development round (logs under $OUT): kernel checks, engine smoke, the
 # conformance suite at CI scale and the qwen3-0.6b INVARIANT / SPLITK clauses, run concurrently.
 #   bash benches/gpu/h200_round.sh
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
-OUT="${OUT:-benches/results}"
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt"
-python3 -c "import optimized.kernels as k; k.load_all()" 2>&1 | tail -5
+build_kernels
 ( timeout 300 python3 benches/gpu/check_kernels.py > "$OUT/check_kernels.log" 2>&1; echo "check_kernels rc=$?";
   timeout 240 python3 benches/gpu/engine_smoke.py > "$OUT/engine_smoke.log" 2>&1; echo "engine_smoke rc=$?" ) &
 ( timeout 400 python3 -m pytest conformance -q -rs --engine optimized -p no:cacheprovider \

@@ -2,9 +2,7 @@
 # One device call (logs under $OUT): the skinny GEMM checks, probe_kernels' warps-per-CTA sweep of the
 # skinny GEMMs at the qwen3-8b shapes, and Nsight Compute on the first down_proj and gate/up launches.
 #   bash benches/gpu/h200_warps_round.sh
-set -o pipefail
-OUT="${OUT:-benches/results}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 200 python3 benches/gpu/check_kernels.py --only skinny epilogue > "$OUT"/check_skinny.log 2>&1; echo "check rc=$?"
 grep -E "FAIL" "$OUT"/check_skinny.log | head -20; tail -1 "$OUT"/check_skinny.log

@@ -135,56 +135,60 @@ def host(reps: int, gen: torch.Generator) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
+#: weight tensors a GEMM probe cycles through, so that no call finds its weights in L2 (50 MB)
+COPIES = 3
+
+
+def _weights(N: int, K: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """``COPIES`` bf16 weights ``[N, K]`` with unit-variance products."""
+    return [(torch.randn(N, K, device="cuda", generator=gen) * K ** -0.5).to(torch.bfloat16) for _ in range(COPIES)]
+
+
+def _per_gemm(tag: str, N: int, K: int, call, ws: list[torch.Tensor], reps: int) -> None:
+    """Print us and GB/s of weights per ``call(w)``, timed over the ``ws`` in turn."""
+    us = _time(lambda: [call(w) for w in ws], reps) * 1e3 / len(ws)
+    print(f"{tag}: {us:.1f} us, {2 * N * K / us / 1e3:.0f} GB/s", flush=True)
+
+
 def epilogue(reps: int, gen: torch.Generator) -> None:
-    """Per GEMM: microseconds and GB/s of weights of (a) the skinny GEMM alone, (b) it and its layer's
-    next launch (add_rmsnorm or silu_mul), (c) for gate/up, the fused kernel. Each timed call runs the GEMM over
-    ``COPIES`` weight tensors in turn, so that no GEMM finds its weights in L2 (50 MB)."""
-    copies, H, I, eps = 3, 4096, 12288, 1e-6
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
-
-    def variants(name, x, ws, r, nw):
-        if name == "gate_up":
-            return (("GEMM alone", lambda: [ops.skinny_gemm(x, w) for w in ws]),
-                    ("GEMM + next launch", lambda: [ops.silu_mul(ops.skinny_gemm(x, w)) for w in ws]),
-                    ("fused", lambda: [ops.skinny_swiglu(x, w) for w in ws]))
-        return (("GEMM alone", lambda: [ops.skinny_gemm(x, w) for w in ws]),
-                ("GEMM + next launch", lambda: [ops.add_rmsnorm(ops.skinny_gemm(x, w), r, nw, eps) for w in ws]))
-
+    """Per GEMM of a qwen3-8b layer: (a) the skinny GEMM alone, (b) it and its layer's next launch
+    (add_rmsnorm or silu_mul), (c) for gate/up, the fused kernel (``skinny_swiglu``)."""
+    H, I, eps = 4096, 12288, 1e-6
     for M in (1, 8):
-        xh, xi, r, nw = rnd(M, H), rnd(M, I), rnd(M, H, scale=3.0), torch.ones(H, device="cuda", dtype=torch.bfloat16)
+        xh = torch.randn(M, H, device="cuda", generator=gen).to(torch.bfloat16)
+        xi = torch.randn(M, I, device="cuda", generator=gen).to(torch.bfloat16)
+        r = (torch.randn(M, H, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+        nw = torch.ones(H, device="cuda", dtype=torch.bfloat16)
         for name, N, K, x in (("o_proj", H, H, xh), ("down_proj", H, I, xi), ("gate_up", 2 * I, H, xh)):
-            ws = [rnd(N, K, scale=K ** -0.5) for _ in range(copies)]
-            for label, fn in variants(name, x, ws, r, nw):
-                us = _time(fn, reps) * 1e3 / copies
-                print(f"epilogue {name} M={M} N={N} K={K} {label}: {us:.1f} us, {2 * N * K / us / 1e3:.0f} GB/s",
-                      flush=True)
+            calls = [("GEMM alone", lambda w, x=x: ops.skinny_gemm(x, w))]
+            if name == "gate_up":
+                calls += [("GEMM + next launch", lambda w, x=x: ops.silu_mul(ops.skinny_gemm(x, w))),
+                          ("fused", lambda w, x=x: ops.skinny_swiglu(x, w))]
+            else:
+                calls += [("GEMM + next launch", lambda w, x=x, r=r, nw=nw: ops.add_rmsnorm(ops.skinny_gemm(x, w), r, nw, eps))]
+            ws = _weights(N, K, gen)
+            for label, call in calls:
+                _per_gemm(f"epilogue {name} M={M} N={N} K={K} {label}", N, K, call, ws, reps)
 
 
 def warps(reps: int, gen: torch.Generator) -> None:
     """The skinny GEMMs of a qwen3-8b decode step (and the LM head) at batch 1 and 8 with 8, 4 and 16
-    warps per CTA (``skinny_warps`` picks 8 or 16): us and GB/s of weights per GEMM, ``COPIES``
-    weight tensors in turn so that none is found in L2. down_proj comes first and gate/up second, so
-    that a profiler's first ``skinny_m8_w8_bf16`` / ``skinny_swiglu_m8_w8`` launches are theirs."""
-    copies = 3
-    shapes = (("down_proj", 4096, 12288, False), ("gate_up+swiglu", 24576, 4096, True), ("qkv", 6144, 4096, False),
-              ("o_proj", 4096, 4096, False), ("lm_head", 151936, 4096, False))
+    warps per CTA (``skinny_warps``' pick marked). down_proj comes first and gate/up second, so that a
+    profiler's first ``skinny_m8_w8_bf16`` / ``skinny_swiglu_m8_w8`` launches are theirs."""
+    shapes = (("down_proj", 4096, 12288), ("gate_up+swiglu", 24576, 4096), ("qkv", 6144, 4096),
+              ("o_proj", 4096, 4096), ("lm_head", 151936, 4096))
     for M in (1, 8):
-        for name, N, K, swiglu in shapes:
-            x = (torch.randn(M, K, device="cuda", generator=gen)).to(torch.bfloat16)
-            ws = [(torch.randn(N, K, device="cuda", generator=gen) * K ** -0.5).to(torch.bfloat16) for _ in range(copies)]
+        for name, N, K in shapes:
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+            ws = _weights(N, K, gen)
+            dt = torch.float32 if name == "lm_head" else torch.bfloat16
             for wp in (8, 4, 16):
-                if swiglu:
-                    fn = lambda wp=wp, x=x, ws=ws: [ops.skinny_swiglu(x, w, warps=wp) for w in ws]     # noqa: E731
+                if name.startswith("gate_up"):
+                    call = lambda w, x=x, wp=wp: ops.skinny_swiglu(x, w, warps=wp)                  # noqa: E731
                 else:
-                    dt = torch.float32 if name == "lm_head" else torch.bfloat16
-                    fn = lambda wp=wp, x=x, ws=ws, dt=dt: [ops.skinny_gemm(x, w, out_dtype=dt, warps=wp)   # noqa: E731
-                                                           for w in ws]
-                us = _time(fn, reps) * 1e3 / copies
+                    call = lambda w, x=x, wp=wp, dt=dt: ops.skinny_gemm(x, w, out_dtype=dt, warps=wp)  # noqa: E731
                 pick = " (skinny_warps' pick)" if wp == ops.skinny_warps(N, K) else ""
-                print(f"warps {name} M={M} N={N} K={K} warps {wp}{pick}: {us:.1f} us, {2 * N * K / us / 1e3:.0f} GB/s",
-                      flush=True)
+                _per_gemm(f"warps {name} M={M} N={N} K={K} warps {wp}{pick}", N, K, call, ws, reps)
             del ws
 
 
