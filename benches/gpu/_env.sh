@@ -9,3 +9,16 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" CUPY_CACHE_DIR=/tmp/cupy_cache
 build_kernels() {
   python3 -c "import optimized.kernels as k; k.load_all(); print('kernels built')" 2>&1 | tail -3
 }
+
+# run_benches SECONDS EXPR: the pytest benches matching EXPR (benches/run_gpu.sh -k EXPR, reports under
+# $OUT/bench) and their target lines
+run_benches() {
+  timeout "$1" bash benches/run_gpu.sh -k "$2" > /dev/null 2>&1
+  echo "benches ($2) rc=$?"
+  grep -E "\[(MET |miss)\]|passed|failed" "$OUT/bench/run_gpu.log" | tail -10
+}
+
+# pack_bench: $OUT/bench's reports into $OUT/bench.tgz (a device call returns only a few files)
+pack_bench() {
+  tar czf "$OUT/bench.tgz" -C "$OUT/bench" . && rm -rf "$OUT/bench"
+}

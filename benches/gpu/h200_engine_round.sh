@@ -9,10 +9,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 build_kernels
 if [ "${1:-benches}" = benches ]; then
-  timeout 330 bash benches/run_gpu.sh -k "kernel_decode or kernel_prefill or engine_decode" > /dev/null 2>&1
-  echo "benches rc=$?"
-  grep -E "\[(MET |miss)\]|passed|failed" "$OUT/bench/run_gpu.log" | tail -10
-  tar czf "$OUT/bench.tgz" -C "$OUT/bench" . && rm -rf "$OUT/bench"
+  run_benches 330 "kernel_decode or kernel_prefill or engine_decode"
+  pack_bench
   timeout 60 python3 benches/gpu/probe_kernels.py --only host --reps 50 > "$OUT/host_overhead.log" 2>&1
   echo "host probe rc=$?"; grep "host enqueue" "$OUT/host_overhead.log"
   exit 0

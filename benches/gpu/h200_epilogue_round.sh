@@ -11,11 +11,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 build_kernels
 if [ "${1:-checks}" = record ]; then
-  timeout 300 bash benches/run_gpu.sh -k "engine_decode" > /dev/null 2>&1
-  echo "engine_decode rc=$?"
-  grep -E "\[(MET |miss)\]|passed|failed" "$OUT/bench/run_gpu.log" | tail -10
+  run_benches 300 "engine_decode"
   grep -E "turnkv|: x transformers|% of the memory roofline" "$OUT/bench/engine_decode.md" | head -30
-  tar czf "$OUT/bench.tgz" -C "$OUT/bench" . && rm -rf "$OUT/bench"
+  pack_bench
   timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
     > "$OUT"/conformance_ci_optimized.log 2>&1
   echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8

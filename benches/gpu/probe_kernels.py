@@ -192,25 +192,19 @@ def warps(reps: int, gen: torch.Generator) -> None:
             del ws
 
 
+#: --only sections, run in this order
+SECTIONS = {"prefill": prefill, "decode": decode, "sweep": sweep, "host": host, "epilogue": epilogue, "warps": warps}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=("prefill", "decode", "sweep", "host", "epilogue", "warps"),
-                    default=("prefill", "decode"))
+    ap.add_argument("--only", nargs="*", choices=tuple(SECTIONS), default=("prefill", "decode"))
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    if "prefill" in a.only:
-        prefill(a.reps, gen)
-    if "decode" in a.only:
-        decode(a.reps, gen)
-    if "sweep" in a.only:
-        sweep(a.reps, gen)
-    if "host" in a.only:
-        host(a.reps, gen)
-    if "epilogue" in a.only:
-        epilogue(a.reps, gen)
-    if "warps" in a.only:
-        warps(a.reps, gen)
+    for name, section in SECTIONS.items():
+        if name in a.only:
+            section(a.reps, gen)
     return 0
 
 
