@@ -884,6 +884,13 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
 # sampling
 # --------------------------------------------------------------------------------------
 
+SAMPLE_CHUNK = 4096               # logits of a row per sample_partial CTA (CHUNK in sampling.cu)
+SAMPLE_PARTIAL_THREADS = 256      # PART_THREADS in sampling.cu
+SAMPLE_PARTIAL_WORDS = 8          # sizeof(Partial) / 4 in sampling.cu
+SAMPLE_MAX_V = 1 << 30            # chunk indices stay inside int32
+SAMPLE_MAX_ROWS = 65535           # rows are sample_partial's grid y
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            seed_lo: torch.Tensor, seed_hi: torch.Tensor, pos: torch.Tensor, mode: torch.Tensor, *,
            tokens: torch.Tensor | None = None, logprobs: torch.Tensor | None = None
@@ -895,11 +902,16 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     uint32 (the two 32-bit halves of the 64-bit seed), ``pos`` int32 (absolute position of the
     sampled token), ``mode`` int32 (0 raw logprob, 1 processed). ``pack_sampling_params`` builds
     them from ``SamplingParams``. Returns int32 ``tokens [B]`` and fp32 ``logprobs [B]``.
+
+    Two launches: ``sample_partial`` reads each row once in ``sample_chunks(V)`` chunks spread over
+    the GPU (max, log-sum-exp, argmax; the Gumbel-max token of plain rows), then ``sample`` folds
+    them, one CTA per row, and runs the top-k / top-p passes of the rows that have them.
     """
     _tensor("logits", logits, torch.float32, 2)
     B, V = logits.shape
     _need(logits.stride(1) == 1 or V == 1, "logits rows must be contiguous")
-    _need(1 <= V <= _I32_MAX, f"vocabulary size {V} out of range")
+    _need(1 <= V <= SAMPLE_MAX_V, f"vocabulary size {V} out of range 1..{SAMPLE_MAX_V}")
+    _need(B <= SAMPLE_MAX_ROWS, f"at most {SAMPLE_MAX_ROWS} rows per call, got {B}")
     ld = logits.stride(0) if B > 1 else V
     checks = (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
               ("top_p", top_p, torch.float32), ("seed_lo", seed_lo, (torch.int32, torch.uint32)),
@@ -915,10 +927,19 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  seed_hi=seed_hi, pos=pos, mode=mode, tokens=tokens, logprobs=logprobs)
     if B == 0:
         return tokens, logprobs
+    C = sample_chunks(V)
+    part = torch.empty((B, C, SAMPLE_PARTIAL_WORDS), dtype=torch.float32, device=logits.device)  # Partial [B, C]
+    row_args = (_p(logits), _i(ld), _i(V), _p(temperature), _p(top_k), _p(top_p), _p(seed_lo), _p(seed_hi),
+                _p(pos), _p(mode))
+    _launch(logits, "sampling", "sample_partial", (C, B, 1), (SAMPLE_PARTIAL_THREADS, 1, 1), row_args + (_p(part),))
     _launch(logits, "sampling", "sample", (B, 1, 1), (1024, 1, 1),
-            (_p(logits), _i(ld), _i(V), _p(temperature), _p(top_k), _p(top_p), _p(seed_lo), _p(seed_hi),
-             _p(pos), _p(mode), _p(tokens), _p(logprobs)))
+            row_args + (_p(part), _i(C), _p(tokens), _p(logprobs)))
     return tokens, logprobs
+
+
+def sample_chunks(V: int) -> int:
+    """How many ``sample_partial`` CTAs read one row of ``V`` logits (a function of ``V`` only)."""
+    return -(-V // SAMPLE_CHUNK)
 
 
 def _u32_as_i32(x: int) -> int:

@@ -63,6 +63,23 @@ def test_skinny_warps_rule_and_its_kernels():
             assert {f"skinny_m{m}_w{w}_bf16", f"skinny_m{m}_w{w}_f32", f"skinny_swiglu_m{m}_w{w}"} <= names, (N, K, w)
 
 
+def test_sampling_constants_agree_with_the_source():
+    """``ops.sample`` sizes the partials buffer and the two grids from sampling.cu's constants."""
+    src = (kernels.KERNEL_DIR / "sampling.cu").read_text()
+
+    def const(name: str) -> int:
+        return int(re.search(rf"constexpr int {name} = (\d+);", src).group(1))
+
+    assert const("PART_THREADS") == ops.SAMPLE_PARTIAL_THREADS
+    assert const("PART_THREADS") * const("PER_THREAD") == ops.SAMPLE_CHUNK
+    fields = re.search(r"struct Partial \{(.*?)\};", src, re.S).group(1)
+    words = sum(int(n) if n else 1 for n in re.findall(r"^\s*(?:float|int) \w+(?:\[(\d+)\])?;", fields, re.M))
+    assert words == ops.SAMPLE_PARTIAL_WORDS == 8
+    assert {"sample", "sample_partial"} <= set(kernels.SOURCES["sampling"])
+    assert ops.sample_chunks(151936) == 38 and ops.sample_chunks(4096) == 1 and ops.sample_chunks(7) == 1
+    assert ops.SAMPLE_MAX_V // ops.SAMPLE_CHUNK * ops.SAMPLE_CHUNK + 4 * ops.SAMPLE_CHUNK < 2**31
+
+
 def test_gemm_choice_is_a_speed_choice_only():
     """Split (K-parallel) tiles only for decode-sized M, at least two chunks and a small workspace."""
     assert ops.gemm_choice(1, 4096, 4096) == "split_16x64"

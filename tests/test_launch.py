@@ -137,3 +137,37 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(monkeypatch
         with pytest.raises(ValueError):
             ops.skinny_swiglu(bad_x, bad_w)
     assert len(log) == n
+
+
+def test_sample_launches_partials_then_rows_and_rejects_bad_input(monkeypatch):
+    """``ops.sample`` on the CPU with ``_launch`` recorded: ``sample_partial`` over (chunks, rows), then
+    ``sample`` over the rows with the same partials buffer and its chunk count; bad input launches nothing."""
+    import pytest
+    import torch
+
+    from optimized import ops
+    from reference import SamplingParams
+
+    log: list[tuple] = []
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0:
+                        log.append((module, name, grid, block, args)))
+    monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
+    B, V = 3, 151936
+    logits = torch.randn(B, V)
+    pk = ops.pack_sampling_params([SamplingParams(temperature=1.0)] * B, [5, 6, 7], "cpu")
+    toks, lps = ops.sample(logits, **pk)
+    assert toks.shape == (B,) and toks.dtype == torch.int32 and lps.dtype == torch.float32
+    (m1, n1, g1, b1, a1), (m2, n2, g2, b2, a2) = log
+    C = ops.sample_chunks(V)
+    assert (m1, n1, g1, b1) == ("sampling", "sample_partial", (C, B, 1), (ops.SAMPLE_PARTIAL_THREADS, 1, 1))
+    assert (m2, n2, g2, b2) == ("sampling", "sample", (B, 1, 1), (1024, 1, 1))
+    assert a1[:10] == a2[:10] and int(a1[10]) == int(a2[10]) != 0      # same row arguments, same partials
+    assert int(a2[11]) == C and int(a1[1]) == V and int(a1[2]) == V     # C; row stride and V
+    n = len(log)
+    for bad in (logits.double(), logits[:, ::2], torch.randn(B, V)[:2]):
+        with pytest.raises((ValueError, TypeError)):
+            ops.sample(bad, **pk)
+    with pytest.raises(ValueError, match="rows per call"):
+        big = ops.pack_sampling_params([SamplingParams()] * (ops.SAMPLE_MAX_ROWS + 1), [0] * (ops.SAMPLE_MAX_ROWS + 1), "cpu")
+        ops.sample(torch.zeros(ops.SAMPLE_MAX_ROWS + 1, 4), **big)
+    assert len(log) == n

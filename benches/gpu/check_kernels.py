@@ -445,7 +445,7 @@ def check_elementwise(C: Checks, dev, gen) -> None:
 
 def check_sampling(C: Checks, dev, gen) -> None:
     def rows_for(V: int, n: int, ties: bool) -> torch.Tensor:
-        scale = torch.tensor([1.0, 3.0, 8.0])[torch.randint(0, 3, (n,), generator=gen)]
+        scale = torch.tensor([1.0, 3.0, 8.0, 30.0])[torch.randint(0, 4, (n,), generator=gen)]   # 30: most entries far below the max
         x = torch.randn(n, V, generator=gen) * scale[:, None]
         if ties:
             x = torch.round(x * 2) / 2
@@ -456,8 +456,14 @@ def check_sampling(C: Checks, dev, gen) -> None:
         (1.0, 0, 0.8), (2.0, 5, 0.99),
     ]
 
-    def run_case(V: int, n_rows: int, ties: bool, greedy: bool):
+    plain = [(0.7, 0, 1.0), (1.0, 0, 1.0), (1.3, 0, 1.0), (1.0, 151936, 1.0)]   # no filter: partials only
+
+    def run_case(V: int, n_rows: int, ties: bool, greedy: bool, table=None, masked: bool = False):
         logits = rows_for(V, n_rows, ties)
+        if masked:  # whole chunks of -inf (sample_partial's chunks are 4096 wide) and scattered -inf entries
+            logits[:, : 3 * 4096] = float("-inf")
+            logits[torch.rand(logits.shape, generator=gen) < 0.3] = float("-inf")
+        table = table or settings
         params, positions = [], []
         for i in range(n_rows):
             seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 3 + i
@@ -465,7 +471,7 @@ def check_sampling(C: Checks, dev, gen) -> None:
             if greedy:
                 sp = SamplingParams(temperature=0.0, seed=seed, logprobs_mode=mode)
             else:
-                t, k, p = settings[i % len(settings)]
+                t, k, p = table[i % len(table)]
                 sp = SamplingParams(temperature=t, top_k=k, top_p=p, seed=seed, logprobs_mode=mode)
             params.append(sp)
             positions.append(int(torch.randint(0, 100000, (1,), generator=gen)))
@@ -510,6 +516,12 @@ def check_sampling(C: Checks, dev, gen) -> None:
     C.run("sampling", "sampled V=151936 with ties", lambda: run_case(151936, 32, True, False))
     C.run("sampling", "sampled V=1000", lambda: run_case(1000, 64, False, False))
     C.run("sampling", "sampled V=7 (< threads)", lambda: run_case(7, 32, False, False))
+    C.run("sampling", "plain rows V=151936 (no filter)", lambda: run_case(151936, 64, False, False, plain))
+    C.run("sampling", "plain rows V=151935 (scalar loads)", lambda: run_case(151935, 32, False, False, plain))
+    C.run("sampling", "plain rows V=4100 (two chunks, ties)", lambda: run_case(4100, 32, True, False, plain))
+    C.run("sampling", "greedy with -inf chunks", lambda: run_case(151936, 16, False, True, masked=True))
+    C.run("sampling", "plain rows with -inf chunks", lambda: run_case(151936, 16, False, False, plain, masked=True))
+    C.run("sampling", "filtered rows with -inf chunks", lambda: run_case(151936, 16, False, False, masked=True))
 
     def run_hash():  # flat logits: the token is argmax of the Gumbel noise alone -> exercises the hash
         V, n = 50000, 16
@@ -675,13 +687,16 @@ def timing(dev, gen) -> None:
             sdpa = f"; SDPA failed: {e}"
         print(f"paged_prefill T={T} n_q={n_q} n_kv={n_kv} D={D}: {t * 1e3:.3f} ms = {flops / t / 1e12:.1f} TFLOP/s{sdpa}")
     # sampling: B rows of a Qwen3 vocabulary
-    for B in (64, 256):
+    for B in (1, 64, 256):
         logits = torch.randn(B, 151936, device=dev) * 3
         for label, sp in (("greedy", SamplingParams(temperature=0.0)),
+                          ("T=1.0 (plain)", SamplingParams(temperature=1.0)),
+                          ("T=1.0 (plain), logits x 8 / 3", SamplingParams(temperature=1.0)),
                           ("T=0.7 top_k=50 top_p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9)),
                           ("T=1.0 top_p=0.95", SamplingParams(temperature=1.0, top_p=0.95))):
             pk = ops.pack_sampling_params([sp] * B, list(range(B)), dev)
-            t = _time(lambda: ops.sample(logits, **pk))
+            lg = logits * (8 / 3) if "x 8" in label else logits     # wider: most entries far below the max
+            t = _time(lambda: ops.sample(lg, **pk))
             print(f"sample B={B} V=151936 {label}: {t * 1e6:.1f} us")
     # resume-shaped: B sequences, 32 new tokens each over an 8192-token prefix
     B, new, L, n_q, n_kv = 16, 32, 8192, 32, 8

@@ -38,7 +38,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
                   for out in ("bf16", "f32")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
                          for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}")),
-    "sampling": ("sample",),
+    "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm"),
     "rope": ("qk_norm_rope",),
     "activation": ("silu_mul",),

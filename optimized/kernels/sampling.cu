@@ -1,6 +1,16 @@
 // sampling.cu -- greedy / temperature + top-k + top-p sampling with counter-based Gumbel noise.
 //
-// Reference twin: reference/sampling.py, sample_one (one CTA of 1024 threads per row).
+// Reference twin: reference/sampling.py, sample_one. Two kernels per call:
+//   sample_partial  grid (C, B), 256 threads: CTA (c, b) reads chunk c of row b (CHUNK = 4096
+//                   logits, C = ceil(V / CHUNK)) once and writes a Partial: the chunk's max, its
+//                   argmax and sum exp(x - max); for a "plain" row (temperature > 0, top-k and top-p
+//                   off: the usual RL setting) also the chunk's Gumbel-max candidate and, for a
+//                   processed logprob, sum exp(l - max l).
+//   sample          grid (B), 1024 threads: folds the C partials of its row with a fixed tree, and
+//                   finishes greedy and plain rows from them; a row with top-k or top-p runs the
+//                   filters' passes over the whole row in this one CTA (below).
+// The chunks are a function of V alone and every fold has a fixed order, so a row's result is
+// reproducible run to run and independent of the other rows of the batch.
 //
 //   greedy (temperature <= 0): token = argmax(logits), lowest index on ties; logprob raw.
 //   otherwise, in fp32:
@@ -23,10 +33,12 @@
 //   logprob: mode 0 (raw) = log_softmax(logits)[token];
 //            mode 1 (processed) = log_softmax over the survivors of l, at the token (= raw when greedy).
 //
-// All reductions use a fixed tree (no float atomics): a row's result is reproducible run to run
-// and independent of the other rows. Passes over the row: 1 (greedy) to 9 (top-k and top-p); each
-// pass streams the row with 16-byte loads, 4 in flight per thread, uniform trip counts.
-// logits fp32 [B, V] (row stride ld); per-row parameter arrays of length B; outputs int32 / fp32 [B].
+// All reductions use a fixed tree (no float atomics). Passes over the row: 1 (greedy, plain: in
+// sample_partial, spread over C CTAs) plus up to 7 in the one CTA of sample (top-k: 3, top-p: 4,
+// the final Gumbel pass: 1); each of those streams the row with 16-byte loads, 4 in flight per
+// thread, uniform trip counts.
+// logits fp32 [B, V] (row stride ld, V <= 2^30); per-row parameter arrays of length B; outputs
+// int32 / fp32 [B]; scratch: Partial [B, C].
 
 #include <cuda_bf16.h>
 
@@ -37,9 +49,23 @@ namespace {
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-constexpr int THREADS = 1024;
+constexpr int THREADS = 1024;                      // sample: one CTA per row
 constexpr int NWARP = THREADS / 32;
+constexpr int PART_THREADS = 256;                  // sample_partial: one CTA per chunk of a row
+constexpr int PER_THREAD = 16;                     // logits per sample_partial thread
+constexpr int CHUNK = PART_THREADS * PER_THREAD;   // 4096 (ops.SAMPLE_CHUNK)
 constexpr u32 NONE = 0xffffffffu;
+
+// What sample_partial leaves for sample: one chunk of one row (32 bytes).
+struct Partial {
+  float m;   // max logit of the chunk
+  float s;   // sum exp(x - m) over the chunk
+  int bi;    // index of the max (lowest on ties)
+  float z;   // plain rows with a processed logprob: sum exp(l - m / T), l = x / T
+  float g;   // plain rows: max of l + gumbel over the chunk
+  int gi;    // its index (lowest on ties)
+  float pad[2];
+};
 
 __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
 
@@ -97,7 +123,8 @@ struct Scratch {
   u64 rem;
 };
 
-// Block reductions: every thread returns the result.
+// Block reductions over NW warps (the whole CTA): every thread returns the result.
+template <int NW = NWARP>
 __device__ __forceinline__ void block_ms(float& m, float& s, Scratch& sc) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -111,8 +138,8 @@ __device__ __forceinline__ void block_ms(float& m, float& s, Scratch& sc) {
     sc.f1[warp] = s;
   }
   __syncthreads();
-  m = sc.f0[lane];
-  s = sc.f1[lane];
+  m = lane < NW ? sc.f0[lane] : neg_inf();
+  s = lane < NW ? sc.f1[lane] : 0.f;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -121,6 +148,7 @@ __device__ __forceinline__ void block_ms(float& m, float& s, Scratch& sc) {
   }
   __syncthreads();
 }
+template <int NW = NWARP>
 __device__ __forceinline__ void block_argmax(float& v, int& i, Scratch& sc) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -134,8 +162,8 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, Scratch& sc) {
     sc.i0[warp] = i;
   }
   __syncthreads();
-  v = sc.f0[lane];
-  i = sc.i0[lane];
+  v = lane < NW ? sc.f0[lane] : neg_inf();
+  i = lane < NW ? sc.i0[lane] : -1;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
@@ -144,13 +172,14 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, Scratch& sc) {
   }
   __syncthreads();
 }
+template <int NW = NWARP>
 __device__ __forceinline__ float block_sum(float v, Scratch& sc) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) sc.f0[warp] = v;
   __syncthreads();
-  v = sc.f0[lane];
+  v = lane < NW ? sc.f0[lane] : 0.f;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   __syncthreads();
@@ -254,15 +283,121 @@ __device__ __forceinline__ void sweep(const float* __restrict__ row, int V, bool
   }
 }
 
+// A row is "plain" when it samples (T > 0) with neither filter: its token and logprob follow from
+// the partials alone.
+__device__ __forceinline__ bool plain_row(float T, int k, float p, int V) {
+  return T > 0.f && !(k > 0 && k < V) && !(p < 1.f);
+}
+
+__device__ __forceinline__ u32 row_key(u32 lo, u32 hi, int pos) {
+  return mix32(mix32(mix32(lo ^ 0x9E3779B9u) ^ hi) ^ (u32)pos);
+}
+
 }  // namespace
 
+// One chunk of one row: grid (C, B), PART_THREADS threads; each thread holds 16 logits in registers
+// (entries past V read as -inf: they lose every comparison to a real entry, whose index is lower).
+extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
+    const float* __restrict__ logits, int ld, int V, const float* __restrict__ temperature,
+    const int* __restrict__ top_k, const float* __restrict__ top_p, const u32* __restrict__ seed_lo,
+    const u32* __restrict__ seed_hi, const int* __restrict__ pos, const int* __restrict__ mode,
+    Partial* __restrict__ part) {
+  pdl_entry();
+  constexpr int NW = PART_THREADS / 32;
+  __shared__ Scratch sc;
+  const int c = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const float* row = logits + (long long)b * ld;
+  const int base = c * CHUNK;
+  const bool vec = (V & 3) == 0 && (reinterpret_cast<unsigned long long>(row) & 15ull) == 0;
+  // the index of a thread's j-th logit: float4 number j/4 * PART_THREADS + tid of the chunk, or
+  // (scalar loads) entry j * PART_THREADS + tid; ascending in j either way
+  auto index = [&](int j) {
+    return vec ? base + 4 * ((j >> 2) * PART_THREADS + tid) + (j & 3) : base + j * PART_THREADS + tid;
+  };
+
+  float x[PER_THREAD];
+  if (vec) {
+#pragma unroll
+    for (int k = 0; k < PER_THREAD / 4; ++k) {
+      const int i = index(4 * k);
+      const float4 f = i < V ? __ldg(reinterpret_cast<const float4*>(row + i))  // V % 4 == 0: all four or none
+                             : make_float4(neg_inf(), neg_inf(), neg_inf(), neg_inf());
+      x[4 * k] = f.x;
+      x[4 * k + 1] = f.y;
+      x[4 * k + 2] = f.z;
+      x[4 * k + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) x[j] = index(j) < V ? __ldg(row + index(j)) : neg_inf();
+  }
+
+  // the chunk's max (lowest index on ties) and sum exp(x - max)
+  float m = x[0];
+  int bi = index(0);
+#pragma unroll
+  for (int j = 1; j < PER_THREAD; ++j)
+    if (x[j] > m) {
+      m = x[j];
+      bi = index(j);
+    }
+  block_argmax<NW>(m, bi, sc);
+  float s = 0.f;
+  if (m != neg_inf()) {
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) s += expf(x[j] - m);
+  }
+  s = block_sum<NW>(s, sc);
+
+  // plain rows: the chunk's Gumbel-max candidate, and sum exp(l - m / T) for a processed logprob
+  const float T = temperature[b];
+  float z = 0.f, g = neg_inf();
+  int gi = -1;
+  if (plain_row(T, top_k[b], top_p[b], V)) {  // uniform over the CTA
+    const bool proc = mode[b] == 1;
+    const float M = __fdiv_rn(m, T);
+    // An entry with l < M - 20 cannot win: l + g <= l + 16.64 (u <= 1 - 2^-24) while the chunk's max
+    // entry reaches M + g >= M - 2.82 (u >= 2^-24); 0.54 to spare covers the roundings while |M| < 2^16.
+    // Its noise is not drawn (two logf and the hash saved).
+    const float cut = fabsf(M) < 65536.f ? __fsub_rn(M, 20.f) : neg_inf();
+    const u32 h = row_key(seed_lo[b], seed_hi[b], pos[b]);
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+      if (x[j] == neg_inf()) continue;  // l + g = -inf: never better than a real entry
+      const float l = T == 1.f ? x[j] : __fdiv_rn(x[j], T);  // x / 1 is x: RL's usual T skips the division
+      if (proc && M != neg_inf()) z += expf(l - M);
+      if (l < cut) continue;
+      const float val = __fadd_rn(l, gumbel(h, (u32)index(j)));
+      if (gi < 0 || val > g) {  // indices ascend within a thread: the first of equal values stays
+        g = val;
+        gi = index(j);
+      }
+    }
+    block_argmax<NW>(g, gi, sc);
+    if (proc) z = block_sum<NW>(z, sc);
+  }
+  if (tid == 0) {
+    Partial out;
+    out.m = m;
+    out.s = s;
+    out.bi = bi;
+    out.z = z;
+    out.g = g;
+    out.gi = gi;
+    out.pad[0] = out.pad[1] = 0.f;
+    part[(long long)b * gridDim.x + c] = out;
+  }
+}
+
+// One row per CTA: fold the row's C partials, then finish (greedy, plain) or filter (top-k, top-p).
 extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restrict__ logits, int ld, int V,
                                                           const float* __restrict__ temperature,
                                                           const int* __restrict__ top_k, const float* __restrict__ top_p,
                                                           const u32* __restrict__ seed_lo,
                                                           const u32* __restrict__ seed_hi, const int* __restrict__ pos,
-                                                          const int* __restrict__ mode, int* __restrict__ tokens,
-                                                          float* __restrict__ logprobs) {
+                                                          const int* __restrict__ mode,
+                                                          const Partial* __restrict__ part, int C,
+                                                          int* __restrict__ tokens, float* __restrict__ logprobs) {
   pdl_entry();
   __shared__ u64 s_hist[2048];  // bin counts (as u32) or fixed-point masses (u64)
   __shared__ Scratch sc;
@@ -270,74 +405,29 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   const float* row = logits + (long long)b * ld;
 
   const bool vec = (V & 3) == 0 && (reinterpret_cast<unsigned long long>(row) & 15ull) == 0;
+  const float Tf = temperature[b];
+  const int k = top_k[b];
+  const float p = top_p[b];
+  const bool plain = plain_row(Tf, k, p, V);
+  const bool proc = mode[b] == 1;
 
-  // Pass 1: raw max / log-sum-exp and argmax (lowest index on ties). Online softmax rescaled once
-  // per group of 16 elements (branch-free inner loop).
-  float m = neg_inf(), s = 0.f, bv = neg_inf();
-  int bi = -1;
-  auto push16 = [&](const float (&x)[16], const int (&ix)[16], const bool (&ok)[16]) {
-    float mx = neg_inf();
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      if (!ok[j]) continue;
-      mx = fmaxf(mx, x[j]);
-      if (bi < 0 || x[j] > bv || (x[j] == bv && ix[j] < bi)) {
-        bv = x[j];
-        bi = ix[j];
-      }
-    }
-    if (mx > m) {
-      s *= expf(m - mx);  // m = -inf: s is 0 and stays 0
-      m = mx;
-    }
-    if (m != neg_inf()) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) s += ok[j] ? expf(x[j] - m) : 0.f;
-    }
-  };
-  if (vec) {
-    const int V4 = V >> 2;
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    for (int base = 0; base < V4; base += 4 * THREADS) {
-      float x[16];
-      int ix[16];
-      bool ok[16];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int i = base + k * THREADS + tid;
-        const bool v = i < V4;
-        const float4 f = v ? __ldg(r4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        x[4 * k] = f.x;
-        x[4 * k + 1] = f.y;
-        x[4 * k + 2] = f.z;
-        x[4 * k + 3] = f.w;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          ix[4 * k + c] = 4 * i + c;
-          ok[4 * k + c] = v;
-        }
-      }
-      push16(x, ix, ok);
-    }
-  } else {
-    for (int base = 0; base < V; base += 16 * THREADS) {
-      float x[16];
-      int ix[16];
-      bool ok[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        ix[k] = base + k * THREADS + tid;
-        ok[k] = ix[k] < V;
-        x[k] = ok[k] ? __ldg(row + ix[k]) : 0.f;
-      }
-      push16(x, ix, ok);
+  // Fold the partials: raw max / log-sum-exp and argmax (lowest index on ties); for plain rows the
+  // Gumbel-max token and the normaliser of l. Thread t folds chunks t, t + 1024, ... in order.
+  float m = neg_inf(), s = 0.f, bv = neg_inf(), Mz = neg_inf(), z = 0.f, best = neg_inf();
+  int bi = -1, tok = -1;
+  for (int c = tid; c < C; c += THREADS) {
+    const Partial P = part[(long long)b * C + c];
+    ms_combine(m, s, P.m, P.s);
+    am_combine(bv, bi, P.m, P.bi);
+    if (plain) {
+      am_combine(best, tok, P.g, P.gi);
+      if (proc) ms_combine(Mz, z, __fdiv_rn(P.m, Tf), P.z);
     }
   }
   block_ms(m, s, sc);
   block_argmax(bv, bi, sc);
   const float log_s = logf(s);
 
-  const float Tf = temperature[b];
   if (!(Tf > 0.f)) {  // greedy
     if (tid == 0) {
       tokens[b] = bi;
@@ -345,10 +435,22 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
     }
     return;
   }
+  if (plain) {
+    block_argmax(best, tok, sc);
+    if (proc) block_ms(Mz, z, sc);
+    if (tid == 0) {
+      if (tok < 0) tok = bi;  // unreachable for finite logits
+      tokens[b] = tok;
+      if (proc)
+        logprobs[b] = __fsub_rn(__fsub_rn(__fdiv_rn(row[tok], Tf), Mz), logf(z));
+      else
+        logprobs[b] = __fsub_rn(__fsub_rn(row[tok], m), log_s);
+    }
+    return;
+  }
   const float M = __fdiv_rn(bv, Tf);  // max of l (division by T > 0 is monotone)
 
   // top-k threshold: kth = (k-th largest logit, counting ties) / T, by radix select on ordered keys.
-  const int k = top_k[b];
   float kth = neg_inf();
   if (k > 0 && k < V) {
     u32* hist = reinterpret_cast<u32*>(s_hist);
@@ -379,7 +481,6 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   }
 
   // top-p threshold tau over q = softmax(l) restricted to the top-k survivors.
-  const float p = top_p[b];
   const bool use_p = p < 1.f;
   float Z1 = 1.f, tau = 0.f;
   if (use_p) {
@@ -426,9 +527,10 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
 
   // Final pass: Gumbel-max over the survivors (lowest index on ties), and their normaliser for the
   // processed logprob.
-  const u32 h = mix32(mix32(mix32(seed_lo[b] ^ 0x9E3779B9u) ^ seed_hi[b]) ^ (u32)pos[b]);
-  float best = neg_inf(), z2 = 0.f;
-  int tok = -1;
+  const u32 h = row_key(seed_lo[b], seed_hi[b], pos[b]);
+  float z2 = 0.f;
+  best = neg_inf();
+  tok = -1;
   sweep(row, V, vec, [&](int i, float x, bool ok) {
     const float l = __fdiv_rn(x, Tf);
     if (ok && l >= kth) {
