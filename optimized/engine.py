@@ -14,7 +14,10 @@ from reference.errors import ConfigError, DeviceUnavailableError, OutOfBlocksErr
 from reference.kv_cache import blocks_for
 from reference.runner import StepResult
 from reference.scheduler import StepBatch
+from reference.types import SamplingParams, TurnOutput
 from reference.weights import check_weights, expected_shapes, load_checkpoint, random_tensor
+
+from .lookahead import next_decode
 
 #: defaults that differ from the reference: bf16, a context sized for rollouts, the split-KV size chosen
 #: per decode graph from its batch and length buckets (``auto``; docs/decisions.md)
@@ -129,7 +132,21 @@ class Engine(EngineCore):
 
     @torch.no_grad()
     def _execute(self, batch: StepBatch) -> StepResult:
-        return self.runner.execute(batch)
+        ahead = next_decode(self, batch) if self.runner.lookahead and batch.kind == "decode" else None
+        return self.runner.execute(batch, ahead)
+
+    # A lookahead step (optimized/lookahead.py) lives inside one run loop: none is left when it returns.
+    def rollout_run_turns(self, max_steps: int | None = None) -> dict[int, TurnOutput]:
+        try:
+            return super().rollout_run_turns(max_steps)
+        finally:
+            self.runner.drop_lookahead()
+
+    def generate(self, prompts: Any, sp: SamplingParams | None = None) -> list[list[int]]:
+        try:
+            return super().generate(prompts, sp)
+        finally:
+            self.runner.drop_lookahead()
 
     def _score(self, ids: list[int]) -> torch.Tensor:
         return score_in_pool(self, ids)

@@ -32,6 +32,7 @@ from reference.scheduler import PageOps, StepBatch
 from reference.types import SamplingParams, SplitKVPolicy
 
 from . import ops
+from .lookahead import same_step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)   # decode batch sizes with a graph
 LEN_BUCKETS = (256, 1024, 4096, 16384, 65536)                         # longest context a graph serves
@@ -145,10 +146,15 @@ class CudaRunner:
         #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
+        #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
+        self.lookahead = True
+        self._ahead: dict | None = None
+        self.lookahead_used = self.lookahead_dropped = 0      # lookahead steps used / dropped (counters)
 
     # ---------------------------------------------------------------- weights and pages
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy new weights into the existing tensors, so captured graphs stay valid."""
+        self.drop_lookahead()
         def put(dst: torch.Tensor, src: torch.Tensor) -> None:
             dst.copy_(src.to(device=self.dev, dtype=dst.dtype))
 
@@ -173,6 +179,7 @@ class CudaRunner:
 
     def apply_ops(self, ops: PageOps) -> None:
         """Swap out (to pinned host memory), swap in, drop host copies, copy-on-write: in that order."""
+        self.drop_lookahead()                     # a step with page work is never a foretold one
         for sid, pages in ops.swap_out:
             idx = torch.tensor(pages, device=self.dev)
             self.host[sid] = ([k.index_select(0, idx).cpu() for k in self.k_cache],
@@ -295,19 +302,47 @@ class CudaRunner:
         size = split if split is not None else max_len
         return split, -(-max_len // size)
 
-    def execute(self, batch: StepBatch) -> StepResult:
+    def execute(self, batch: StepBatch, ahead: StepBatch | None = None) -> StepResult:
+        """Run one step. ``ahead``: the decode step foretold to follow the decode step ``batch``
+        (``optimized/lookahead.py``), launched before this step's tokens are read back; the next
+        call uses it if its batch is that step, and drops it otherwise."""
         check_step_metadata(batch, self.num_blocks, self.block_size)
         params = [s.params for s in batch.sample_seqs]
         positions = [int(batch.positions[r]) + 1 for r in batch.sample_rows]
-        if batch.kind == "decode":
-            return self._decode(batch, params, positions)
-        hidden = self._prefill(batch.input_ids, batch.positions, batch.slot_mapping, batch.block_tables,
-                               batch.seq_lens, batch.q_seq_idx)
-        rows = self._upload(batch.sample_rows, torch.int64)
-        logits = self.logits(hidden.index_select(0, rows))                            # [S, V]
-        ints, flts = _sampling_arrays(params, positions, len(params))
-        toks, lps = _sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
-        return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
+        pending, self._ahead = self._ahead, None
+        if batch.kind != "decode":
+            self.lookahead_dropped += pending is not None
+            hidden = self._prefill(batch.input_ids, batch.positions, batch.slot_mapping, batch.block_tables,
+                                   batch.seq_lens, batch.q_seq_idx)
+            rows = self._upload(batch.sample_rows, torch.int64)
+            logits = self.logits(hidden.index_select(0, rows))                        # [S, V]
+            ints, flts = _sampling_arrays(params, positions, len(params))
+            toks, lps = _sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
+            return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
+        run = None
+        if pending is not None:
+            if same_step(pending["batch"], pending["params"], batch) and \
+                    np.array_equal(batch.input_ids, pending["src"]["tokens"]):
+                run = pending
+                self.lookahead_used += 1
+            else:
+                self.lookahead_dropped += 1
+        if run is None:
+            run = self._launch_decode(batch, params, positions)
+        if ahead is not None and self.lookahead and not self.record_logits:
+            check_step_metadata(ahead, self.num_blocks, self.block_size)
+            ahead_params = [s.params for s in ahead.sample_seqs]
+            nxt = self._launch_decode(ahead, ahead_params, [int(ahead.positions[r]) + 1 for r in ahead.sample_rows],
+                                      ids_from=run)
+            nxt["batch"], nxt["params"], nxt["src"] = ahead, ahead_params, run
+            self._ahead = nxt
+        return self._collect(run)
+
+    def drop_lookahead(self) -> None:
+        """Forget a launched lookahead step (it finishes on the GPU; its results are never read)."""
+        if self._ahead is not None:
+            self.lookahead_dropped += 1
+            self._ahead = None
 
     def _prefill(self, ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, tables: np.ndarray,
                  seq_lens: np.ndarray, q_seq_idx: np.ndarray) -> torch.Tensor:
@@ -328,7 +363,11 @@ class CudaRunner:
         return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
                             up(tables, torch.int32), up(lens, torch.int32), up(qidx, torch.int32), split, max_splits)
 
-    def _decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int]) -> StepResult:
+    def _launch_decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int],
+                       ids_from: dict | None = None) -> dict:
+        """Upload the step's metadata, replay its graph and queue the copy of its tokens to the host;
+        returns without waiting. ``ids_from``: a launched step whose sampled tokens are this step's
+        input ids (a lookahead step; they are copied on the device, ``batch.input_ids`` is unused)."""
         B = len(batch.seqs)
         bucket = next((b for b in BUCKETS if b >= B), B)
         longest = int(batch.seq_lens.max())
@@ -339,12 +378,20 @@ class CudaRunner:
         if g is None:
             g = self._capture(bucket, max_len, split, max_splits)
             self.graphs[key] = g
+        # two pinned buffers each way, alternating: a step's upload and read-back may still be queued
+        # behind the step before it while the next one is packed
+        i = g["turn"]
+        g["turn"] ^= 1
+        if g["uploaded"][i] is not None:
+            g["uploaded"][i].synchronize()
+        host_t = g["host_t"][i]
         # one packed int32 upload: ids | pos | slots | lens | ints(5) | flts(2, as bits) | tables
         M = g["M"]
-        host = g["host"]
+        host = host_t.numpy()
         host[:] = 0
         n = bucket
-        host[0:B] = batch.input_ids
+        if ids_from is None:
+            host[0:B] = batch.input_ids
         host[n:n + B] = batch.positions
         host[2 * n:3 * n] = -1
         host[2 * n:2 * n + B] = batch.slot_mapping
@@ -355,27 +402,53 @@ class CudaRunner:
         tab = np.full((n, M), -1, dtype=np.int32)
         tab[:B, :batch.block_tables.shape[1]] = batch.block_tables
         host[11 * n:] = tab.reshape(-1)
-        g["dev"].copy_(g["host_t"], non_blocking=True)
+        g["dev"].copy_(host_t, non_blocking=True)
+        g["uploaded"][i] = self._event()
+        if ids_from is not None:
+            g["ids"][:B].copy_(ids_from["toks"][:B])
         if self.use_graphs:
             g["graph"].replay()
         else:
             g["run"]()
-        toks = g["toks"][:B].tolist()
-        lps = g["lps"][:B].tolist()
-        logits = g["logits"][:B].cpu() if self.record_logits else None
-        return StepResult(toks, lps, split, logits)
+        res = g["res"][i]                                     # int32 [2n]: tokens | logprobs (bits)
+        res[:n].copy_(g["toks"], non_blocking=True)
+        res[n:].copy_(g["lps"].view(torch.int32), non_blocking=True)
+        return {"B": B, "n": n, "split": split, "toks": g["toks"], "res": res, "done": self._event(),
+                "logits": g["logits"]}
+
+    def _collect(self, run: dict) -> StepResult:
+        """Wait for a launched decode step and read its tokens and logprobs."""
+        if run["done"] is not None:
+            run["done"].synchronize()
+        B, n = run["B"], run["n"]
+        res = run["res"].numpy()
+        run["tokens"] = res[:B].copy()
+        logits = run["logits"][:B].cpu() if self.record_logits else None
+        return StepResult(res[:B].tolist(), res[n:n + B].view(np.float32).tolist(), run["split"], logits)
+
+    def _event(self) -> torch.cuda.Event | None:
+        """An event recorded on the current stream (``None`` off the GPU, where copies are synchronous)."""
+        if self.dev.type != "cuda":
+            return None
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
 
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         M = -(-max_len // self.block_size)
-        host_t = torch.zeros(11 * n + n * M, dtype=torch.int32)
-        if self.dev.type == "cuda":
-            host_t = host_t.pin_memory()          # so the one upload per step is an async DMA
+        host_ts = [torch.zeros(11 * n + n * M, dtype=torch.int32) for _ in range(2)]
+        res = [torch.zeros(2 * n, dtype=torch.int32) for _ in range(2)]
+        if self.dev.type == "cuda":   # so the upload and the read-back of a step are async DMAs
+            host_ts = [t.pin_memory() for t in host_ts]
+            res = [t.pin_memory() for t in res]
+        host_t = host_ts[0]
         dev = torch.zeros_like(host_t, device=self.dev)
         ids, pos, slots, lens = (dev[i * n:(i + 1) * n] for i in range(4))
         ints = dev[4 * n:9 * n].view(5, n)
         flts = dev[9 * n:11 * n].view(torch.float32).view(2, n)
         tables = dev[11 * n:].view(n, M)
-        out: dict = {"host_t": host_t, "host": host_t.numpy(), "dev": dev, "M": M}
+        out: dict = {"host_t": host_ts, "res": res, "uploaded": [None, None], "turn": 0, "dev": dev, "ids": ids,
+                     "M": M}
         split_size = split if split is not None else max_len
 
         def run() -> None:
@@ -414,6 +487,7 @@ class CudaRunner:
     @torch.no_grad()
     def score(self, ids: list[int], pages: list[int]) -> torch.Tensor:
         """Teacher-forced float32 logits ``[T, V]`` (CPU) through the paged prefill path, in ``pages``."""
+        self.drop_lookahead()                     # the borrowed pages may be ones a lookahead step wrote
         T = len(ids)
         bs = self.block_size
         pos = np.arange(T, dtype=np.int32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 import torch
 
@@ -51,6 +52,10 @@ class BlockManager:
             return 0
         first, last = start // self.block_size, min((end - 1) // self.block_size, len(table) - 1)
         return sum(1 for j in range(first, last + 1) if self._ref[table[j]] > 1)
+
+    def peek(self, n: int) -> list[int]:
+        """The pages the next ``n`` single-page requests would get, in that order (nothing changes)."""
+        return list(islice(self._free, n))
 
     def can_grow(self, table: list[int], new_len: int) -> bool:
         return self.delta(table, new_len) <= len(self._free)

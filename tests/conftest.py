@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _helpers import TINY, tiny_engine, tiny_weights  # noqa: E402
+from _standins import launches, opt_engine  # noqa: E402,F401  (fixtures: the optimized engine on stand-in kernels)
 
 # The tiny model's ops are microseconds long: with more than one intra-op thread, OpenMP barriers on a
 # loaded 2-core CI machine make each op ~1000x slower (a 0.3 s test took 43 s). One thread is fastest.

@@ -1,140 +1,19 @@
 """The optimized engine's host side on the CPU: ``optimized/runner.py`` and ``optimized/engine.py`` run
 with a torch stand-in for every CUDA kernel (``optimized.ops``), graphs off. This checks the Python the
 GPU runs cannot check cheaply — the packed metadata of a decode step, bucket padding, launch guards, page
-operations (swap, copy-on-write), in-place weight updates — against the reference engine. The kernels
-themselves are checked on the GPU (``benches/gpu/check_kernels.py``, conformance)."""
+operations (swap, copy-on-write), in-place weight updates — against the reference engine (the stand-ins
+and the ``opt_engine`` fixture: ``_standins.py``). The kernels themselves are checked on the GPU
+(``benches/gpu/check_kernels.py``, conformance)."""
 
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
 
 import reference
-from reference import attention
-from reference.model import apply_rope, linear, rms_norm
-from reference.sampling import sample_one
 from reference.weights import random_weights
 
 from _helpers import TINY, rope_rollout, target_logits, tiny_weights
-
-
-def _rotated_cache(kc, bt, lens, rope):
-    """Fused-RoPE stand-in: a copy of ``kc`` (pre-RoPE keys) with every key of every row rotated at its
-    position through the runner's fp32 tables, as the kernels do tile by tile."""
-    if rope is None:
-        return kc
-    cos, sin = rope
-    out = kc.clone()
-    bs = kc.shape[1]
-    done = set()
-    for b in range(bt.shape[0]):
-        for p in range(int(lens[b])):
-            page, slot = int(bt[b, p // bs]), p % bs
-            if (page, slot) in done:
-                continue
-            done.add((page, slot))
-            c = torch.cat([cos[p], cos[p]])[None, None, :]                      # [1, 1, D]
-            s_ = torch.cat([sin[p], sin[p]])[None, None, :]
-            out[page, slot] = apply_rope(kc[page, slot][None], c[0], s_[0])[0]
-    return out
-
-
-def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
-    """torch stand-ins for ``optimized.ops``; ``calls`` (if given) records (kernel, details) per launch."""
-    log = calls if calls is not None else []
-
-    def store_kvcache(k, v, kc, vc, slots):
-        keep = slots >= 0
-        s = slots[keep].long()
-        kc.view(-1, *kc.shape[2:])[s] = k[keep]
-        vc.view(-1, *vc.shape[2:])[s] = v[keep]
-
-    def embedding(ids, table):
-        return table[ids.long()].clone()
-
-    def add_rmsnorm(x, residual, w, eps):
-        residual.copy_(residual + x)
-        return rms_norm(residual, w, eps)
-
-    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps, *, rotate_k=True, store=None):
-        p = positions.long().clamp(min=0)
-        c = torch.cat([cos[p], cos[p]], -1)
-        s_ = torch.cat([sin[p], sin[p]], -1)
-        log.append(("qk_norm_rope", rotate_k))
-        q.copy_(apply_rope(rms_norm(q, qw, eps), c, s_))
-        k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_) if rotate_k else rms_norm(k, kw, eps))
-        if store is not None:            # the fused KV write
-            v, kc, vc, slots = store
-            store_kvcache(k, v, kc, vc, slots)
-
-    def silu_mul(x):
-        i = x.shape[1] // 2
-        return (torch.nn.functional.silu(x[:, :i].float()) * x[:, i:].float()).to(x.dtype)
-
-    def paged_prefill(q, kc, vc, bt, lens, qidx, qpos, scale=None, *, rope=None):
-        log.append(("paged_prefill", rope is not None))
-        kc = _rotated_cache(kc, bt, lens, rope)
-        return attention.paged_prefill(q, kc, vc, bt.long(), lens.long(), qidx.long(), qpos.long(), scale)
-
-    def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None, row_seq=None, rope=None):
-        rows = bt.long() if row_seq is None else bt.long()[row_seq.long()]     # [B, M]: each row's table
-        log.append(("split_kv_decode", (row_seq is not None, lens.clone(), split, max_splits, rope is not None)))
-        kc = _rotated_cache(kc, rows, lens, rope)
-        o, lse = attention.split_kv_partials(q, kc, vc, rows, lens.long(), split, scale, max_splits)
-        return attention.reduce_splits(o, lse)[0].to(q.dtype)
-
-    def gemm(x, w, *, out_dtype=torch.bfloat16):
-        log.append(("gemm", x.shape[0]))
-        return linear(x, w, batch_invariant=True).to(out_dtype)
-
-    def skinny_gemm(x, w, *, out_dtype=torch.bfloat16):
-        log.append(("skinny_gemm", (x.shape[0], out_dtype)))
-        return linear(x, w).to(out_dtype)
-
-    def skinny_swiglu(x, w):         # the fused epilogue: the gate/up GEMM, then the activation
-        log.append(("skinny_swiglu", x.shape[0]))
-        return silu_mul(linear(x, w))
-
-    def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
-        toks, lps = [], []
-        for b in range(logits.shape[0]):
-            seed = (int(seed_lo[b]) & 0xFFFFFFFF) | ((int(seed_hi[b]) & 0xFFFFFFFF) << 32)
-            sp = reference.SamplingParams(temperature=float(temperature[b]), top_k=int(top_k[b]),
-                                          top_p=min(1.0, max(float(top_p[b]), 1e-6)), seed=seed,
-                                          logprobs_mode="processed" if int(mode[b]) else "raw")
-            t, lp = sample_one(logits[b].float(), sp, int(pos[b]))
-            toks.append(t)
-            lps.append(lp)
-        return torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float32)
-
-    return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
-                                 add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
-                                 paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
-                                 gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, SKINNY_MAX_M=16,
-                                 ATTN_HEAD_DIMS=(16, 32, 64, 128))
-
-
-@pytest.fixture
-def launches() -> list:
-    """The stand-in kernels' launch log of the test's engines."""
-    return []
-
-
-@pytest.fixture
-def opt_engine(monkeypatch, launches):
-    """``factory(**engine_kwargs)`` -> an optimized.Engine on the CPU with the stand-in kernels."""
-    import optimized.engine as oe
-    import optimized.runner as orun
-    monkeypatch.setattr(orun, "ops", _standin_ops(launches))
-    monkeypatch.setattr(oe, "require_cuda", lambda device: torch.device("cpu"))
-    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
-
-    def make(**kw):
-        kw = {"block_size": 4, "max_model_len": 128, "num_blocks": 256, "split_kv": "fixed:8", **kw}
-        return oe.Engine.from_state_dict(TINY, tiny_weights(0), device="cpu", use_graphs=False, **kw)
-    return make
 
 
 def _reference(**kw):

@@ -132,6 +132,35 @@ def graphs_equal_eager():
 
 
 @section
+def lookahead_changes_nothing():
+    """The lookahead step (optimized/lookahead.py) on the GPU: multi-turn sampled rollouts whose turns end
+    at scattered steps (stop tokens) give the same tokens and logprobs, bitwise, with it and without."""
+    stops = tuple(range(0, CFG.vocab_size, 13))
+    sps = [reference.SamplingParams(temperature=1.0, seed=i, max_tokens=24, stop_token_ids=stops) for i in range(4)]
+
+    def run(on: bool):
+        eng = optimized.Engine.from_state_dict(CFG, W, **KW)
+        eng.runner.lookahead = on
+        sids = [eng.rollout_add(p, sp) for p, sp in zip(PROMPTS, sps)]
+        got = []
+        for t in range(4):
+            outs = eng.rollout_run_turns()
+            got.append([(outs[s].token_ids, outs[s].logprobs, outs[s].stop_reason) for s in sids])
+            for s in sids:
+                if t < 3:
+                    eng.rollout_continue(s, [(s * 5 + t + i) % CFG.vocab_size for i in range(1 + (s + t) % 9)])
+        for s in sids:
+            eng.rollout_finish(s)
+        return got, eng.runner.lookahead_used, eng.runner.lookahead_dropped
+
+    on, used, dropped = run(True)
+    off, used_off, _ = run(False)
+    print(f"  lookahead steps used {used}, dropped {dropped}")
+    assert on == off, "the lookahead changed a token or a logprob"
+    assert used > 0 and dropped > 0 and used_off == 0
+
+
+@section
 def pressure_swap_and_groups():
     small = optimized.Engine.from_state_dict(CFG, W, **{**KW, "num_blocks": 20, "swap_space": 8})
     big = optimized.Engine.from_state_dict(CFG, W, **KW)

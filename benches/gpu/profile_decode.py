@@ -15,7 +15,8 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
   ``split_kv="auto"``), all with the skinny gate/up GEMM's SwiGLU epilogue off, ``fused`` (and the
   epilogue on), ``w4`` (and 4-warp CTAs for GEMMs of many tiles), ``cuBLAS+pdl`` (every GEMM through
   ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
-  (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements),
+  (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
+  ``default`` the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -65,12 +66,15 @@ VARIANTS: dict[str, tuple[int, bool, str, bool, bool]] = {
 #: every other variant sends all GEMMs of <= skinny_max_m rows to skinny_gemm). "default": the engine's.
 MAX_ELEMS: dict[str, int] = {"skinny<=16M": 16 << 20, "skinny<=64M": 64 << 20, "skinny<=256M": 256 << 20,
                              "default": 8 << 20}
+#: variants on top of "default": the lookahead step off (``sync``: a step-synchronous engine), and
+#: sampling at temperature 1 instead of greedy (``t=1``; ``t=1 sync``: both)
+ENGINE_VARIANTS: dict[str, tuple[bool, float]] = {"sync": (False, 0.0), "t=1": (True, 1.0), "t=1 sync": (False, 1.0)}
 
 
-def step_times(eng, prompts, steps) -> list[float]:
-    """Wall seconds of each decode step of a greedy generation of ``steps`` tokens."""
+def step_times(eng, prompts, steps, temperature: float = 0.0) -> list[float]:
+    """Wall seconds of each decode step of a generation of ``steps`` tokens (greedy by default)."""
     with StepRecorder(eng, GPU) as rec:
-        eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, stop_token_ids=()))
+        eng.generate(prompts, SamplingParams(temperature=temperature, max_tokens=steps, stop_token_ids=()))
     return [d["s"] for d in rec.of("decode")]
 
 
@@ -108,17 +112,20 @@ def kernel_table(eng, prompts) -> tuple[list[tuple[str, float, int]], float]:
     return rows, sum(v for _, v, _ in rows)
 
 
-def graph_timeline(eng, prompts, steps: int = 6) -> tuple[list[tuple[str, int, float, float]], float]:
-    """The kernels of one replayed decode step (its third), from a profiler trace: per kernel name the
+def graph_timeline(eng, prompts, steps: int = 8, temperature: float = 0.0
+                   ) -> tuple[list[tuple[str, int, float, float]], float, float]:
+    """The kernels of one replayed decode step (a warm one), from a profiler trace: per kernel name the
     launches, the summed duration and the summed *increment*: this kernel's end less the previous
     kernel's end. With programmatic dependent launch a kernel starts (and is timed) while its
-    predecessor runs, so durations overlap; the increments do not, and sum to the step's span."""
+    predecessor runs, so durations overlap; the increments do not, and sum to the step's span.
+    Also the median idle gap of the GPU between two decode steps (the last kernel's end of one to the
+    first kernel's start of the next: the host's part of a step where nothing hides it)."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, stop_token_ids=()))
+        eng.generate(prompts, SamplingParams(temperature=temperature, max_tokens=steps, stop_token_ids=()))
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
@@ -133,7 +140,9 @@ def graph_timeline(eng, prompts, steps: int = 6) -> tuple[list[tuple[str, int, f
             steps_k.append(cur)
             cur = []
     if not steps_k:
-        return [], 0.0
+        return [], 0.0, 0.0
+    gaps = [b[0][0] - a[-1][1] for a, b in zip(steps_k[1:-1], steps_k[2:])]   # between decode steps
+    gap = statistics.median(gaps) if gaps else 0.0
     step = steps_k[-2] if len(steps_k) > 2 else steps_k[-1]   # a warm decode step (the first ones prefill)
     agg: dict[str, list[float]] = {}
     prev_end = step[0][0]
@@ -144,7 +153,7 @@ def graph_timeline(eng, prompts, steps: int = 6) -> tuple[list[tuple[str, int, f
         a[2] += max(end, prev_end) - prev_end
         prev_end = max(end, prev_end)
     rows = sorted(((k, int(v[0]), v[1], v[2]) for k, v in agg.items()), key=lambda r: -r[3])
-    return rows, prev_end - step[0][0]
+    return rows, prev_end - step[0][0], gap
 
 
 def main() -> int:
@@ -155,7 +164,8 @@ def main() -> int:
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
     ap.add_argument("--timeline-batches", nargs="*", type=int, default=[])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS) + tuple(MAX_ELEMS), default=["cuBLAS", "skinny", "pdl"])
+    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS),
+                    default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = GPU.device
@@ -184,7 +194,8 @@ def main() -> int:
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
-                eng.runner.skinny_max_elems = MAX_ELEMS.get(variant, 1 << 62)
+                eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if variant in ENGINE_VARIANTS else variant, 1 << 62)
+                eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, 0.0))[0]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.fuse_swiglu = fuse
                 ops.SKINNY_W4_TILES = W4_TILES if w4 else 1 << 40   # read at capture (each variant captures its own)
@@ -193,15 +204,18 @@ def main() -> int:
                 eng.runner.graphs = graph_sets.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
 
+            def temp(variant: str) -> float:
+                return ENGINE_VARIANTS.get(variant, (True, 0.0))[1]
+
             for variant in args.variants:                      # capture + warm each variant once
                 use(variant)
-                step_times(eng, prompts, 4)
+                step_times(eng, prompts, 4, temp(variant))
                 pools[variant] = eng.runner.pool               # the pool its captures created
             times: dict[str, list[float]] = {v: [] for v in args.variants}
             for _ in range(args.rounds):                       # then alternate, so drift hits all alike
                 for variant in args.variants:
                     use(variant)
-                    times[variant].append(statistics.median(step_times(eng, prompts, args.steps)) * 1e3)
+                    times[variant].append(statistics.median(step_times(eng, prompts, args.steps, temp(variant))) * 1e3)
             for variant in args.variants:
                 med = statistics.median(times[variant])
                 lo, hi = min(times[variant]), max(times[variant])
@@ -211,12 +225,13 @@ def main() -> int:
             if batch in args.timeline_batches:
                 for variant in args.variants:
                     use(variant)
-                    rows, span = graph_timeline(eng, prompts)
+                    rows, span, gap = graph_timeline(eng, prompts, temperature=temp(variant))
                     print(f"   graph timeline, {variant}, batch {batch}: {span:.1f} us from the first kernel's start to "
-                          f"the last one's end; per kernel: launches, summed duration, summed increment of the end")
+                          f"the last one's end, GPU idle {gap:.1f} us between steps (median); per kernel: launches, "
+                          f"summed duration, summed increment of the end")
                     for k, n, dur, inc in rows[:12]:
                         print(f"     {n:4d}x {dur:9.1f} us {inc:9.1f} us  {k}")
-                    report["runs"].append(dict(model=name, batch=batch, variant=variant + " timeline", span_us=span,
+                    report["runs"].append(dict(model=name, batch=batch, variant=variant + " timeline", span_us=span, gap_us=gap,
                                                kernels=[dict(name=k, launches=n, dur_us=d, inc_us=i) for k, n, d, i in rows]))
             eng.runner.graphs, eng.runner.pool = {}, None
             graph_sets.clear()
@@ -228,6 +243,7 @@ def main() -> int:
             eng.runner.fuse_swiglu = True
             ops.SKINNY_W4_TILES = W4_TILES
             eng.runner.skinny_max_elems = default_elems
+            eng.runner.lookahead = True
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "
