@@ -24,7 +24,8 @@ from reference.parallel import FollowerError
 from reference.weights import random_weights
 
 from _helpers import TINY, run_grids, tiny_weights
-from test_optimized_host import PROMPTS, _agree, _reference, _rollout, _standin_ops
+from _standins import _standin_ops
+from test_optimized_host import PROMPTS, _agree, _reference, _rollout
 
 KW = {"block_size": 4, "max_model_len": 128, "num_blocks": 256, "split_kv": "fixed:8"}
 GREEDY = [reference.SamplingParams(max_tokens=6, stop_token_ids=())] * len(PROMPTS)

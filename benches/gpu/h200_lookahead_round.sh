@@ -7,6 +7,8 @@
 #   bash benches/gpu/h200_lookahead_round.sh profile   # profile_decode's alternating A/B of the lookahead
 #       step off (sync) and on (default), greedy and at temperature 1, batch 1 / 8 / 64 / 256 of both
 #       model shapes, with the graph timeline (and the GPU's idle gap between steps) at batch 1
+#   bash benches/gpu/h200_lookahead_round.sh agentic   # the agentic workload (packed into $OUT/bench.tgz), then
+#       the conformance clauses of turns, sampling, memory, state and invariance at the qwen3-0.6b shape
 #   bash benches/gpu/h200_lookahead_round.sh record    # the sampling checks, engine_decode and the small-kernel
 #       lab (packed into $OUT/bench.tgz), and the conformance suite at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
@@ -40,5 +42,15 @@ record)
     > "$OUT"/conformance_ci_optimized.log 2>&1
   echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
   tail -1 "$OUT"/conformance_ci_optimized.log
+  ;;
+agentic)
+  run_benches 260 "agentic"
+  grep -E "^\| (resume|re-prefill|transformers)" "$OUT/bench/agentic.md" | head -6
+  pack_bench
+  timeout 330 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 \
+    --conformance-scale gpu --oracle-device cuda -k "qwen3-0.6b and (turn or sample or mem or state or invariant)" \
+    > "$OUT"/conformance_gpu_qwen3-0.6b.log 2>&1
+  echo "conformance qwen3-0.6b rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_gpu_qwen3-0.6b.log | head -8
+  tail -1 "$OUT"/conformance_gpu_qwen3-0.6b.log
   ;;
 esac
