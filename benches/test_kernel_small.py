@@ -32,7 +32,8 @@ SAMPLE_CHECK_ROWS = 16                                               # rows chec
 SAMPLING = {
     "greedy": dict(temperature=0.0),
     "t=1": dict(temperature=1.0),
-    "t=0.8 k=50 p=0.95": dict(temperature=0.8, top_k=50, top_p=0.95),
+    "t=0.8 k=50 p=0.95": dict(temperature=0.8, top_k=50, top_p=0.95),   # top-k <= 64: the candidate path
+    "t=1 p=0.95": dict(temperature=1.0, top_p=0.95),                     # top-p alone: passes over the row
 }
 EPS = 1e-6
 MAX_POS = 8192

@@ -887,6 +887,8 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
 SAMPLE_CHUNK = 4096               # logits of a row per sample_partial CTA (CHUNK in sampling.cu)
 SAMPLE_PARTIAL_THREADS = 256      # PART_THREADS in sampling.cu
 SAMPLE_PARTIAL_WORDS = 8          # sizeof(Partial) / 4 in sampling.cu
+SAMPLE_SLOTS = 128                # candidates a chunk of a small-top-k row may export (SLOTS in sampling.cu)
+SAMPLE_TOPK_CAP = 64              # rows with 0 < top_k <= this take the candidate path (TOPK_CAP)
 SAMPLE_MAX_V = 1 << 30            # chunk indices stay inside int32
 SAMPLE_MAX_ROWS = 65535           # rows are sample_partial's grid y
 
@@ -904,8 +906,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     them from ``SamplingParams``. Returns int32 ``tokens [B]`` and fp32 ``logprobs [B]``.
 
     Two launches: ``sample_partial`` reads each row once in ``sample_chunks(V)`` chunks spread over
-    the GPU (max, log-sum-exp, argmax; the Gumbel-max token of plain rows), then ``sample`` folds
-    them, one CTA per row, and runs the top-k / top-p passes of the rows that have them.
+    the GPU (max, log-sum-exp, argmax; the Gumbel-max token of plain rows; the candidates of rows
+    with a top-k of at most ``SAMPLE_TOPK_CAP``), then ``sample`` folds them, one CTA per row, and
+    runs the top-k / top-p passes of the rows that have them (over the candidates where it can).
     """
     _tensor("logits", logits, torch.float32, 2)
     B, V = logits.shape
@@ -929,11 +932,13 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
         return tokens, logprobs
     C = sample_chunks(V)
     part = torch.empty((B, C, SAMPLE_PARTIAL_WORDS), dtype=torch.float32, device=logits.device)  # Partial [B, C]
+    cand = torch.empty((B, C, SAMPLE_SLOTS, 2), dtype=torch.float32, device=logits.device)      # Cand [B, C, SLOTS]
     row_args = (_p(logits), _i(ld), _i(V), _p(temperature), _p(top_k), _p(top_p), _p(seed_lo), _p(seed_hi),
                 _p(pos), _p(mode))
-    _launch(logits, "sampling", "sample_partial", (C, B, 1), (SAMPLE_PARTIAL_THREADS, 1, 1), row_args + (_p(part),))
+    _launch(logits, "sampling", "sample_partial", (C, B, 1), (SAMPLE_PARTIAL_THREADS, 1, 1),
+            row_args + (_p(part), _p(cand)))
     _launch(logits, "sampling", "sample", (B, 1, 1), (1024, 1, 1),
-            row_args + (_p(part), _i(C), _p(tokens), _p(logprobs)))
+            row_args + (_p(part), _p(cand), _i(C), _p(tokens), _p(logprobs)))
     return tokens, logprobs
 
 

@@ -71,6 +71,8 @@ def test_sampling_constants_agree_with_the_source():
         return int(re.search(rf"constexpr int {name} = (\d+);", src).group(1))
 
     assert const("PART_THREADS") == ops.SAMPLE_PARTIAL_THREADS
+    assert const("SLOTS") == ops.SAMPLE_SLOTS and const("TOPK_CAP") == ops.SAMPLE_TOPK_CAP
+    assert re.search(r"struct Cand \{\s*float x;\s*int i;\s*\};", src), "Cand is two 4-byte words (ops: [..., 2] fp32)"
     assert const("PART_THREADS") * const("PER_THREAD") == ops.SAMPLE_CHUNK
     fields = re.search(r"struct Partial \{(.*?)\};", src, re.S).group(1)
     words = sum(int(n) if n else 1 for n in re.findall(r"^\s*(?:float|int) \w+(?:\[(\d+)\])?;", fields, re.M))

@@ -162,7 +162,8 @@ def test_sample_launches_partials_then_rows_and_rejects_bad_input(monkeypatch):
     assert (m1, n1, g1, b1) == ("sampling", "sample_partial", (C, B, 1), (ops.SAMPLE_PARTIAL_THREADS, 1, 1))
     assert (m2, n2, g2, b2) == ("sampling", "sample", (B, 1, 1), (1024, 1, 1))
     assert a1[:10] == a2[:10] and int(a1[10]) == int(a2[10]) != 0      # same row arguments, same partials
-    assert int(a2[11]) == C and int(a1[1]) == V and int(a1[2]) == V     # C; row stride and V
+    assert int(a1[11]) == int(a2[11]) != 0 and int(a1[11]) != int(a1[10])   # same candidates buffer
+    assert int(a2[12]) == C and int(a1[1]) == V and int(a1[2]) == V     # C; row stride and V
     n = len(log)
     for bad in (logits.double(), logits[:, ::2], torch.randn(B, V)[:2]):
         with pytest.raises((ValueError, TypeError)):

@@ -458,8 +458,8 @@ def check_sampling(C: Checks, dev, gen) -> None:
 
     plain = [(0.7, 0, 1.0), (1.0, 0, 1.0), (1.3, 0, 1.0), (1.0, 151936, 1.0)]   # no filter: partials only
 
-    def run_case(V: int, n_rows: int, ties: bool, greedy: bool, table=None, masked: bool = False):
-        logits = rows_for(V, n_rows, ties)
+    def run_case(V: int, n_rows: int, ties: bool, greedy: bool, table=None, masked: bool = False, make=None):
+        logits = rows_for(V, n_rows, ties) if make is None else make(V, n_rows)
         if masked:  # whole chunks of -inf (sample_partial's chunks are 4096 wide) and scattered -inf entries
             logits[:, : 3 * 4096] = float("-inf")
             logits[torch.rand(logits.shape, generator=gen) < 0.3] = float("-inf")
@@ -522,6 +522,23 @@ def check_sampling(C: Checks, dev, gen) -> None:
     C.run("sampling", "greedy with -inf chunks", lambda: run_case(151936, 16, False, True, masked=True))
     C.run("sampling", "plain rows with -inf chunks", lambda: run_case(151936, 16, False, False, plain, masked=True))
     C.run("sampling", "filtered rows with -inf chunks", lambda: run_case(151936, 16, False, False, masked=True))
+    # top-k rows with k <= ops.SAMPLE_TOPK_CAP filter over their chunks' exported candidates
+    small_k = [(0.6, 20, 0.95), (1.0, 64, 1.0), (0.8, 1, 1.0), (1.2, 7, 0.5), (0.7, 65, 0.9), (1.0, 33, 0.99)]
+    C.run("sampling", "small top-k rows (candidates)", lambda: run_case(151936, 48, False, False, small_k))
+    C.run("sampling", "small top-k rows with ties (candidates or overflow)",
+          lambda: run_case(151936, 48, True, False, small_k))
+    C.run("sampling", "small top-k rows, every logit tied (chunks overflow: whole-row passes)",
+          lambda: run_case(151936, 12, False, False, small_k, make=lambda V, n: torch.zeros(n, V) + 0.5))
+
+    def many_candidates(V: int, n: int) -> torch.Tensor:   # 100 tied maxima per chunk: 3800 > NCAND candidates
+        x = torch.randn(n, V, generator=gen)
+        for c in range(0, V, 4096):
+            x[:, c + torch.randperm(min(4096, V - c), generator=gen)[:100]] = 5.0
+        return x
+    C.run("sampling", "small top-k rows over the row's candidate room (whole-row passes)",
+          lambda: run_case(151936, 12, False, False, small_k, make=many_candidates))
+    C.run("sampling", "small top-k rows, V=4100 and V=7", lambda: run_case(4100, 24, False, False, small_k)
+          + run_case(7, 24, False, False, [(1.0, 3, 1.0), (0.5, 1, 0.8), (1.0, 6, 0.9)]))
 
     def run_hash():  # flat logits: the token is argmax of the Gumbel noise alone -> exercises the hash
         V, n = 50000, 16
@@ -693,7 +710,9 @@ def timing(dev, gen) -> None:
                           ("T=1.0 (plain)", SamplingParams(temperature=1.0)),
                           ("T=1.0 (plain), logits x 8 / 3", SamplingParams(temperature=1.0)),
                           ("T=0.7 top_k=50 top_p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9)),
-                          ("T=1.0 top_p=0.95", SamplingParams(temperature=1.0, top_p=0.95))):
+                          ("T=1.0 top_p=0.95", SamplingParams(temperature=1.0, top_p=0.95)),
+                          ("T=0.6 top_k=20 top_p=0.95 (Qwen3's suggestion)",
+                           SamplingParams(temperature=0.6, top_k=20, top_p=0.95))):
             pk = ops.pack_sampling_params([sp] * B, list(range(B)), dev)
             lg = logits * (8 / 3) if "x 8" in label else logits     # wider: most entries far below the max
             t = _time(lambda: ops.sample(lg, **pk))

@@ -9,6 +9,8 @@
 #       model shapes, with the graph timeline (and the GPU's idle gap between steps) at batch 1
 #   bash benches/gpu/h200_lookahead_round.sh agentic   # the agentic workload (packed into $OUT/bench.tgz), then
 #       the conformance clauses of turns, sampling, memory, state and invariance at the qwen3-0.6b shape
+#   bash benches/gpu/h200_lookahead_round.sh topk      # the sampling checks and timings, the small-kernel lab and
+#       the engine smoke test, for the candidate path of small-top-k rows
 #   bash benches/gpu/h200_lookahead_round.sh record    # the sampling checks, engine_decode and the small-kernel
 #       lab (packed into $OUT/bench.tgz), and the conformance suite at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
@@ -52,5 +54,15 @@ agentic)
     > "$OUT"/conformance_gpu_qwen3-0.6b.log 2>&1
   echo "conformance qwen3-0.6b rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_gpu_qwen3-0.6b.log | head -8
   tail -1 "$OUT"/conformance_gpu_qwen3-0.6b.log
+  ;;
+topk)
+  timeout 150 python3 benches/gpu/check_kernels.py --only sampling graph --time > "$OUT"/check_kernels_topk.log 2>&1
+  echo "check_kernels rc=$?"; grep -E "FAIL" "$OUT"/check_kernels_topk.log | head -20
+  grep -E "^sample " "$OUT"/check_kernels_topk.log; tail -1 "$OUT"/check_kernels_topk.log
+  run_benches 150 "kernel_small"
+  grep -E "^\| sample" "$OUT/bench/kernel_small.md"
+  pack_bench
+  timeout 150 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
+  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
   ;;
 esac

@@ -54,6 +54,9 @@ constexpr int NWARP = THREADS / 32;
 constexpr int PART_THREADS = 256;                  // sample_partial: one CTA per chunk of a row
 constexpr int PER_THREAD = 16;                     // logits per sample_partial thread
 constexpr int CHUNK = PART_THREADS * PER_THREAD;   // 4096 (ops.SAMPLE_CHUNK)
+constexpr int TOPK_CAP = 64;                       // top-k rows with k <= this use the candidate path
+constexpr int SLOTS = 128;                         // candidates a chunk may export (ops.SAMPLE_SLOTS)
+constexpr int NCAND = 3072;                        // candidates a row may gather in shared memory
 constexpr u32 NONE = 0xffffffffu;
 
 // What sample_partial leaves for sample: one chunk of one row (32 bytes).
@@ -64,7 +67,14 @@ struct Partial {
   float z;   // plain rows with a processed logprob: sum exp(l - m / T), l = x / T
   float g;   // plain rows: max of l + gumbel over the chunk
   int gi;    // its index (lowest on ties)
-  float pad[2];
+  int nc;    // top-k rows with k <= TOPK_CAP: candidates exported (-1: more than SLOTS)
+  float pad;
+};
+
+// A logit a top-k row's chunk exports: every entry at least the chunk's own k-th largest.
+struct Cand {
+  float x;
+  int i;
 };
 
 __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
@@ -121,6 +131,7 @@ struct Scratch {
   u64 w64[NWARP];
   int bin;
   u64 rem;
+  int ncand;  // sample: a candidate row's gathered candidates (-1: read the whole row)
 };
 
 // Block reductions over NW warps (the whole CTA): every thread returns the result.
@@ -186,7 +197,8 @@ __device__ __forceinline__ float block_sum(float v, Scratch& sc) {
   return v;
 }
 
-// Exclusive prefix sum over threads (in thread order) of a u64 value; also returns the total.
+// Exclusive prefix sum over the NW warps' threads (in thread order) of a u64 value; also returns the total.
+template <int NW = NWARP>
 __device__ __forceinline__ u64 block_excl_scan(u64 v, u64& total, Scratch& sc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   u64 x = v;
@@ -198,7 +210,7 @@ __device__ __forceinline__ u64 block_excl_scan(u64 v, u64& total, Scratch& sc) {
   if (lane == 31) sc.w64[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    u64 w = sc.w64[lane];
+    u64 w = lane < NW ? sc.w64[lane] : 0ull;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const u64 y = __shfl_up_sync(0xffffffffu, w, o);
@@ -208,7 +220,7 @@ __device__ __forceinline__ u64 block_excl_scan(u64 v, u64& total, Scratch& sc) {
   }
   __syncthreads();
   const u64 before = (warp > 0 ? sc.w64[warp - 1] : 0ull) + x - v;
-  total = sc.w64[NWARP - 1];
+  total = sc.w64[NW - 1];
   __syncthreads();
   return before;
 }
@@ -216,15 +228,15 @@ __device__ __forceinline__ u64 block_excl_scan(u64 v, u64& total, Scratch& sc) {
 // Given per-bin weights hist[0..nb) (nb = 1024 or 2048) and a remaining target rem >= 1, find the
 // highest bin d with  above(d) < rem <= above(d) + hist[d]  (above(d) = sum of bins > d).
 // Result in sc.bin (-1 if the bins hold less than rem) and sc.rem = rem - above(d).
-template <typename T>
+template <typename T, int NT = THREADS>
 __device__ __forceinline__ void radix_pick(const T* hist, int nb, u64 rem, Scratch& sc) {
-  const int per = nb / THREADS;  // 1 or 2 bins per thread, highest bins on the lowest threads
+  const int per = nb / NT;  // bins per thread (1 or 2 at 1024 threads), highest bins on the lowest threads
   const int top = nb - 1 - threadIdx.x * per;
   u64 v = 0;
   for (int j = 0; j < per; ++j) v += (u64)hist[top - j];
   if (threadIdx.x == 0) sc.bin = -1;
   u64 total;
-  const u64 above = block_excl_scan(v, total, sc);
+  const u64 above = block_excl_scan<NT / 32>(v, total, sc);
   if (above < rem && rem <= above + v) {
     u64 cum = above;
     for (int j = 0; j < per; ++j) {
@@ -289,6 +301,12 @@ __device__ __forceinline__ bool plain_row(float T, int k, float p, int V) {
   return T > 0.f && !(k > 0 && k < V) && !(p < 1.f);
 }
 
+// A row is a "candidate" row when it samples with a small top-k (0 < k <= TOPK_CAP, k < V): every
+// entry of its top k is among the entries that reach their own chunk's k-th largest value (fewer
+// than k entries of the row, hence of the chunk, lie above it), so each chunk exports those and the
+// filters run over the exported candidates instead of the whole row.
+__device__ __forceinline__ bool cand_row(float T, int k, int V) { return T > 0.f && k > 0 && k < V && k <= TOPK_CAP; }
+
 __device__ __forceinline__ u32 row_key(u32 lo, u32 hi, int pos) {
   return mix32(mix32(mix32(lo ^ 0x9E3779B9u) ^ hi) ^ (u32)pos);
 }
@@ -301,10 +319,12 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
     const float* __restrict__ logits, int ld, int V, const float* __restrict__ temperature,
     const int* __restrict__ top_k, const float* __restrict__ top_p, const u32* __restrict__ seed_lo,
     const u32* __restrict__ seed_hi, const int* __restrict__ pos, const int* __restrict__ mode,
-    Partial* __restrict__ part) {
+    Partial* __restrict__ part, Cand* __restrict__ cand) {
   pdl_entry();
   constexpr int NW = PART_THREADS / 32;
   __shared__ Scratch sc;
+  __shared__ u32 s_hist[2048];
+  __shared__ u32 s_key[CHUNK];  // candidate rows: the chunk's keys, out of the registers
   const int c = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const float* row = logits + (long long)b * ld;
   const int base = c * CHUNK;
@@ -376,6 +396,54 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
     block_argmax<NW>(g, gi, sc);
     if (proc) z = block_sum<NW>(z, sc);
   }
+
+  // candidate rows: export the entries that reach the chunk's k-th largest logit (ties included)
+  int nc = 0;
+  const int k = top_k[b];
+  if (cand_row(T, k, V)) {  // uniform over the CTA
+    // thread tid's j-th key at s_key[j * PART_THREADS + tid] (only tid reads it back); entries past V: NONE
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) s_key[j * PART_THREADS + tid] = index(j) < V ? f2key(x[j]) : NONE;
+    u32 kth = 0u;           // every key is >= 0: a chunk of at most k entries exports them all
+    if (V - base > k) {     // k-th largest key of the chunk: radix select, 11/11/10-bit digits
+      u32 prefix = 0u, pmask = 0u;
+      u64 rem = (u64)k;
+      for (int pass = 0; pass < 3; ++pass) {
+        const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+        const int nb = pass == 2 ? 1024 : 2048;
+        for (int i = tid; i < nb; i += PART_THREADS) s_hist[i] = 0u;
+        __syncthreads();
+#pragma unroll 4
+        for (int j = 0; j < PER_THREAD; ++j) {
+          const u32 key = s_key[j * PART_THREADS + tid];
+          if (key != NONE && (key & pmask) == prefix) atomicAdd(&s_hist[(key >> shift) & (u32)(nb - 1)], 1u);
+        }
+        __syncthreads();
+        radix_pick<u32, PART_THREADS>(s_hist, nb, rem, sc);
+        rem = sc.rem;
+        prefix |= (u32)sc.bin << shift;  // always found: 1 <= rem <= the prefix class's count
+        pmask |= (u32)(nb - 1) << shift;
+      }
+      kth = prefix;
+    }
+    int mine = 0;
+#pragma unroll 4
+    for (int j = 0; j < PER_THREAD; ++j) {
+      const u32 key = s_key[j * PART_THREADS + tid];
+      mine += key != NONE && key >= kth;
+    }
+    u64 total;
+    int at = (int)block_excl_scan<NW>((u64)mine, total, sc);
+    nc = total <= (u64)SLOTS ? (int)total : -1;
+    if (nc > 0) {  // in thread order, then in index order within a thread: a fixed order
+      Cand* dst = cand + ((long long)b * gridDim.x + c) * SLOTS;
+#pragma unroll 4
+      for (int j = 0; j < PER_THREAD; ++j) {
+        const u32 key = s_key[j * PART_THREADS + tid];
+        if (key != NONE && key >= kth) dst[at++] = Cand{key2f(key), index(j)};
+      }
+    }
+  }
   if (tid == 0) {
     Partial out;
     out.m = m;
@@ -384,7 +452,8 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
     out.z = z;
     out.g = g;
     out.gi = gi;
-    out.pad[0] = out.pad[1] = 0.f;
+    out.nc = nc;
+    out.pad = 0.f;
     part[(long long)b * gridDim.x + c] = out;
   }
 }
@@ -396,11 +465,14 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
                                                           const u32* __restrict__ seed_lo,
                                                           const u32* __restrict__ seed_hi, const int* __restrict__ pos,
                                                           const int* __restrict__ mode,
-                                                          const Partial* __restrict__ part, int C,
+                                                          const Partial* __restrict__ part,
+                                                          const Cand* __restrict__ cand, int C,
                                                           int* __restrict__ tokens, float* __restrict__ logprobs) {
   pdl_entry();
   __shared__ u64 s_hist[2048];  // bin counts (as u32) or fixed-point masses (u64)
   __shared__ Scratch sc;
+  __shared__ float s_cx[NCAND];  // a candidate row's gathered candidates
+  __shared__ int s_ci[NCAND];
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
   const float* row = logits + (long long)b * ld;
 
@@ -450,6 +522,50 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   }
   const float M = __fdiv_rn(bv, Tf);  // max of l (division by T > 0 is monotone)
 
+  // A candidate row gathers its chunks' candidates (chunk by chunk in thread order: a fixed order)
+  // and runs the passes below over them; if a chunk had too many to export, or the row too many to
+  // hold, the passes read the whole row.
+  if (tid == 0) sc.ncand = -1;
+  if (cand_row(Tf, k, V)) {  // uniform over the CTA
+    u64 mine = 0;
+    int bad = 0;
+    for (int c = tid; c < C; c += THREADS) {
+      const int nc = part[(long long)b * C + c].nc;
+      bad |= nc < 0;
+      mine += nc < 0 ? 0 : nc;
+    }
+    if (!__syncthreads_or(bad)) {
+      u64 total;
+      u64 at = block_excl_scan(mine, total, sc);
+      if (total <= (u64)NCAND) {
+        for (int c = tid; c < C; c += THREADS) {
+          const long long chunk = (long long)b * C + c;
+          const int nc = part[chunk].nc;
+          for (int e = 0; e < nc; ++e, ++at) {
+            const Cand cd = cand[chunk * SLOTS + e];
+            s_cx[at] = cd.x;
+            s_ci[at] = cd.i;
+          }
+        }
+        if (tid == 0) sc.ncand = (int)total;
+      }
+    }
+  }
+  __syncthreads();
+  // Visit every candidate (or every entry of the row): f(i, x, valid) with uniform trip counts.
+  auto visit = [&](auto&& f) {
+    const int N = *(volatile int*)&sc.ncand;  // read here: no register held across the passes
+    if (N >= 0) {
+      for (int base = 0; base < N; base += THREADS) {
+        const int j = base + tid;
+        const bool ok = j < N;
+        f(ok ? s_ci[j] : 0, ok ? s_cx[j] : 0.f, ok);
+      }
+    } else {
+      sweep(row, V, vec, f);
+    }
+  };
+
   // top-k threshold: kth = (k-th largest logit, counting ties) / T, by radix select on ordered keys.
   float kth = neg_inf();
   if (k > 0 && k < V) {
@@ -461,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
       const int nb = pass == 2 ? 1024 : 2048;
       for (int i = tid; i < nb; i += THREADS) hist[i] = 0u;
       __syncthreads();
-      sweep(row, V, vec, [&](int, float x, bool ok) {
+      visit([&](int, float x, bool ok) {
         u32 bin = NONE;
         if (ok) {
           const u32 key = f2key(x);
@@ -485,7 +601,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   float Z1 = 1.f, tau = 0.f;
   if (use_p) {
     float z = 0.f;
-    sweep(row, V, vec, [&](int, float x, bool ok) {
+    visit([&](int, float x, bool ok) {
       const float l = __fdiv_rn(x, Tf);
       if (ok && l >= kth) z += expf(l - M);
     });
@@ -500,7 +616,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
       const int nb = pass == 2 ? 1024 : 2048;
       for (int i = tid; i < nb; i += THREADS) s_hist[i] = 0ull;
       __syncthreads();
-      sweep(row, V, vec, [&](int, float x, bool ok) {
+      visit([&](int, float x, bool ok) {
         const float l = __fdiv_rn(x, Tf);
         if (ok && l >= kth) {
           const float qv = __fdiv_rn(expf(l - M), Z1);
@@ -531,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   float z2 = 0.f;
   best = neg_inf();
   tok = -1;
-  sweep(row, V, vec, [&](int i, float x, bool ok) {
+  visit([&](int i, float x, bool ok) {
     const float l = __fdiv_rn(x, Tf);
     if (ok && l >= kth) {
       const float e = expf(l - M);
