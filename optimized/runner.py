@@ -5,7 +5,8 @@ computation is one of our CUDA kernels (``optimized/kernels/*.cu``) launched thr
 torch's current stream (``optimized/ops.py``). Decode steps are captured in CUDA graphs, one
 per batch-size bucket; prefill runs eagerly. Per-step metadata (ids, positions, slots, block
 tables, lengths, sampling parameters) is built with numpy by the scheduler and uploaded with
-one host-to-device copy.
+one host-to-device copy. A decode step that can be foretold is launched one step ahead, its input
+ids copied on the device from the step before (``optimized/lookahead.py``; ``execute``).
 
 Batch-invariant mode (``batch_invariant=True``, twin: the reference runner's) changes two things:
 every GEMM runs through ``ops.gemm`` (``gemm.cu``: one fixed k-step order per output element,
@@ -64,6 +65,15 @@ def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> N
     expect = tables[batch.q_seq_idx, batch.positions // block_size] * block_size + batch.positions % block_size
     if (expect != batch.slot_mapping).any():
         raise BlockTableError("a slot does not match the page its position claims")
+
+
+def _valid(batch: StepBatch, num_blocks: int, block_size: int) -> bool:
+    """Whether a foretold step passes the launch guards (it always should; if not, it is not launched)."""
+    try:
+        check_step_metadata(batch, num_blocks, block_size)
+    except BlockTableError:
+        return False
+    return True
 
 
 def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -329,8 +339,7 @@ class CudaRunner:
                 self.lookahead_dropped += 1
         if run is None:
             run = self._launch_decode(batch, params, positions)
-        if ahead is not None and self.lookahead and not self.record_logits:
-            check_step_metadata(ahead, self.num_blocks, self.block_size)
+        if ahead is not None and self.lookahead and not self.record_logits and _valid(ahead, self.num_blocks, self.block_size):
             ahead_params = [s.params for s in ahead.sample_seqs]
             nxt = self._launch_decode(ahead, ahead_params, [int(ahead.positions[r]) + 1 for r in ahead.sample_rows],
                                       ids_from=run)
