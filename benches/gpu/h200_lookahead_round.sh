@@ -11,6 +11,8 @@
 #       the conformance clauses of turns, sampling, memory, state and invariance at the qwen3-0.6b shape
 #   bash benches/gpu/h200_lookahead_round.sh topk      # the sampling checks and timings, the small-kernel lab and
 #       the engine smoke test, for the candidate path of small-top-k rows
+#   bash benches/gpu/h200_lookahead_round.sh final     # every kernel check, the engine smoke test, conformance at
+#       CI scale, and decode steps greedy / t=1 / Qwen3's suggested sampling at batch 1 and 64
 #   bash benches/gpu/h200_lookahead_round.sh record    # the sampling checks, engine_decode and the small-kernel
 #       lab (packed into $OUT/bench.tgz), and the conformance suite at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
@@ -64,5 +66,18 @@ topk)
   pack_bench
   timeout 150 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
   grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+  ;;
+final)
+  timeout 200 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels.log 2>&1; echo "check_kernels rc=$?"
+  grep -E "FAIL" "$OUT"/check_kernels.log | head -20; tail -1 "$OUT"/check_kernels.log
+  timeout 120 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
+  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+  timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+    > "$OUT"/conformance_ci_optimized.log 2>&1
+  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
+  tail -1 "$OUT"/conformance_ci_optimized.log
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b qwen3-0.6b --batches 1 64 --profile-batches \
+    --variants default t=1 qwen3-sampling --rounds 2 --out "$OUT" > "$OUT"/profile_sampling.log 2>&1
+  echo "profile rc=$?"; grep -v "^     " "$OUT"/profile_sampling.log | grep -v "Warn\|_warn" | tail -14
   ;;
 esac

@@ -16,7 +16,8 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
   epilogue on), ``w4`` (and 4-warp CTAs for GEMMs of many tiles), ``cuBLAS+pdl`` (every GEMM through
   ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
   (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
-  ``default`` the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling),
+  ``default`` the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling;
+  ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -67,14 +68,20 @@ VARIANTS: dict[str, tuple[int, bool, str, bool, bool]] = {
 MAX_ELEMS: dict[str, int] = {"skinny<=16M": 16 << 20, "skinny<=64M": 64 << 20, "skinny<=256M": 256 << 20,
                              "default": 8 << 20}
 #: variants on top of "default": the lookahead step off (``sync``: a step-synchronous engine), and
-#: sampling at temperature 1 instead of greedy (``t=1``; ``t=1 sync``: both)
-ENGINE_VARIANTS: dict[str, tuple[bool, float]] = {"sync": (False, 0.0), "t=1": (True, 1.0), "t=1 sync": (False, 1.0)}
+#: sampling at temperature 1 instead of greedy (``t=1``; ``t=1 sync``: both), or with Qwen3's suggested
+#: temperature 0.6, top-k 20, top-p 0.95 (``qwen3-sampling``): (lookahead on, SamplingParams keywords)
+ENGINE_VARIANTS: dict[str, tuple[bool, dict]] = {
+    "sync": (False, {}), "t=1": (True, dict(temperature=1.0)), "t=1 sync": (False, dict(temperature=1.0)),
+    "qwen3-sampling": (True, dict(temperature=0.6, top_k=20, top_p=0.95)),
+}
 
 
-def step_times(eng, prompts, steps, temperature: float = 0.0) -> list[float]:
-    """Wall seconds of each decode step of a generation of ``steps`` tokens (greedy by default)."""
+def step_times(eng, prompts, steps, sampling: dict | None = None) -> list[float]:
+    """Wall seconds of each decode step of a generation of ``steps`` tokens (greedy unless ``sampling``
+    holds other ``SamplingParams`` keywords)."""
     with StepRecorder(eng, GPU) as rec:
-        eng.generate(prompts, SamplingParams(temperature=temperature, max_tokens=steps, stop_token_ids=()))
+        eng.generate(prompts, SamplingParams(**{"temperature": 0.0, **(sampling or {})}, max_tokens=steps,
+                                             stop_token_ids=()))
     return [d["s"] for d in rec.of("decode")]
 
 
@@ -112,7 +119,7 @@ def kernel_table(eng, prompts) -> tuple[list[tuple[str, float, int]], float]:
     return rows, sum(v for _, v, _ in rows)
 
 
-def graph_timeline(eng, prompts, steps: int = 8, temperature: float = 0.0
+def graph_timeline(eng, prompts, steps: int = 8, sampling: dict | None = None
                    ) -> tuple[list[tuple[str, int, float, float]], float, float]:
     """The kernels of one replayed decode step (a warm one), from a profiler trace: per kernel name the
     launches, the summed duration and the summed *increment*: this kernel's end less the previous
@@ -125,7 +132,8 @@ def graph_timeline(eng, prompts, steps: int = 8, temperature: float = 0.0
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        eng.generate(prompts, SamplingParams(temperature=temperature, max_tokens=steps, stop_token_ids=()))
+        eng.generate(prompts, SamplingParams(**{"temperature": 0.0, **(sampling or {})}, max_tokens=steps,
+                                             stop_token_ids=()))
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
@@ -195,7 +203,7 @@ def main() -> int:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if variant in ENGINE_VARIANTS else variant, 1 << 62)
-                eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, 0.0))[0]
+                eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, {}))[0]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.fuse_swiglu = fuse
                 ops.SKINNY_W4_TILES = W4_TILES if w4 else 1 << 40   # read at capture (each variant captures its own)
@@ -204,18 +212,18 @@ def main() -> int:
                 eng.runner.graphs = graph_sets.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
 
-            def temp(variant: str) -> float:
-                return ENGINE_VARIANTS.get(variant, (True, 0.0))[1]
+            def sampling_of(variant: str) -> dict:
+                return ENGINE_VARIANTS.get(variant, (True, {}))[1]
 
             for variant in args.variants:                      # capture + warm each variant once
                 use(variant)
-                step_times(eng, prompts, 4, temp(variant))
+                step_times(eng, prompts, 4, sampling_of(variant))
                 pools[variant] = eng.runner.pool               # the pool its captures created
             times: dict[str, list[float]] = {v: [] for v in args.variants}
             for _ in range(args.rounds):                       # then alternate, so drift hits all alike
                 for variant in args.variants:
                     use(variant)
-                    times[variant].append(statistics.median(step_times(eng, prompts, args.steps, temp(variant))) * 1e3)
+                    times[variant].append(statistics.median(step_times(eng, prompts, args.steps, sampling_of(variant))) * 1e3)
             for variant in args.variants:
                 med = statistics.median(times[variant])
                 lo, hi = min(times[variant]), max(times[variant])
@@ -225,7 +233,7 @@ def main() -> int:
             if batch in args.timeline_batches:
                 for variant in args.variants:
                     use(variant)
-                    rows, span, gap = graph_timeline(eng, prompts, temperature=temp(variant))
+                    rows, span, gap = graph_timeline(eng, prompts, sampling=sampling_of(variant))
                     print(f"   graph timeline, {variant}, batch {batch}: {span:.1f} us from the first kernel's start to "
                           f"the last one's end, GPU idle {gap:.1f} us between steps (median); per kernel: launches, "
                           f"summed duration, summed increment of the end")
