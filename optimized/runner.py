@@ -331,8 +331,9 @@ class CudaRunner:
             return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
         run = None
         if pending is not None:
-            if same_step(pending["batch"], pending["params"], batch) and \
-                    np.array_equal(batch.input_ids, pending["src"]["tokens"]):
+            src = pending.pop("src")             # (no chain of launches kept alive through "src")
+            if same_step(pending.pop("batch"), pending.pop("params"), batch) and \
+                    np.array_equal(batch.input_ids, src["tokens"]):
                 run = pending
                 self.lookahead_used += 1
             else:

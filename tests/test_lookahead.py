@@ -80,6 +80,23 @@ def test_lookahead_changes_nothing(opt_engine, kw):
     assert r._ahead is None, "a lookahead step outlived its run loop"
 
 
+def test_a_used_lookahead_keeps_no_chain_of_launches(opt_engine):
+    """Each launched step refers to the one whose tokens it was fed only until it is checked: a long
+    decode keeps at most the current launch and its foretold successor alive."""
+    eng = opt_engine(block_size=4, max_model_len=128)
+    seen: list = []
+    orig = eng.runner._collect
+
+    def spy(run):
+        seen.append(run)
+        return orig(run)
+
+    eng.runner._collect = spy
+    eng.generate([[1, 2, 3]], reference.SamplingParams(max_tokens=40, stop_token_ids=()))
+    assert eng.runner.lookahead_used > 20
+    assert all("src" not in run for run in seen[:-1]), "a used launch still refers to its predecessor"
+
+
 def test_a_foretold_step_is_the_real_next_step_when_every_sequence_goes_on(opt_engine):
     """Whenever the next decode step has the same sequences as the last one, the prediction made
     during the last one equals it (``same_step``), page numbers included."""
