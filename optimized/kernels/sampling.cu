@@ -5,10 +5,12 @@
 //                   logits, C = ceil(V / CHUNK)) once and writes a Partial: the chunk's max, its
 //                   argmax and sum exp(x - max); for a "plain" row (temperature > 0, top-k and top-p
 //                   off: the usual RL setting) also the chunk's Gumbel-max candidate and, for a
-//                   processed logprob, sum exp(l - max l).
+//                   processed logprob, sum exp(l - max l); for a "candidate" row (0 < top-k <=
+//                   TOPK_CAP) the chunk's entries that reach its own k-th largest logit (Cand).
 //   sample          grid (B), 1024 threads: folds the C partials of its row with a fixed tree, and
 //                   finishes greedy and plain rows from them; a row with top-k or top-p runs the
-//                   filters' passes over the whole row in this one CTA (below).
+//                   filters' passes in this one CTA (below), over its gathered candidates if it has
+//                   them, else over the whole row.
 // The chunks are a function of V alone and every fold has a fixed order, so a row's result is
 // reproducible run to run and independent of the other rows of the batch.
 //
@@ -33,12 +35,14 @@
 //   logprob: mode 0 (raw) = log_softmax(logits)[token];
 //            mode 1 (processed) = log_softmax over the survivors of l, at the token (= raw when greedy).
 //
-// All reductions use a fixed tree (no float atomics). Passes over the row: 1 (greedy, plain: in
-// sample_partial, spread over C CTAs) plus up to 7 in the one CTA of sample (top-k: 3, top-p: 4,
-// the final Gumbel pass: 1); each of those streams the row with 16-byte loads, 4 in flight per
-// thread, uniform trip counts.
+// All reductions use a fixed tree or integer atomics (no float atomics). Passes over the row: 1
+// (in sample_partial, spread over C CTAs) plus, for a filtered row without candidates, up to 8 in
+// the one CTA of sample (top-k: 3, top-p: 4, the final Gumbel pass: 1); each of those streams the
+// row with 16-byte loads, 4 in flight per thread, uniform trip counts. With candidates the same
+// passes read at most NCAND entries from shared memory.
 // logits fp32 [B, V] (row stride ld, V <= 2^30); per-row parameter arrays of length B; outputs
-// int32 / fp32 [B]; scratch: Partial [B, C].
+// int32 / fp32 [B]; scratch: Partial [B, C], Cand [B, C, SLOTS]. A NaN logit whose key is all ones
+// reads as past-the-end in a candidate row's chunk (garbage in, as anywhere else).
 
 #include <cuda_bf16.h>
 
