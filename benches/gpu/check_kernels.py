@@ -537,6 +537,13 @@ def check_sampling(C: Checks, dev, gen) -> None:
         return x
     C.run("sampling", "small top-k rows over the row's candidate room (whole-row passes)",
           lambda: run_case(151936, 12, False, False, small_k, make=many_candidates))
+    # top-p rows without top-k filter over their chunks' candidates when the logits are peaked
+    top_p_only = [(1.0, 0, 0.95), (0.7, 0, 0.9), (1.3, 151936, 0.5), (1.0, 0, 0.99), (0.6, 0, 0.999)]
+    C.run("sampling", "top-p rows, peaked logits (candidates)",
+          lambda: run_case(151936, 40, False, False, top_p_only, make=lambda V, n: torch.randn(n, V, generator=gen) * 30))
+    C.run("sampling", "top-p rows, flat and tied logits (whole-row passes)",
+          lambda: run_case(151936, 10, False, False, top_p_only, make=lambda V, n: torch.zeros(n, V) - 2.0)
+          + run_case(151936, 20, True, False, top_p_only))
     C.run("sampling", "small top-k rows, V=4100 and V=7", lambda: run_case(4100, 24, False, False, small_k)
           + run_case(7, 24, False, False, [(1.0, 3, 1.0), (0.5, 1, 0.8), (1.0, 6, 0.9)]))
 
@@ -712,9 +719,10 @@ def timing(dev, gen) -> None:
                           ("T=0.7 top_k=50 top_p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9)),
                           ("T=1.0 top_p=0.95", SamplingParams(temperature=1.0, top_p=0.95)),
                           ("T=0.6 top_k=20 top_p=0.95 (Qwen3's suggestion)",
-                           SamplingParams(temperature=0.6, top_k=20, top_p=0.95))):
+                           SamplingParams(temperature=0.6, top_k=20, top_p=0.95)),
+                          ("T=1.0 top_p=0.95, logits x 30 / 3 (peaked)", SamplingParams(temperature=1.0, top_p=0.95))):
             pk = ops.pack_sampling_params([sp] * B, list(range(B)), dev)
-            lg = logits * (8 / 3) if "x 8" in label else logits     # wider: most entries far below the max
+            lg = logits * (8 / 3) if "x 8" in label else logits * 10 if "x 30" in label else logits   # wider
             t = _time(lambda: ops.sample(lg, **pk))
             print(f"sample B={B} V=151936 {label}: {t * 1e6:.1f} us")
     # resume-shaped: B sequences, 32 new tokens each over an 8192-token prefix

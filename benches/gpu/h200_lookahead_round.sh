@@ -13,6 +13,8 @@
 #       the engine smoke test, for the candidate path of small-top-k rows
 #   bash benches/gpu/h200_lookahead_round.sh final     # every kernel check, the engine smoke test, conformance at
 #       CI scale, and decode steps greedy / t=1 / Qwen3's suggested sampling at batch 1 and 64
+#   bash benches/gpu/h200_lookahead_round.sh last      # the sampling checks and timings (top-p rows over
+#       candidates), the engine smoke test, conformance at CI scale
 #   bash benches/gpu/h200_lookahead_round.sh record    # the sampling checks, engine_decode and the small-kernel
 #       lab (packed into $OUT/bench.tgz), and the conformance suite at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
@@ -79,5 +81,16 @@ final)
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b qwen3-0.6b --batches 1 64 --profile-batches \
     --variants default t=1 qwen3-sampling --rounds 2 --out "$OUT" > "$OUT"/profile_sampling.log 2>&1
   echo "profile rc=$?"; grep -v "^     " "$OUT"/profile_sampling.log | grep -v "Warn\|_warn" | tail -14
+  ;;
+last)
+  timeout 100 python3 benches/gpu/check_kernels.py --only sampling graph --time > "$OUT"/check_kernels_top_p.log 2>&1
+  echo "check_kernels rc=$?"; grep -E "FAIL" "$OUT"/check_kernels_top_p.log | head -20
+  grep -E "^sample B=1 |^sample B=64 " "$OUT"/check_kernels_top_p.log; tail -1 "$OUT"/check_kernels_top_p.log
+  timeout 100 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
+  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+  timeout 170 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+    > "$OUT"/conformance_ci_optimized.log 2>&1
+  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
+  tail -1 "$OUT"/conformance_ci_optimized.log
   ;;
 esac

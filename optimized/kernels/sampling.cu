@@ -136,6 +136,7 @@ struct Scratch {
   int bin;
   u64 rem;
   int ncand;  // sample: a candidate row's gathered candidates (-1: read the whole row)
+  float z1;   // sample: a top-p row's normaliser folded from the chunks
 };
 
 // Block reductions over NW warps (the whole CTA): every thread returns the result.
@@ -311,6 +312,15 @@ __device__ __forceinline__ bool plain_row(float T, int k, float p, int V) {
 // filters run over the exported candidates instead of the whole row.
 __device__ __forceinline__ bool cand_row(float T, int k, int V) { return T > 0.f && k > 0 && k < V && k <= TOPK_CAP; }
 
+// A top-p row without a top-k (p < 1) exports, per chunk, the entries whose probability *within the
+// chunk* reaches (1 - p) / (2V) (less 1% for roundings): an entry's probability in the row is at most
+// its probability in its chunk (the row's normaliser holds the chunk's), and an entry below
+// (1 - p) / (2V) can never survive top-p (see top-p above). On a trained model's peaked logits that
+// is a few entries a chunk; on flat logits the chunks overflow and the row takes the whole-row passes.
+__device__ __forceinline__ bool ptop_row(float T, int k, float p, int V) { return T > 0.f && !(k > 0 && k < V) && p < 1.f; }
+
+__device__ __forceinline__ float top_p_eps(float p, int V) { return __fdiv_rn(1.f - p, 2.f * (float)V); }
+
 __device__ __forceinline__ u32 row_key(u32 lo, u32 hi, int pos) {
   return mix32(mix32(mix32(lo ^ 0x9E3779B9u) ^ hi) ^ (u32)pos);
 }
@@ -401,15 +411,36 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
     if (proc) z = block_sum<NW>(z, sc);
   }
 
-  // candidate rows: export the entries that reach the chunk's k-th largest logit (ties included)
+  // candidate rows: export the entries that reach the chunk's k-th largest logit (ties included), or
+  // (top-p rows without top-k) whose probability within the chunk reaches the top-p floor
   int nc = 0;
   const int k = top_k[b];
-  if (cand_row(T, k, V)) {  // uniform over the CTA
+  const float p = top_p[b];
+  const bool by_k = cand_row(T, k, V), by_p = ptop_row(T, k, p, V);
+  if (by_k || by_p) {  // uniform over the CTA
     // thread tid's j-th key at s_key[j * PART_THREADS + tid] (only tid reads it back); entries past V: NONE
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) s_key[j * PART_THREADS + tid] = index(j) < V ? f2key(x[j]) : NONE;
+    const float M = __fdiv_rn(m, T);  // the chunk's largest l
+    if (by_p) {                       // the partial's z: sum exp(l - M) over the chunk (the fold's Z1)
+      float zz = 0.f;
+      if (M != neg_inf()) {
+#pragma unroll 4
+        for (int j = 0; j < PER_THREAD; ++j) {
+          const u32 key = s_key[j * PART_THREADS + tid];
+          if (key != NONE) zz += expf(__fdiv_rn(key2f(key), T) - M);
+        }
+      }
+      z = block_sum<NW>(zz, sc);
+    }
+    const float lo = by_p ? 0.99f * top_p_eps(p, V) : 0.f;
     u32 kth = 0u;           // every key is >= 0: a chunk of at most k entries exports them all
-    if (V - base > k) {     // k-th largest key of the chunk: radix select, 11/11/10-bit digits
+    auto keep = [&](u32 key) {
+      if (key == NONE) return false;
+      if (by_k) return key >= kth;
+      return M != neg_inf() && __fdiv_rn(expf(__fdiv_rn(key2f(key), T) - M), z) >= lo;
+    };
+    if (by_k && V - base > k) {  // k-th largest key of the chunk: radix select, 11/11/10-bit digits
       u32 prefix = 0u, pmask = 0u;
       u64 rem = (u64)k;
       for (int pass = 0; pass < 3; ++pass) {
@@ -432,10 +463,7 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
     }
     int mine = 0;
 #pragma unroll 4
-    for (int j = 0; j < PER_THREAD; ++j) {
-      const u32 key = s_key[j * PART_THREADS + tid];
-      mine += key != NONE && key >= kth;
-    }
+    for (int j = 0; j < PER_THREAD; ++j) mine += keep(s_key[j * PART_THREADS + tid]);
     u64 total;
     int at = (int)block_excl_scan<NW>((u64)mine, total, sc);
     nc = total <= (u64)SLOTS ? (int)total : -1;
@@ -444,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
 #pragma unroll 4
       for (int j = 0; j < PER_THREAD; ++j) {
         const u32 key = s_key[j * PART_THREADS + tid];
-        if (key != NONE && key >= kth) dst[at++] = Cand{key2f(key), index(j)};
+        if (keep(key)) dst[at++] = Cand{key2f(key), index(j)};
       }
     }
   }
@@ -485,6 +513,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   const int k = top_k[b];
   const float p = top_p[b];
   const bool plain = plain_row(Tf, k, p, V);
+  const bool by_p = ptop_row(Tf, k, p, V);
   const bool proc = mode[b] == 1;
 
   // Fold the partials: raw max / log-sum-exp and argmax (lowest index on ties); for plain rows the
@@ -495,14 +524,21 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
     const Partial P = part[(long long)b * C + c];
     ms_combine(m, s, P.m, P.s);
     am_combine(bv, bi, P.m, P.bi);
-    if (plain) {
-      am_combine(best, tok, P.g, P.gi);
-      if (proc) ms_combine(Mz, z, __fdiv_rn(P.m, Tf), P.z);
-    }
+    if (plain) am_combine(best, tok, P.g, P.gi);
+    if (plain && proc) ms_combine(Mz, z, __fdiv_rn(P.m, Tf), P.z);
   }
   block_ms(m, s, sc);
   block_argmax(bv, bi, sc);
   const float log_s = logf(s);
+  if (by_p) {  // a top-p row's normaliser Z1 (relative to M), folded from the chunks into shared memory
+    float Mp = neg_inf(), zp = 0.f;
+    for (int c = tid; c < C; c += THREADS) {
+      const Partial P = part[(long long)b * C + c];
+      ms_combine(Mp, zp, __fdiv_rn(P.m, Tf), P.z);
+    }
+    block_ms(Mp, zp, sc);
+    if (tid == 0) sc.z1 = zp;
+  }
 
   if (!(Tf > 0.f)) {  // greedy
     if (tid == 0) {
@@ -530,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   // and runs the passes below over them; if a chunk had too many to export, or the row too many to
   // hold, the passes read the whole row.
   if (tid == 0) sc.ncand = -1;
-  if (cand_row(Tf, k, V)) {  // uniform over the CTA
+  if (cand_row(Tf, k, V) || by_p) {  // uniform over the CTA
     u64 mine = 0;
     int bad = 0;
     for (int c = tid; c < C; c += THREADS) {
@@ -604,13 +640,17 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   const bool use_p = p < 1.f;
   float Z1 = 1.f, tau = 0.f;
   if (use_p) {
-    float z = 0.f;
-    visit([&](int, float x, bool ok) {
-      const float l = __fdiv_rn(x, Tf);
-      if (ok && l >= kth) z += expf(l - M);
-    });
-    Z1 = block_sum(z, sc);
-    const float eps = __fdiv_rn(1.f - p, 2.f * (float)V);
+    if (ptop_row(Tf, k, p, V) && *(volatile int*)&sc.ncand >= 0) {
+      Z1 = *(volatile float*)&sc.z1;  // the candidates are not the whole row: the chunks' normaliser
+    } else {
+      float zs = 0.f;
+      visit([&](int, float x, bool ok) {
+        const float l = __fdiv_rn(x, Tf);
+        if (ok && l >= kth) zs += expf(l - M);
+      });
+      Z1 = block_sum(zs, sc);
+    }
+    const float eps = top_p_eps(p, V);
     const double tgt = ceil((double)p * 4503599627370496.0);  // p in 2^-52 fixed point
     u64 rem = tgt < 1.0 ? 1ull : (u64)tgt;
     u32 prefix = 0u, pmask = 0u;
@@ -643,6 +683,11 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
       pmask |= (u32)(nb - 1) << shift;
     }
     tau = found ? __uint_as_float(prefix) : 0.f;
+    if (!found && ptop_row(Tf, k, p, V)) {  // every entry survives: the final pass reads the whole row
+      __syncthreads();
+      if (tid == 0) sc.ncand = -1;
+      __syncthreads();
+    }
   }
 
   // Final pass: Gumbel-max over the survivors (lowest index on ties), and their normaliser for the
