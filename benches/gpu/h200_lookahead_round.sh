@@ -18,14 +18,28 @@
 #   bash benches/gpu/h200_lookahead_round.sh record    # the sampling checks, engine_decode and the small-kernel
 #       lab (packed into $OUT/bench.tgz), and the conformance suite at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+
+# smoke SECONDS: the engine smoke test (every section, with the lookahead on/off one)
+smoke() {
+  timeout "$1" python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
+  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+}
+
+# conformance_ci SECONDS: the conformance suite at CI scale on the optimized engine
+conformance_ci() {
+  timeout "$1" python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+    > "$OUT"/conformance_ci_optimized.log 2>&1
+  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
+  tail -1 "$OUT"/conformance_ci_optimized.log
+}
+
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 build_kernels
 case "${1:-checks}" in
 checks)
   timeout 240 python3 benches/gpu/check_kernels.py --time > "$OUT"/check_kernels.log 2>&1; echo "check_kernels rc=$?"
   grep -E "FAIL" "$OUT"/check_kernels.log | head -20; grep -E "^sample " "$OUT"/check_kernels.log; tail -1 "$OUT"/check_kernels.log
-  timeout 150 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
-  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+  smoke 150
   run_benches 150 "kernel_small"
   grep -E "^\| sample" "$OUT/bench/kernel_small.md"
   pack_bench
@@ -44,10 +58,7 @@ record)
   grep -E "turnkv|: x transformers|% of the memory roofline" "$OUT/bench/engine_decode.md" | head -30
   grep -E "^\| sample" "$OUT/bench/kernel_small.md"
   pack_bench
-  timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
-    > "$OUT"/conformance_ci_optimized.log 2>&1
-  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
-  tail -1 "$OUT"/conformance_ci_optimized.log
+  conformance_ci 200
   ;;
 agentic)
   run_benches 260 "agentic"
@@ -66,18 +77,13 @@ topk)
   run_benches 150 "kernel_small"
   grep -E "^\| sample" "$OUT/bench/kernel_small.md"
   pack_bench
-  timeout 150 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
-  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+  smoke 150
   ;;
 final)
   timeout 200 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels.log 2>&1; echo "check_kernels rc=$?"
   grep -E "FAIL" "$OUT"/check_kernels.log | head -20; tail -1 "$OUT"/check_kernels.log
-  timeout 120 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
-  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
-  timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
-    > "$OUT"/conformance_ci_optimized.log 2>&1
-  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
-  tail -1 "$OUT"/conformance_ci_optimized.log
+  smoke 120
+  conformance_ci 200
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b qwen3-0.6b --batches 1 64 --profile-batches \
     --variants default t=1 qwen3-sampling --rounds 2 --out "$OUT" > "$OUT"/profile_sampling.log 2>&1
   echo "profile rc=$?"; grep -v "^     " "$OUT"/profile_sampling.log | grep -v "Warn\|_warn" | tail -14
@@ -86,11 +92,7 @@ last)
   timeout 100 python3 benches/gpu/check_kernels.py --only sampling graph --time > "$OUT"/check_kernels_top_p.log 2>&1
   echo "check_kernels rc=$?"; grep -E "FAIL" "$OUT"/check_kernels_top_p.log | head -20
   grep -E "^sample B=1 |^sample B=64 " "$OUT"/check_kernels_top_p.log; tail -1 "$OUT"/check_kernels_top_p.log
-  timeout 100 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
-  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
-  timeout 170 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
-    > "$OUT"/conformance_ci_optimized.log 2>&1
-  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
-  tail -1 "$OUT"/conformance_ci_optimized.log
+  smoke 100
+  conformance_ci 170
   ;;
 esac
