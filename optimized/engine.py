@@ -132,7 +132,7 @@ class Engine(EngineCore):
 
     @torch.no_grad()
     def _execute(self, batch: StepBatch) -> StepResult:
-        ahead = next_decode(self, batch) if self.runner.lookahead and batch.kind == "decode" else None
+        ahead = next_decode(self, batch) if self.runner.wants_lookahead() else None
         return self.runner.execute(batch, ahead)
 
     # A lookahead step (optimized/lookahead.py) lives inside one run loop: none is left when it returns.

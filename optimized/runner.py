@@ -76,6 +76,11 @@ def _valid(batch: StepBatch, num_blocks: int, block_size: int) -> bool:
     return True
 
 
+def _sampling_of(batch: StepBatch) -> tuple[list[SamplingParams], list[int]]:
+    """The sampling parameters of a step's sampling rows and the positions of the tokens they sample."""
+    return [s.params for s in batch.sample_seqs], [int(batch.positions[r]) + 1 for r in batch.sample_rows]
+
+
 def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
     """int32 [5, n] (top_k, seed_lo, seed_hi, pos, mode) and float32 [2, n] (temperature, top_p)."""
     ints = np.zeros((5, n), dtype=np.int64)
@@ -317,8 +322,6 @@ class CudaRunner:
         (``optimized/lookahead.py``), launched before this step's tokens are read back; the next
         call uses it if its batch is that step, and drops it otherwise."""
         check_step_metadata(batch, self.num_blocks, self.block_size)
-        params = [s.params for s in batch.sample_seqs]
-        positions = [int(batch.positions[r]) + 1 for r in batch.sample_rows]
         pending, self._ahead = self._ahead, None
         if batch.kind != "decode":
             self.lookahead_dropped += pending is not None
@@ -326,7 +329,7 @@ class CudaRunner:
                                    batch.seq_lens, batch.q_seq_idx)
             rows = self._upload(batch.sample_rows, torch.int64)
             logits = self.logits(hidden.index_select(0, rows))                        # [S, V]
-            ints, flts = _sampling_arrays(params, positions, len(params))
+            ints, flts = _sampling_arrays(*_sampling_of(batch), len(batch.sample_seqs))
             toks, lps = _sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
             return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
         run = None
@@ -339,14 +342,16 @@ class CudaRunner:
             else:
                 self.lookahead_dropped += 1
         if run is None:
-            run = self._launch_decode(batch, params, positions)
-        if ahead is not None and self.lookahead and not self.record_logits and _valid(ahead, self.num_blocks, self.block_size):
-            ahead_params = [s.params for s in ahead.sample_seqs]
-            nxt = self._launch_decode(ahead, ahead_params, [int(ahead.positions[r]) + 1 for r in ahead.sample_rows],
-                                      ids_from=run)
-            nxt["batch"], nxt["params"], nxt["src"] = ahead, ahead_params, run
+            run = self._launch_decode(batch)
+        if ahead is not None and self.wants_lookahead() and _valid(ahead, self.num_blocks, self.block_size):
+            nxt = self._launch_decode(ahead, ids_from=run)
+            nxt["batch"], nxt["src"] = ahead, run
             self._ahead = nxt
         return self._collect(run)
+
+    def wants_lookahead(self) -> bool:
+        """Whether a decode step launches its foretold successor (not while logits are being recorded)."""
+        return self.lookahead and not self.record_logits
 
     def drop_lookahead(self) -> None:
         """Forget a launched lookahead step (it finishes on the GPU; its results are never read)."""
@@ -373,11 +378,11 @@ class CudaRunner:
         return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
                             up(tables, torch.int32), up(lens, torch.int32), up(qidx, torch.int32), split, max_splits)
 
-    def _launch_decode(self, batch: StepBatch, params: list[SamplingParams], positions: list[int],
-                       ids_from: dict | None = None) -> dict:
+    def _launch_decode(self, batch: StepBatch, ids_from: dict | None = None) -> dict:
         """Upload the step's metadata, replay its graph and queue the copy of its tokens to the host;
         returns without waiting. ``ids_from``: a launched step whose sampled tokens are this step's
         input ids (a lookahead step; they are copied on the device, ``batch.input_ids`` is unused)."""
+        params, positions = _sampling_of(batch)
         B = len(batch.seqs)
         bucket = next((b for b in BUCKETS if b >= B), B)
         longest = int(batch.seq_lens.max())
@@ -424,7 +429,7 @@ class CudaRunner:
         res[:n].copy_(g["toks"], non_blocking=True)
         res[n:].copy_(g["lps"].view(torch.int32), non_blocking=True)
         return {"B": B, "n": n, "split": split, "toks": g["toks"], "res": res, "done": self._event(),
-                "logits": g["logits"]}
+                "logits": g["logits"], "params": params}
 
     def _collect(self, run: dict) -> StepResult:
         """Wait for a launched decode step and read its tokens and logprobs."""
