@@ -257,6 +257,31 @@ __device__ __forceinline__ void radix_pick(const T* hist, int nb, u64 rem, Scrat
   __syncthreads();
 }
 
+// The three-digit radix search both filters use (11/11/10-bit digits, highest bins first): for each
+// digit, zero the histogram, let feed(prefix, pmask, shift, nb) add the weights of the entries whose
+// key matches the digits found so far, and pick the bin where the remaining target falls
+// (radix_pick). Returns false if the bins ever hold less than the target (then prefix is partial);
+// else prefix is the key the target lands on.
+template <typename T, int NT, typename Feed>
+__device__ __forceinline__ bool radix_search(T* hist, u64 rem, u32& prefix, Scratch& sc, Feed&& feed) {
+  u32 pmask = 0u;
+  prefix = 0u;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const int nb = pass == 2 ? 1024 : 2048;
+    for (int i = threadIdx.x; i < nb; i += NT) hist[i] = T(0);
+    __syncthreads();
+    feed(prefix, pmask, shift, nb);
+    __syncthreads();
+    radix_pick<T, NT>(hist, nb, rem, sc);
+    if (sc.bin < 0) return false;  // uniform over the CTA
+    rem = sc.rem;
+    prefix |= (u32)sc.bin << shift;
+    pmask |= (u32)(nb - 1) << shift;
+  }
+  return true;
+}
+
 // Visit every element of a row: f(i, x, valid) is called by every thread the same number of times
 // (invalid calls carry valid = false), so f may use full-warp intrinsics. vec: 16-byte aligned
 // row and V % 4 == 0 (float4 loads); else coalesced scalar loads. 16 elements in flight per thread.
@@ -440,26 +465,14 @@ extern "C" __global__ void __launch_bounds__(PART_THREADS) sample_partial(
       if (by_k) return key >= kth;
       return M != neg_inf() && __fdiv_rn(expf(__fdiv_rn(key2f(key), T) - M), z) >= lo;
     };
-    if (by_k && V - base > k) {  // k-th largest key of the chunk: radix select, 11/11/10-bit digits
-      u32 prefix = 0u, pmask = 0u;
-      u64 rem = (u64)k;
-      for (int pass = 0; pass < 3; ++pass) {
-        const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-        const int nb = pass == 2 ? 1024 : 2048;
-        for (int i = tid; i < nb; i += PART_THREADS) s_hist[i] = 0u;
-        __syncthreads();
+    if (by_k && V - base > k) {  // k-th largest key of the chunk (always found: 1 <= k <= its entries)
+      radix_search<u32, PART_THREADS>(s_hist, (u64)k, kth, sc, [&](u32 prefix, u32 pmask, int shift, int nb) {
 #pragma unroll 4
         for (int j = 0; j < PER_THREAD; ++j) {
           const u32 key = s_key[j * PART_THREADS + tid];
           if (key != NONE && (key & pmask) == prefix) atomicAdd(&s_hist[(key >> shift) & (u32)(nb - 1)], 1u);
         }
-        __syncthreads();
-        radix_pick<u32, PART_THREADS>(s_hist, nb, rem, sc);
-        rem = sc.rem;
-        prefix |= (u32)sc.bin << shift;  // always found: 1 <= rem <= the prefix class's count
-        pmask |= (u32)(nb - 1) << shift;
-      }
-      kth = prefix;
+      });
     }
     int mine = 0;
 #pragma unroll 4
@@ -608,31 +621,20 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
 
   // top-k threshold: kth = (k-th largest logit, counting ties) / T, by radix select on ordered keys.
   float kth = neg_inf();
-  if (k > 0 && k < V) {
+  if (k > 0 && k < V) {  // always found: 1 <= k <= the row's entries
     u32* hist = reinterpret_cast<u32*>(s_hist);
-    u32 prefix = 0u, pmask = 0u;
-    u64 rem = (u64)k;
-    for (int pass = 0; pass < 3; ++pass) {
-      const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-      const int nb = pass == 2 ? 1024 : 2048;
-      for (int i = tid; i < nb; i += THREADS) hist[i] = 0u;
-      __syncthreads();
+    u32 prefix;
+    radix_search<u32, THREADS>(hist, (u64)k, prefix, sc, [&](u32 pre, u32 pmask, int shift, int nb) {
       visit([&](int, float x, bool ok) {
         u32 bin = NONE;
         if (ok) {
           const u32 key = f2key(x);
-          if ((key & pmask) == prefix) bin = (key >> shift) & (u32)(nb - 1);
+          if ((key & pmask) == pre) bin = (key >> shift) & (u32)(nb - 1);
         }
         const u32 peers = __match_any_sync(0xffffffffu, bin);  // every lane calls: uniform sweep
         if (bin != NONE && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (u32)__popc(peers));
       });
-      __syncthreads();
-      radix_pick<u32>(hist, nb, rem, sc);
-      const int d = sc.bin;  // always found: 1 <= rem <= count of the prefix class
-      rem = sc.rem;
-      prefix |= (u32)d << shift;
-      pmask |= (u32)(nb - 1) << shift;
-    }
+    });
     kth = __fdiv_rn(key2f(prefix), Tf);
   }
 
@@ -652,36 +654,22 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
     }
     const float eps = top_p_eps(p, V);
     const double tgt = ceil((double)p * 4503599627370496.0);  // p in 2^-52 fixed point
-    u64 rem = tgt < 1.0 ? 1ull : (u64)tgt;
-    u32 prefix = 0u, pmask = 0u;
-    bool found = true;
-    for (int pass = 0; pass < 3; ++pass) {
-      const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-      const int nb = pass == 2 ? 1024 : 2048;
-      for (int i = tid; i < nb; i += THREADS) s_hist[i] = 0ull;
-      __syncthreads();
+    u32 prefix;
+    // not found: the total mass (rounded) is below p -> keep every survivor
+    const bool found = radix_search<u64, THREADS>(s_hist, tgt < 1.0 ? 1ull : (u64)tgt, prefix, sc,
+                                                  [&](u32 pre, u32 pmask, int shift, int nb) {
       visit([&](int, float x, bool ok) {
         const float l = __fdiv_rn(x, Tf);
         if (ok && l >= kth) {
           const float qv = __fdiv_rn(expf(l - M), Z1);
           const u32 key = __float_as_uint(qv);
-          if (qv >= eps && (key & pmask) == prefix) {
+          if (qv >= eps && (key & pmask) == pre) {
             const u64 mq = __float2ull_rn(qv * 4503599627370496.0f);
             if (mq) atomicAdd(&s_hist[(key >> shift) & (u32)(nb - 1)], mq);
           }
         }
       });
-      __syncthreads();
-      radix_pick<u64>(s_hist, nb, rem, sc);
-      const int d = sc.bin;
-      if (d < 0) {  // uniform: total mass (rounded) below p -> keep every survivor
-        found = false;
-        break;
-      }
-      rem = sc.rem;
-      prefix |= (u32)d << shift;
-      pmask |= (u32)(nb - 1) << shift;
-    }
+    });
     tau = found ? __uint_as_float(prefix) : 0.f;
     if (!found && ptop_row(Tf, k, p, V)) {  // every entry survives: the final pass reads the whole row
       __syncthreads();
