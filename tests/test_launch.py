@@ -110,18 +110,26 @@ def test_ops_launch_dispatch(monkeypatch):
     assert calls[3] == ("cupy", "rmsnorm", (4, 1, 1), (32, 1, 1), args, 64 * 1024)
 
 
-def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(monkeypatch):
-    """``ops.skinny_swiglu`` on the CPU with ``_launch`` recorded: the kernel name (M tile, warps), the
-    grid (I / 8 CTAs) and I; bad shapes are ValueErrors that launch nothing."""
-    import pytest
-    import torch
-
+@pytest.fixture
+def launch_log(monkeypatch) -> list[tuple]:
+    """``ops`` on CPU tensors with ``_launch`` recorded: (module, kernel, grid, block, args) per launch."""
     from optimized import ops
 
     log: list[tuple] = []
     monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0:
                         log.append((module, name, grid, block, args)))
     monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
+    return log
+
+
+def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(launch_log):
+    """``ops.skinny_swiglu`` on the CPU with ``_launch`` recorded: the kernel name (M tile, warps), the
+    grid (I / 8 CTAs) and I; bad shapes are ValueErrors that launch nothing."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
     bf = torch.bfloat16
     x = torch.randn(3, 64).to(bf)
     out = ops.skinny_swiglu(x, torch.randn(48, 64).to(bf))
@@ -139,19 +147,15 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(monkeypatch
     assert len(log) == n
 
 
-def test_sample_launches_partials_then_rows_and_rejects_bad_input(monkeypatch):
+def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
     """``ops.sample`` on the CPU with ``_launch`` recorded: ``sample_partial`` over (chunks, rows), then
     ``sample`` over the rows with the same partials buffer and its chunk count; bad input launches nothing."""
-    import pytest
     import torch
 
     from optimized import ops
     from reference import SamplingParams
 
-    log: list[tuple] = []
-    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0:
-                        log.append((module, name, grid, block, args)))
-    monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
+    log = launch_log
     B, V = 3, 151936
     logits = torch.randn(B, V)
     pk = ops.pack_sampling_params([SamplingParams(temperature=1.0)] * B, [5, 6, 7], "cpu")
