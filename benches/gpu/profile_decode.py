@@ -76,12 +76,16 @@ ENGINE_VARIANTS: dict[str, tuple[bool, dict]] = {
 }
 
 
+def _params(steps: int, sampling: dict | None) -> SamplingParams:
+    """``steps`` tokens, no stop token, greedy unless ``sampling`` holds other ``SamplingParams`` keywords."""
+    return SamplingParams(**{"temperature": 0.0, **(sampling or {})}, max_tokens=steps, stop_token_ids=())
+
+
 def step_times(eng, prompts, steps, sampling: dict | None = None) -> list[float]:
     """Wall seconds of each decode step of a generation of ``steps`` tokens (greedy unless ``sampling``
     holds other ``SamplingParams`` keywords)."""
     with StepRecorder(eng, GPU) as rec:
-        eng.generate(prompts, SamplingParams(**{"temperature": 0.0, **(sampling or {})}, max_tokens=steps,
-                                             stop_token_ids=()))
+        eng.generate(prompts, _params(steps, sampling))
     return [d["s"] for d in rec.of("decode")]
 
 
@@ -132,8 +136,7 @@ def graph_timeline(eng, prompts, steps: int = 8, sampling: dict | None = None
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        eng.generate(prompts, SamplingParams(**{"temperature": 0.0, **(sampling or {})}, max_tokens=steps,
-                                             stop_token_ids=()))
+        eng.generate(prompts, _params(steps, sampling))
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
