@@ -303,15 +303,17 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 
 #: ``auto``'s rule, fitted to split-KV decode timings on an H200 (docs/performance.md, "Split size of a
-#: decode step"): about this many work items (sequence x KV head x split) per multiprocessor ...
-AUTO_ITEMS_PER_SM = 4
+#: decode step"): one wave of work items (sequence x KV head x split), this many per multiprocessor --
+#: the optimized decode kernel's occupancy at head dim 128 (registers and shared memory hold it to two
+#: 128-thread CTAs per multiprocessor); a second, partial wave costs as much as a full one ...
+AUTO_CTAS_PER_SM = 2
 #: ... but at most this many splits per sequence (the fold of the partial states is serial in their number),
 AUTO_MAX_SPLITS = 16
 #: whole K/V tiles of the decode kernel per split ...
 AUTO_TILE = 64
-#: ... and at least 2 tiles per split while the rows (sequences x KV heads) fill at most an eighth of the
-#: multiprocessors, else at least 4: with many work items, short splits lose more to their fold and
-#: their prologues than they gain in parallelism
+#: ... and at least 2 tiles per split while the rows (sequences x KV heads) fill at most a sixteenth of the
+#: multiprocessors, else at least 4: short splits lose more to their prologue, partial state and fold
+#: than they gain in parallelism
 AUTO_MIN_TILES = (2, 4)
 
 
@@ -320,9 +322,9 @@ def split_size_for(policy_kind: str, fixed_size: int, seq_lens: list[int], n_kv:
 
     ``auto`` (``B`` sequences, the longest of ``max_len`` keys, ``rows = B * n_kv``)::
 
-        splits = min(AUTO_MAX_SPLITS, ceil(AUTO_ITEMS_PER_SM * num_sms / rows))
+        splits = clamp(floor(AUTO_CTAS_PER_SM * num_sms / rows), 1, AUTO_MAX_SPLITS)
         size   = ceil(max_len / splits), rounded up to whole tiles of AUTO_TILE keys
-        size   = max(size, AUTO_TILE * (2 if rows <= num_sms // 8 else 4))
+        size   = max(size, AUTO_TILE * (2 if rows <= num_sms // 16 else 4))
 
     It depends on the batch shape, so batch-invariant mode forbids it.
     """
@@ -332,10 +334,10 @@ def split_size_for(policy_kind: str, fixed_size: int, seq_lens: list[int], n_kv:
         return fixed_size
     max_len = max(seq_lens + [1])
     rows = max(1, len(seq_lens) * n_kv)
-    splits = min(AUTO_MAX_SPLITS, max(1, -(-AUTO_ITEMS_PER_SM * num_sms // rows)))
+    splits = min(AUTO_MAX_SPLITS, max(1, AUTO_CTAS_PER_SM * num_sms // rows))
     size = -(-max_len // splits)
     size = -(-size // AUTO_TILE) * AUTO_TILE
-    return max(size, AUTO_TILE * AUTO_MIN_TILES[0 if rows <= num_sms // 8 else 1])
+    return max(size, AUTO_TILE * AUTO_MIN_TILES[0 if rows <= num_sms // 16 else 1])
 
 
 def invariant_attention(

@@ -2,11 +2,11 @@
 captured graph with each launch fusion / GEMM path switched on and off (A/B on one engine).
 
     python benches/gpu/profile_decode.py [--models qwen3-0.6b qwen3-8b] [--batches 1 8 16 32 64]
-                                         [--steps 48] [--variants VARIANT ...] [--out DIR]
+                                         [--steps 48] [--prompt 256] [--variants VARIANT ...] [--out DIR]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_engine_decode.py``):
 random bf16 weights drawn on the GPU (``conformance.cases.draw_weights``; values do not change the work), a 256-token prompt per
-sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
+sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model, batch):
 
 * the median wall time of a decode step (graph replay, host side included) for the variants of
   ``VARIANTS``: ``cuBLAS`` (every GEMM through ``torch.matmul``), ``skinny`` (the runner's choice:
@@ -17,7 +17,8 @@ sequence, greedy decoding of ``--steps`` tokens. For each (model, batch):
   ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
   (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
   ``default`` the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling;
-  ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95),
+  ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
+  session's ``auto`` split rule instead of ``reference.attention.split_size_for``'s),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
 * one eagerly launched step under ``torch.profiler``: the GPU time per kernel name (summed over
   layers) and the number of launches, so the sum of kernel times can be set against the step time
@@ -41,12 +42,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benches")]
 
 import optimized  # noqa: E402
 from optimized import launch, ops  # noqa: E402
+from optimized import runner as opt_runner  # noqa: E402
 from _bench import Scale, StepRecorder, decode_pool, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from _ceilings import measure_ceilings  # noqa: E402
 from conformance.cases import draw_weights  # noqa: E402
 from reference import SamplingParams  # noqa: E402
 from reference.types import SplitKVPolicy  # noqa: E402
 from reference.config import named_config  # noqa: E402
+from reference.attention import split_size_for  # noqa: E402
 
 PROMPT = 256
 W4_TILES = ops.SKINNY_W4_TILES
@@ -74,6 +77,23 @@ ENGINE_VARIANTS: dict[str, tuple[bool, dict]] = {
     "sync": (False, {}), "t=1": (True, dict(temperature=1.0)), "t=1 sync": (False, dict(temperature=1.0)),
     "qwen3-sampling": (True, dict(temperature=0.6, top_k=20, top_p=0.95)),
 }
+
+
+def seventh_session_split(policy_kind: str, fixed_size: int, seq_lens: list[int], n_kv: int, num_sms: int = 132):
+    """``split_kv="auto"`` as the seventh session had it (about 4 work items per multiprocessor, at least 2
+    tiles of 64 keys per split up to SMs / 8 rows, else 4), for the ``auto-7`` variant's A/B against the rule
+    of ``reference.attention.split_size_for``."""
+    if policy_kind != "auto":
+        return split_size_for(policy_kind, fixed_size, seq_lens, n_kv, num_sms)
+    rows = max(1, len(seq_lens) * n_kv)
+    splits = min(16, max(1, -(-4 * num_sms // rows)))
+    per_split = -(-max(seq_lens + [1]) // splits)
+    size = -(-per_split // 64) * 64
+    return max(size, 64 * (2 if rows <= num_sms // 8 else 4))
+
+
+#: variants on top of "default" that swap the runner's split-size rule: (rule)
+SPLIT_RULES = {"auto-7": seventh_session_split}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -175,7 +195,9 @@ def main() -> int:
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[1, 32])
     ap.add_argument("--timeline-batches", nargs="*", type=int, default=[])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS),
+    ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
+    ap.add_argument("--variants", nargs="*",
+                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -188,7 +210,7 @@ def main() -> int:
         w = draw_weights(cfg, 0, dev)
         wbytes, kv_tok = weight_bytes_per_step(cfg), kv_bytes_per_token(cfg)
         eng = optimized.Engine.from_state_dict(cfg, w, device=str(dev), block_size=16,
-                                               **decode_pool(PROMPT + args.steps + 8, max(args.batches), 16))
+                                               **decode_pool(args.prompt + args.steps + 8, max(args.batches), 16))
         del w
         default_split, default_mm = str(eng.policy), eng.runner.skinny_max_m
         default_elems = eng.runner.skinny_max_elems
@@ -196,8 +218,8 @@ def main() -> int:
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
         for batch in args.batches:
-            prompts = [[(b * 131 + i * 7) % cfg.vocab_size for i in range(PROMPT)] for b in range(batch)]
-            ctx = PROMPT + args.steps / 2
+            prompts = [[(b * 131 + i * 7) % cfg.vocab_size for i in range(args.prompt)] for b in range(batch)]
+            ctx = args.prompt + args.steps / 2
             floor = (wbytes + batch * ctx * kv_tok) / (ceiling * 1e9) * 1e3
             graph_sets: dict[str, dict] = {}
             pools: dict[str, object] = {}
@@ -205,12 +227,14 @@ def main() -> int:
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
-                eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if variant in ENGINE_VARIANTS else variant, 1 << 62)
+                engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES
+                eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if engine_variant else variant, 1 << 62)
                 eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, {}))[0]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
                 eng.runner.fuse_swiglu = fuse
                 ops.SKINNY_W4_TILES = W4_TILES if w4 else 1 << 40   # read at capture (each variant captures its own)
                 eng.runner.policy = SplitKVPolicy.parse(split)
+                opt_runner.split_size_for = SPLIT_RULES.get(variant, split_size_for)  # read at capture
                 launch.set_pdl(pdl)
                 eng.runner.graphs = graph_sets.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
@@ -250,6 +274,7 @@ def main() -> int:
             torch.cuda.synchronize()
             launch.set_pdl(None)
             eng.runner.policy = SplitKVPolicy.parse(default_split)
+            opt_runner.split_size_for = split_size_for
             eng.runner.skinny_max_m = default_mm
             eng.runner.fuse_swiglu = True
             ops.SKINNY_W4_TILES = W4_TILES

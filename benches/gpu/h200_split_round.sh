@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The eighth session's rounds on the H200 (logs under $OUT): the split-KV decode kernel's pipeline and
+# occupancy variants (ops.DECODE_VARIANTS) and the `auto` split rule.
+#   bash benches/gpu/h200_split_round.sh sweep   # the sampling + graph checks with timings (the radix_search
+#       refactor of the seventh session), the split-KV checks (every variant bitwise equal to the base kernel),
+#       the engine smoke test, and probe_kernels' `splits` sweep (batch x context x split count x variant,
+#       $OUT/splits.json)
+#   bash benches/gpu/h200_split_round.sh rule    # the split-KV checks (the page-prefetch variants bitwise equal
+#       to the base kernel), the `splits` sweep again (variants base / pf / pf_s3), the decode kernel lab with
+#       the new `auto` rule (packed into $OUT/bench.tgz), and profile_decode's engine A/B of the new rule
+#       against the seventh session's (`auto-7`) at qwen3-8b, 4096-token prompts, batch 4 / 8 / 16 / 32
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+
+# smoke SECONDS: the engine smoke test
+smoke() {
+  timeout "$1" python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
+  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+}
+
+# checks SECONDS LOG SECTIONS...: check_kernels.py on some sections, its failures and its summary
+checks() {
+  local secs=$1 log=$2; shift 2
+  timeout "$secs" python3 benches/gpu/check_kernels.py --only "$@" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
+  grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+build_kernels
+case "${1:-sweep}" in
+sweep)
+  checks 100 check_kernels_sampling.log sampling graph --time
+  grep -E "^sample B=1 |^sample B=64 " "$OUT"/check_kernels_sampling.log
+  checks 120 check_kernels_decode.log splitkv fused fused_rope
+  smoke 100
+  timeout 300 python3 benches/gpu/probe_kernels.py --only splits --reps 20 --out "$OUT" > "$OUT"/probe_splits.log 2>&1
+  echo "splits rc=$?"; grep -o "splits B=[0-9]* ctx=[0-9]*\|best .*" "$OUT"/probe_splits.log | paste - - | head -45
+  ;;
+rule)
+  checks 120 check_kernels_decode.log splitkv fused fused_rope
+  timeout 200 python3 benches/gpu/probe_kernels.py --only splits --reps 20 --out "$OUT" > "$OUT"/probe_splits.log 2>&1
+  echo "splits rc=$?"; grep -o "splits B=[0-9]* ctx=[0-9]*\|best .*" "$OUT"/probe_splits.log | paste - - | head -45
+  run_benches 200 "kernel_decode"
+  grep -E "turnkv auto|sdpa cudnn|copy" "$OUT/bench/kernel_decode.md" | cut -d'|' -f2-7,10 | head -40
+  pack_bench
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 4 8 16 32 --prompt 4096 \
+    --profile-batches --variants default auto-7 --rounds 3 --out "$OUT" > "$OUT"/profile_split_rule.log 2>&1
+  echo "profile rc=$?"; grep -v "^     " "$OUT"/profile_split_rule.log | grep -v "Warn\|_warn" | tail -12
+  ;;
+esac
