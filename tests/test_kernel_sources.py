@@ -174,3 +174,23 @@ def test_auto_split_is_whole_decode_tiles():
             size = attention.split_size_for("auto", 0, [L] * B, 8)
             assert size % bn == 0 and size >= 2 * bn, (B, L, size)
             assert -(-L // size) <= attention.AUTO_MAX_SPLITS, (B, L, size)
+
+
+def test_auto_split_fills_one_wave_of_decode_ctas():
+    """``auto`` launches at most one wave of split-KV decode CTAs (``AUTO_CTAS_PER_SM`` per multiprocessor,
+    the decode kernel's occupancy) and, within it, the smallest split size in whole tiles that is at least
+    the minimum size and needs no more splits than fit (at most ``AUTO_MAX_SPLITS``)."""
+    from reference import attention
+    tile = attention.AUTO_TILE
+    for sms in (132, 78):
+        slots = attention.AUTO_CTAS_PER_SM * sms
+        for B in (1, 2, 3, 4, 8, 16, 32, 33, 64, 128):
+            for L in (1, 300, 1024, 4096, 16384, 100000):
+                size = attention.split_size_for("auto", 0, [L] * B, 8, num_sms=sms)
+                rows, splits = B * 8, -(-L // size)
+                fits = min(attention.AUTO_MAX_SPLITS, max(1, slots // rows))
+                min_size = tile * attention.AUTO_MIN_TILES[0 if rows <= sms // 16 else 1]
+                assert size % tile == 0 and size >= min_size, (sms, B, L, size)
+                assert splits <= fits and rows * splits <= max(slots, rows), (sms, B, L, size)
+                smaller = size - tile                               # one tile less would need more splits
+                assert smaller < min_size or -(-L // smaller) > fits, (sms, B, L, size)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The eighth session's rounds on the H200 (logs under $OUT): the split-KV decode kernel's pipeline and
-# occupancy variants (ops.DECODE_VARIANTS) and the `auto` split rule.
+# The eighth session's rounds on the H200 (logs under $OUT): the `auto` split rule of split-KV decode, and
+# kernel variants measured and dropped (commit 8bf03ec has the variants `pf` / `pf_s3` of the `rule` call;
+# the `sweep` call ran `m3` (3 CTAs per SM) and `s3` (three stages) instead).
 #   bash benches/gpu/h200_split_round.sh sweep   # the sampling + graph checks with timings (the radix_search
-#       refactor of the seventh session), the split-KV checks (every variant bitwise equal to the base kernel),
+#       refactor of the seventh session), the split-KV checks (then: every variant bitwise equal to the base kernel),
 #       the engine smoke test, and probe_kernels' `splits` sweep (batch x context x split count x variant,
 #       $OUT/splits.json)
-#   bash benches/gpu/h200_split_round.sh rule    # the split-KV checks (the page-prefetch variants bitwise equal
-#       to the base kernel), the `splits` sweep again (variants base / pf / pf_s3), the decode kernel lab with
+#   bash benches/gpu/h200_split_round.sh rule    # the split-KV checks (then: the page-prefetch variants bitwise
+#       equal to the base kernel), the `splits` sweep again (then: variants base / pf / pf_s3), the decode kernel lab with
 #       the new `auto` rule (packed into $OUT/bench.tgz), and profile_decode's engine A/B of the new rule
 #       against the seventh session's (`auto-7`) at qwen3-8b, 4096-token prompts, batch 4 / 8 / 16 / 32
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"

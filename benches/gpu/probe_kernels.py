@@ -13,8 +13,8 @@ and split-KV decode at (batch, context, split) =
 graph after a warm-up; the CUDA-event times are printed so that the script is also a quick A/B without a
 profiler.
 ``sweep``: split-KV decode at batch 1 and 8 over split sizes, one and two launches, PDL off and on.
-``splits``: split-KV decode at batch 1-128 and context 1k-16k over split counts and kernel variants, from
-DRAM (rotated copies), with ``splits.json`` under ``--out``: the data of the ``auto`` split rule.
+``splits``: split-KV decode at batch 1-128 and context 1k-16k over split counts, from DRAM (rotated
+copies), with ``splits.json`` under ``--out``: the data of the ``auto`` split rule.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
 ``warps``: the skinny GEMMs of a qwen3-8b step with 4, 8 and 16 warps per CTA.
 ``epilogue``: the skinny GEMMs of a qwen3-8b layer at batch 1 and 8, alone and with their layer's next
@@ -104,13 +104,12 @@ OUT: Path | None = None
 
 def splits(reps: int, gen: torch.Generator) -> None:
     """The data behind ``split_kv="auto"``: one launch of the engine's split-KV decode (``fused`` as the
-    engine picks it) per (batch, context, split count, kernel variant of ``ops.DECODE_VARIANTS[128]``),
-    GPU time per call. Each graph cycles over copies of the problem that together exceed the 50 MB L2,
-    so a small problem is read from DRAM as in a decode step. Writes ``splits.json`` under ``--out``."""
+    engine picks it) per (batch, context, split count), GPU time per call. Each graph cycles over copies
+    of the problem that together exceed the 50 MB L2, so a small problem is read from DRAM as in a decode
+    step. Writes ``splits.json`` under ``--out``."""
     import json
 
     rows = []
-    variants = sorted(ops.DECODE_VARIANTS[D])
     for B in (1, 2, 4, 8, 16, 32, 64, 128):
         for ctx in (1024, 2048, 4096, 8192, 16384):
             kv = 2 * B * ctx * N_KV * D * 2
@@ -122,23 +121,20 @@ def splits(reps: int, gen: torch.Generator) -> None:
             cells = []
             for size in sizes:
                 n = -(-ctx // size)
-                for v in variants:
-                    turn = [0]
+                turn = [0]
 
-                    def call(size=size, n=n, v=v, turn=turn, probs=probs, qs=qs):
-                        i = turn[0] % len(probs)
-                        turn[0] += 1
-                        p = probs[i]
-                        ops.split_kv_decode(qs[i], p.k_cache, p.v_cache, p.tables, p.lens, size, max_splits=n,
-                                            variant=v)
+                def call(size=size, n=n, turn=turn, probs=probs, qs=qs):
+                    i = turn[0] % len(probs)
+                    turn[0] += 1
+                    p = probs[i]
+                    ops.split_kv_decode(qs[i], p.k_cache, p.v_cache, p.tables, p.lens, size, max_splits=n)
 
-                    us = _time(call, max(reps, nsets)) * 1e3
-                    rows.append({"batch": B, "context": ctx, "splits": n, "split_size": size, "variant": v,
-                                 "us": us, "gbps": kv / us / 1e3})
-                    cells.append(f"{n}x{size}/{v} {us:.1f}")
+                us = _time(call, max(reps, nsets)) * 1e3
+                rows.append({"batch": B, "context": ctx, "splits": n, "split_size": size, "us": us, "gbps": kv / us / 1e3})
+                cells.append(f"{n}x{size} {us:.1f}")
             best = min((r for r in rows if r["batch"] == B and r["context"] == ctx), key=lambda r: r["us"])
-            print(f"splits B={B} ctx={ctx} ({nsets} sets; splits x size/variant us): " + ", ".join(cells)
-                  + f"  | best {best['splits']}x{best['split_size']}/{best['variant']} {best['us']:.1f} us "
+            print(f"splits B={B} ctx={ctx} ({nsets} sets; splits x size us): " + ", ".join(cells)
+                  + f"  | best {best['splits']}x{best['split_size']} {best['us']:.1f} us "
                   f"{best['gbps']:.0f} GB/s", flush=True)
             del probs, qs
             torch.cuda.empty_cache()

@@ -245,61 +245,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NKT][4], int kv0, cons
   }
 }
 
-// The split-KV decode kernel's tile load, in two parts. First the cache pages of the rows one thread
-// copies in a K/V tile (-1 past kv_end), looked up apart from the copies so that the kernel can fetch
-// the next tile's pages while it computes on this one.
-template <int D, int BN, int THREADS>
-struct TilePages {
-  static constexpr int CH = D / 8;            // 16-byte chunks per row
-  static constexpr int RSTEP = THREADS / CH;  // rows covered per sweep
-  static constexpr int ROWS = (BN + RSTEP - 1) / RSTEP;
-  static_assert(THREADS % CH == 0, "threads must cover whole rows");
-  int page[ROWS];
-  __device__ __forceinline__ void fetch(const int* __restrict__ bt, int kv0, int kv_end, int block_size, int bs_log2,
-                                        int tid) {
-    const int r0 = tid / CH;
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-      const int pos = kv0 + r0 + i * RSTEP;
-      const bool in = (BN % RSTEP == 0 || r0 + i * RSTEP < BN) && pos < kv_end;
-      page[i] = in ? bt[bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size] : -1;
-    }
-  }
-};
-
-// Issue the cp.async copies of one tile's rows kv0 .. kv0+BN-1 from the pages `pg` fetched for them
-// (rows whose page is -1 are zero-filled). Each thread copies 16-byte chunk c of rows r0, r0 + RSTEP, ...:
-// a compile-time count of rows, so the loop unrolls into straight-line code with constant shared-memory
-// offsets, and the block-size branch is taken once per tile, not per row (this loop was ~70
-// instructions per row before).
-template <int D, int BN, int THREADS>
-__device__ __forceinline__ void issue_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* __restrict__ k_cache,
-                                              const __nv_bfloat16* __restrict__ v_cache,
-                                              const TilePages<D, BN, THREADS>& pg, int kv0, int n_kv, int kvh,
-                                              int block_size, int bs_log2, int tid) {
-  typedef TilePages<D, BN, THREADS> P;
-  constexpr int LD = D + 8;
-  const int c = tid % P::CH, r0 = tid / P::CH;
-  // 32-bit offsets inside a page (the host checks block_size * n_kv * D < 2^31), one wide product per row
-  const int head_off = kvh * D + c * 8;
-  const int row_elems = n_kv * D;                // elements per cache slot
-  const int page_elems = block_size * row_elems;  // elements per page
-  const u32 dk = smem_u32(sK + r0 * LD + c * 8), dv = smem_u32(sV + r0 * LD + c * 8);
-  const int mask = block_size - 1;
-#pragma unroll
-  for (int i = 0; i < P::ROWS; ++i) {
-    const int r = r0 + i * P::RSTEP;
-    if (BN % P::RSTEP != 0 && r >= BN) break;
-    const int pos = kv0 + r;
-    const int slot = bs_log2 >= 0 ? (pos & mask) : pos % block_size;  // uniform branch
-    const bool ok = pg.page[i] >= 0;
-    const long long off = ok ? (long long)pg.page[i] * page_elems + (slot * row_elems + head_off) : 0;
-    cp_async16(dk + i * P::RSTEP * LD * 2, k_cache + off, ok);
-    cp_async16(dv + i * P::RSTEP * LD * 2, v_cache + off, ok);
-  }
-}
-
-// The paged prefill's tile load: the cp.async copies of one K/V tile (BN key rows of KV head kvh starting at key position kv0;
+// Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh starting at key position kv0;
 // rows at positions >= kv_end are zero-filled, never read). bs_log2 = log2(block_size) when the
 // block size is a power of two (shifts and masks), -1 otherwise (one integer division per row).
 // Each thread copies 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, so
@@ -616,14 +562,12 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 // tile with its own online-softmax state; the 4 states are merged at the end in fixed warp order
 // (deterministic).
 // ------------------------------------------------------------------------------------------------
-template <int D, int STAGES>
+template <int D>
 struct DecodeCfg {
-  // dynamic shared memory: Q [16][LD] + STAGES x (K, V) [BN][LD], bf16 -> (16 + 2*STAGES*BN) * LD * 2
-  // bytes (2 stages: D=128 73984, D=64 39168, D=32 21760; 3 stages, D=128: 108800; ops.py computes the
-  // same number). STAGES - 1 tiles are in flight while one is computed on.
+  // dynamic shared memory: Q [16][LD] + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes
+  // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number)
   static constexpr int BN = 64, THREADS = 128, LD = D + 8;
-  static_assert(STAGES >= 2, "at least double buffering");
-  static_assert(4 * 16 * D * 4 <= 2 * STAGES * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
+  static_assert(4 * 16 * D * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
 };
 
 // merge_two of reference/attention.py, split in two: the weights (once per (o, lse) row) and the
@@ -650,7 +594,7 @@ __device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
   return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
 }
 
-template <int D, int STAGES, bool PAGES_AHEAD>
+template <int D>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
                                                        const __nv_bfloat16* __restrict__ v_cache,
@@ -661,12 +605,12 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                                                        const int* __restrict__ row_seq, const float* __restrict__ cos_t,
                                                        const float* __restrict__ sin_t, int max_pos,
                                                        __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {
-  typedef DecodeCfg<D, STAGES> C;
+  typedef DecodeCfg<D> C;
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
-  __nv_bfloat16* sK = sQ + 16 * LD;                                 // [STAGES][BN][LD]
-  __nv_bfloat16* sV = sK + STAGES * BN * LD;                        // [STAGES][BN][LD]
+  __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
+  __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
   __shared__ float s_m[4][16];
   __shared__ float s_l[4][16];
@@ -708,17 +652,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
   const int ntiles = (s1 - s0 + BN - 1) / BN;
   const int bs_log2 = block_shift(block_size);
-  // prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the last tile); with PAGES_AHEAD
-  // the pages of tile STAGES-1 are being fetched too
-  TilePages<D, BN, THREADS> pages;
-#pragma unroll
-  for (int p = 0; p < STAGES - 1; ++p) {
-    if (p < ntiles)
-      load_kv_tile<D, BN, THREADS>(sK + p * BN * LD, sV + p * BN * LD, k_cache, v_cache, bt, s0 + p * BN, s1, n_kv,
-                                   kvh, block_size, bs_log2, tid);
-    cp_async_commit();
-  }
-  if (PAGES_AHEAD) pages.fetch(bt, s0 + (STAGES - 1) * BN, s1, block_size, bs_log2, tid);
+  load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, tid);
+  cp_async_commit();
   __syncthreads();
 
   u32 qf[D / 16][4];
@@ -732,22 +667,14 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const float sl2 = scale * kLog2e;
   const int lim[2] = {s1 - 1, s1 - 1};  // every key of the split is visible
 
-  int st = 0, ld = STAGES - 1;  // the stage computed on, the stage loaded into (j % STAGES, (j-1) % STAGES)
   for (int j = 0; j < ntiles; ++j) {
-    if (j + STAGES - 1 < ntiles) {  // the stage that tile j-1 used: every warp passed the barrier after it
-      const int kv0 = s0 + (j + STAGES - 1) * BN;
-      if (PAGES_AHEAD) {  // pages fetched one round ago; then this round fetches the next tile's
-        issue_kv_tile<D, BN, THREADS>(sK + ld * BN * LD, sV + ld * BN * LD, k_cache, v_cache, pages, kv0, n_kv, kvh,
-                                      block_size, bs_log2, tid);
-        pages.fetch(bt, kv0 + BN, s1, block_size, bs_log2, tid);
-      } else {
-        load_kv_tile<D, BN, THREADS>(sK + ld * BN * LD, sV + ld * BN * LD, k_cache, v_cache, bt, kv0, s1, n_kv, kvh,
-                                     block_size, bs_log2, tid);
-      }
-    }
+    const int st = j & 1;
+    if (j + 1 < ntiles)
+      load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, bt,
+                                   s0 + (j + 1) * BN, s1, n_kv, kvh, block_size, bs_log2, tid);
     cp_async_commit();
-    cp_async_wait<STAGES - 1>();  // tile j has landed (this thread's copies) ...
-    __syncthreads();              // ... and every thread's
+    cp_async_wait<1>();
+    __syncthreads();
     if (cos_t != nullptr) {  // fused RoPE (uniform branch)
       rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
       __syncthreads();
@@ -757,8 +684,6 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     online_softmax<D, 2>(s, s0 + j * BN + warp * 16, lim, sl2, lane, m_, l_, o);
     tile_pv<D, 2>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
     __syncthreads();
-    ld = st;
-    st = st + 1 == STAGES ? 0 : st + 1;
   }
 
   // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
@@ -875,24 +800,22 @@ TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
 
 // head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
 // otherwise chose at ~70 registers)
-#define TK_SPLITKV(NAME, DV, STAGES, PF, MINB)                                                                         \
-  extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                                    \
+#define TK_SPLITKV(DV, MINB)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_partials_d##DV(                                 \
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
       int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
       __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) { pdl_entry();                                 \
-    split_kv_partials_impl<DV, STAGES, PF>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
+    split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
                                n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
                                max_pos, out, tickets);                                                             \
   }
-TK_SPLITKV(split_kv_partials_d16, 16, 2, false, 4)
-TK_SPLITKV(split_kv_partials_d32, 32, 2, false, 4)
-TK_SPLITKV(split_kv_partials_d64, 64, 2, false, 1)
-TK_SPLITKV(split_kv_partials_d128, 128, 2, false, 1)
-TK_SPLITKV(split_kv_partials_d128_pf, 128, 2, true, 1)
-TK_SPLITKV(split_kv_partials_d128_pf_s3, 128, 3, true, 1)
+TK_SPLITKV(16, 4)
+TK_SPLITKV(32, 4)
+TK_SPLITKV(64, 1)
+TK_SPLITKV(128, 1)
 
 // ------------------------------------------------------------------------------------------------
 // split_kv_reduce
