@@ -10,6 +10,12 @@
 #       equal to the base kernel), the `splits` sweep again (then: variants base / pf / pf_s3), the decode kernel lab with
 #       the new `auto` rule (packed into $OUT/bench.tgz), and profile_decode's engine A/B of the new rule
 #       against the seventh session's (`auto-7`) at qwen3-8b, 4096-token prompts, batch 4 / 8 / 16 / 32
+#   bash benches/gpu/h200_split_round.sh ncu     # Nsight Compute on split_kv_partials_d128 (speed of light, warp
+#       states, memory, occupancy, scheduler) at batch x context x split 1x300x128 (a batch-1 engine step),
+#       1x16384 in one split and in 1024-key splits, 8x4096x1024 and 32x1024 in one split ($OUT/ncu_decode_*.txt)
+#   bash benches/gpu/h200_split_round.sh bulk    # the split-KV checks (the `bulk` variant bitwise equal to the
+#       base kernel), the `splits` sweep (variants base / bulk), and Nsight Compute on both variants at
+#       1x16384 in one split and 8x4096x1024 ($OUT/ncu_decode_*_{base,bulk}.txt)
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
 # smoke SECONDS: the engine smoke test
@@ -46,5 +52,33 @@ rule)
   timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 4 8 16 32 --prompt 4096 \
     --profile-batches --variants default auto-7 --rounds 3 --out "$OUT" > "$OUT"/profile_split_rule.log 2>&1
   echo "profile rc=$?"; grep -v "^     " "$OUT"/profile_split_rule.log | grep -v "Warn\|_warn" | tail -12
+  ;;
+ncu)
+  for prob in 1,300,128 1,16384,16384 1,16384,1024 8,4096,1024 32,1024,1024; do
+    timeout 100 ncu --clock-control none -k regex:split_kv_partials_d128 --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+      --section SchedulerStats --section InstructionStats \
+      python3 benches/gpu/probe_kernels.py --only decode --reps 3 --decode-problems $prob \
+      > "$OUT/ncu_decode_${prob//,/x}.txt" 2>&1
+    echo "ncu $prob rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Stall|Issued Warp|No Eligible|Registers Per|Executed Ipc A" \
+      "$OUT/ncu_decode_${prob//,/x}.txt" | head -24
+  done
+  ;;
+bulk)
+  checks 150 check_kernels_decode.log splitkv fused fused_rope
+  timeout 200 python3 benches/gpu/probe_kernels.py --only splits --reps 20 --out "$OUT" > "$OUT"/probe_splits.log 2>&1
+  echo "splits rc=$?"; grep -o "splits B=[0-9]* ctx=[0-9]*\|best .*" "$OUT"/probe_splits.log | paste - - | head -45
+  for v in base bulk; do
+    for prob in 1,16384,16384 8,4096,1024; do
+      timeout 100 ncu --clock-control none -k regex:split_kv_partials_d128 --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy --section InstructionStats \
+        python3 benches/gpu/probe_kernels.py --only decode --reps 3 --decode-problems $prob --decode-variant $v \
+        > "$OUT/ncu_decode_${prob//,/x}_$v.txt" 2>&1
+      echo "ncu $prob $v rc=$?"
+      grep -E "^    Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Instructions  |Warp Cycles Per Issued" \
+        "$OUT/ncu_decode_${prob//,/x}_$v.txt" | head -8
+    done
+  done
   ;;
 esac
