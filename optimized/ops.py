@@ -33,7 +33,6 @@ __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "decode_smem_bytes", "ATTN_HEAD_DIMS",
-    "DECODE_VARIANTS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "FUSED_DECODE_MAX_B",
 ]
@@ -71,18 +70,8 @@ def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tile
 
 
 def decode_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of ``split_kv_partials_d{head_dim}`` (every variant)."""
+    """Dynamic shared memory of ``split_kv_partials_d{head_dim}``."""
     return (16 + 4 * 64) * (head_dim + 8) * 2
-
-
-#: split-KV decode kernels per head dim: variant -> kernel name suffix. ``base``: each thread copies its
-#: share of a K/V tile with 16-byte ``cp.async``; ``bulk``: one warp copies each K and V row of the tile
-#: with one bulk copy (sm_90), counted on an mbarrier, and the kernel asks for the largest shared-memory
-#: carveout. Both compute the same bits (the same tiles in the same order); they differ in speed only.
-DECODE_VARIANTS: dict[int, dict[str, str]] = {16: {"base": ""}, 32: {"base": ""}, 64: {"base": ""},
-                                              128: {"base": "", "bulk": "_bulk"}}
-#: kernels launched with the largest shared-memory carveout (more CTAs per multiprocessor)
-_MAX_SHARED_CARVEOUT = frozenset({"split_kv_partials_d128_bulk"})
 
 
 # --------------------------------------------------------------------------------------
@@ -113,8 +102,6 @@ def _function(dev: int, module: str, name: str, smem: int) -> tuple[object, int]
                 fn = kernels.load(module).get_function(name)
                 if smem > 48 * 1024:
                     fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default, once
-                if name in _MAX_SHARED_CARVEOUT:
-                    fn.preferred_shared_memory_carveout = 100  # percent: the most shared memory, the least L1
                 entry = _functions[key] = (fn, fn.kernel.ptr)
     return entry
 
@@ -559,7 +546,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       seq_lens: torch.Tensor, split_size: int, scale: float | None = None,
                       max_splits: int | None = None, *, o_part: torch.Tensor | None = None,
                       lse_part: torch.Tensor | None = None, row_seq: torch.Tensor | None = None,
-                      rope: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str = "base",
+                      rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                       _fused_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial states of every split (twin: ``reference.attention.split_kv_partials``).
 
@@ -569,8 +556,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     the device); splits past a sequence's end write ``o = 0, lse = -inf``.
     ``row_seq`` (int32 ``[B]``): row ``b`` reads block-table row ``row_seq[b]`` instead of ``b``
     (batch-invariant prefill: one row per token, ``seq_lens`` = its position + 1; the caller's
-    guards have checked the indices). ``rope``: fused RoPE, as in ``paged_prefill``. ``variant``: a key of
-    ``DECODE_VARIANTS[D]`` (speed only; every variant gives the same bits).
+    guards have checked the indices). ``rope``: fused RoPE, as in ``paged_prefill``.
     Returns fp32 ``o_part [B, max_splits, n_q, D]`` and natural-log ``lse_part [B, max_splits, n_q]``.
     (``_fused_out``, bf16 ``[B, n_q, D]``: ``split_kv_decode``'s one-launch mode, where the kernel also
     folds the splits into it and the partials are scratch; see attention.cu.)
@@ -583,8 +569,6 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _, M = _block_tables(block_tables, seq_lens, B, row_seq)
     split_size = int(split_size)
     _need(1 <= split_size <= _I32_MAX, f"split_size must be in [1, 2**31), got {split_size}")
-    _need(variant in DECODE_VARIANTS[D], f"decode variant {variant!r} is not one of {sorted(DECODE_VARIANTS[D])} "
-                                         f"at head_dim {D}")
     S = _default_max_splits(block_tables, bs, split_size) if max_splits is None else int(max_splits)
     _need(S >= 1, f"max_splits must be >= 1, got {S}")
     o_part = _out("o_part", o_part, (B, S, n_q, D), torch.float32, q)
@@ -604,7 +588,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                          f"the ticket array ({_TICKETS})")
         tickets = _kernel_tickets(q)
     smem = decode_smem_bytes(D)
-    _launch(q, "attention", f"split_kv_partials_d{D}{DECODE_VARIANTS[D][variant]}", grid, (128, 1, 1),
+    _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
              _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
              _p(row_seq), cos_p, sin_p, max_pos, _p(_fused_out), _p(tickets)), smem)
@@ -650,8 +634,7 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     seq_lens: torch.Tensor, split_size: int | None, scale: float | None = None, *,
                     max_splits: int | None = None, out: torch.Tensor | None = None,
                     row_seq: torch.Tensor | None = None,
-                    rope: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None,
-                    variant: str = "base") -> torch.Tensor:
+                    rope: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None) -> torch.Tensor:
     """Decode attention of one query per sequence (twin: ``reference.attention.split_kv_decode``).
 
     ``split_size=None`` runs one split over all keys. Partials go to ``torch.empty`` scratch on the
@@ -660,7 +643,7 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     one non-empty split writes no partials); ``fused=False``: ``split_kv_partials`` then
     ``split_kv_reduce``; ``None`` (default): fused for at most ``FUSED_DECODE_MAX_B`` rows. Both give
     the same bits; the fused launches of one device share a ticket array, so they must be ordered
-    (one stream), as they are in the engine. ``variant``: as in ``split_kv_partials``.
+    (one stream), as they are in the engine.
     """
     _tensor("block_tables", block_tables, torch.int32, 2)
     _tensor("k_cache", k_cache, torch.bfloat16, 4)
@@ -671,13 +654,13 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         fused = q.shape[0] <= FUSED_DECODE_MAX_B
     if not fused:
         o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale,
-                                             max_splits, row_seq=row_seq, rope=rope, variant=variant)
+                                             max_splits, row_seq=row_seq, rope=rope)
         return split_kv_reduce(o_part, lse_part, out=out)
     _tensor("q", q, torch.bfloat16, 3)
     out = _out("out", out, tuple(q.shape), torch.bfloat16, q)
     _contig("out", out)
     split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits,
-                      row_seq=row_seq, rope=rope, variant=variant, _fused_out=out)
+                      row_seq=row_seq, rope=rope, _fused_out=out)
     return out
 
 

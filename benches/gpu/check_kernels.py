@@ -913,8 +913,7 @@ def check_fused_decode(C: Checks, dev, gen) -> None:
     """The two launch fusions of a decode layer. (1) ``qk_norm_rope(store=...)``: q, k and both caches
     bitwise those of ``qk_norm_rope`` then ``store_kvcache`` (strided k/v, -1 slots, NaN pages).
     (2) ``split_kv_decode`` (one launch, last CTA folds) bitwise equal to partials + reduce, twice in a
-    row (the tickets reset), with a zero-length row (zeros), one-split rows and many-split rows; and every
-    kernel variant of ``ops.DECODE_VARIANTS`` bitwise equal to the base kernel, in both launch modes."""
+    row (the tickets reset), with a zero-length row (zeros), one-split rows and many-split rows."""
     def run_store():
         res = []
         for T, n_q, n_kv, D, bs, rotate in ((29, 32, 8, 128, 16, True), (5, 8, 2, 64, 5, True), (7, 4, 4, 32, 8, False)):
@@ -965,11 +964,6 @@ def check_fused_decode(C: Checks, dev, gen) -> None:
                     torch.cuda.synchronize()
                     res += exact(f"D={D} S={S} {tag}: fused == partials+reduce", one, two)
                     res += exact(f"D={D} S={S} {tag}: second fused launch", again, one)
-                    for v in sorted(set(ops.DECODE_VARIANTS[D]) - {"base"}):  # speed-only variants: the same bits
-                        res += exact(f"D={D} S={S} {tag}: variant {v}, one launch",
-                                     ops.split_kv_decode(q, kc, vc, bt, lens_t, S, fused=True, variant=v), one)
-                        res += exact(f"D={D} S={S} {tag}: variant {v}, two launches",
-                                     ops.split_kv_decode(q, kc, vc, bt, lens_t, S, fused=False, variant=v), two)
                     if tag != "lens":
                         z = bool((one[1].float() == 0).all())
                         res.append((z, f"D={D} S={S}: zero-length row is zeros: {z}"))

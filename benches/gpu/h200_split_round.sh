@@ -13,9 +13,10 @@
 #   bash benches/gpu/h200_split_round.sh ncu     # Nsight Compute on split_kv_partials_d128 (speed of light, warp
 #       states, memory, occupancy, scheduler) at batch x context x split 1x300x128 (a batch-1 engine step),
 #       1x16384 in one split and in 1024-key splits, 8x4096x1024 and 32x1024 in one split ($OUT/ncu_decode_*.txt)
-#   bash benches/gpu/h200_split_round.sh bulk    # the split-KV checks (the `bulk` variant bitwise equal to the
-#       base kernel), the `splits` sweep (variants base / bulk), and Nsight Compute on both variants at
-#       1x16384 in one split and 8x4096x1024 ($OUT/ncu_decode_*_{base,bulk}.txt)
+#   bash benches/gpu/h200_split_round.sh bulk    # (run on commit b842508, whose `bulk` variant copied K/V rows
+#       with cp.async.bulk) the split-KV checks (the variant bitwise equal to the base kernel), the `splits`
+#       sweep (variants base / bulk), and Nsight Compute on both variants at 1x16384 in one split and
+#       8x4096x1024 ($OUT/ncu_decode_*_{base,bulk}.txt); on later trees it profiles the base kernel twice
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
 # smoke SECONDS: the engine smoke test
@@ -73,7 +74,7 @@ bulk)
     for prob in 1,16384,16384 8,4096,1024; do
       timeout 100 ncu --clock-control none -k regex:split_kv_partials_d128 --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section InstructionStats \
-        python3 benches/gpu/probe_kernels.py --only decode --reps 3 --decode-problems $prob --decode-variant $v \
+        python3 benches/gpu/probe_kernels.py --only decode --reps 3 --decode-problems $prob \
         > "$OUT/ncu_decode_${prob//,/x}_$v.txt" 2>&1
       echo "ncu $prob $v rc=$?"
       grep -E "^    Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issued Instructions  |Warp Cycles Per Issued" \

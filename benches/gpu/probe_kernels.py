@@ -13,8 +13,8 @@ and split-KV decode at (batch, context, split) =
 graph after a warm-up; the CUDA-event times are printed so that the script is also a quick A/B without a
 profiler.
 ``sweep``: split-KV decode at batch 1 and 8 over split sizes, one and two launches, PDL off and on.
-``splits``: split-KV decode at batch 1-128 and context 1k-16k over split counts and kernel variants, from
-DRAM (rotated copies), with ``splits.json`` under ``--out``: the data of the ``auto`` split rule.
+``splits``: split-KV decode at batch 1-128 and context 1k-16k over split counts, from DRAM (rotated
+copies), with ``splits.json`` under ``--out``: the data of the ``auto`` split rule.
 ``host``: the host time to enqueue one eager op while the GPU is kept busy, and a cProfile of it.
 ``warps``: the skinny GEMMs of a qwen3-8b step with 4, 8 and 16 warps per CTA.
 ``epilogue``: the skinny GEMMs of a qwen3-8b layer at batch 1 and 8, alone and with their layer's next
@@ -63,8 +63,6 @@ def prefill(reps: int, gen: torch.Generator) -> None:
 
 #: (batch, context, split size) of the ``decode`` section (``--decode-problems``: ``B,ctx,split`` triples)
 DECODE_PROBLEMS: list[tuple[int, int, int]] = [(1, 4096, 256), (32, 4096, 256), (128, 16384, 16384)]
-#: the kernel variant of the ``decode`` section (``--decode-variant``)
-DECODE_VARIANT = ["base"]
 
 
 def decode(reps: int, gen: torch.Generator) -> None:
@@ -73,10 +71,9 @@ def decode(reps: int, gen: torch.Generator) -> None:
         q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
         nbytes = 2 * B * ctx * N_KV * D * 2
         ms = _time(lambda p=p, q=q, split=split, ctx=ctx: ops.split_kv_decode(
-            q, p.k_cache, p.v_cache, p.tables, p.lens, split, max_splits=-(-ctx // split),
-            variant=DECODE_VARIANT[0]), reps)
-        print(f"split_kv_decode[{DECODE_VARIANT[0]}] B={B} ctx={ctx} split={split}: {ms * 1e3:.1f} us, "
-              f"{nbytes / ms / 1e6:.0f} GB/s of K/V", flush=True)
+            q, p.k_cache, p.v_cache, p.tables, p.lens, split, max_splits=-(-ctx // split)), reps)
+        print(f"split_kv_decode B={B} ctx={ctx} split={split}: {ms * 1e3:.1f} us, {nbytes / ms / 1e6:.0f} GB/s of K/V",
+              flush=True)
         del p
 
 
@@ -111,8 +108,7 @@ OUT: Path | None = None
 
 def splits(reps: int, gen: torch.Generator) -> None:
     """The data behind ``split_kv="auto"``: one launch of the engine's split-KV decode (``fused`` as the
-    engine picks it) per (batch, context, split count, kernel variant of ``ops.DECODE_VARIANTS``), GPU time
-    per call. Each graph cycles over copies
+    engine picks it) per (batch, context, split count), GPU time per call. Each graph cycles over copies
     of the problem that together exceed the 50 MB L2, so a small problem is read from DRAM as in a decode
     step. Writes ``splits.json`` under ``--out``."""
     import json
@@ -129,23 +125,20 @@ def splits(reps: int, gen: torch.Generator) -> None:
             cells = []
             for size in sizes:
                 n = -(-ctx // size)
-                for v in sorted(ops.DECODE_VARIANTS[D]):
-                    turn = [0]
+                turn = [0]
 
-                    def call(size=size, n=n, v=v, turn=turn, probs=probs, qs=qs):
-                        i = turn[0] % len(probs)
-                        turn[0] += 1
-                        p = probs[i]
-                        ops.split_kv_decode(qs[i], p.k_cache, p.v_cache, p.tables, p.lens, size, max_splits=n,
-                                            variant=v)
+                def call(size=size, n=n, turn=turn, probs=probs, qs=qs):
+                    i = turn[0] % len(probs)
+                    turn[0] += 1
+                    p = probs[i]
+                    ops.split_kv_decode(qs[i], p.k_cache, p.v_cache, p.tables, p.lens, size, max_splits=n)
 
-                    us = _time(call, max(reps, nsets)) * 1e3
-                    rows.append({"batch": B, "context": ctx, "splits": n, "split_size": size, "variant": v, "us": us,
-                                 "gbps": kv / us / 1e3})
-                    cells.append(f"{n}x{size}/{v} {us:.1f}")
+                us = _time(call, max(reps, nsets)) * 1e3
+                rows.append({"batch": B, "context": ctx, "splits": n, "split_size": size, "us": us, "gbps": kv / us / 1e3})
+                cells.append(f"{n}x{size} {us:.1f}")
             best = min((r for r in rows if r["batch"] == B and r["context"] == ctx), key=lambda r: r["us"])
-            print(f"splits B={B} ctx={ctx} ({nsets} sets; splits x size/variant us): " + ", ".join(cells)
-                  + f"  | best {best['splits']}x{best['split_size']}/{best['variant']} {best['us']:.1f} us "
+            print(f"splits B={B} ctx={ctx} ({nsets} sets; splits x size us): " + ", ".join(cells)
+                  + f"  | best {best['splits']}x{best['split_size']} {best['us']:.1f} us "
                   f"{best['gbps']:.0f} GB/s", flush=True)
             del probs, qs
             torch.cuda.empty_cache()
@@ -261,11 +254,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for the JSON of the splits section")
     ap.add_argument("--decode-problems", nargs="*", default=None, metavar="B,CTX,SPLIT",
                     help="the decode section's problems instead of its default three")
-    ap.add_argument("--decode-variant", default="base", help="the decode section's kernel (ops.DECODE_VARIANTS)")
     a = ap.parse_args()
     global OUT
     OUT = a.out
-    DECODE_VARIANT[0] = a.decode_variant
     if a.decode_problems:
         DECODE_PROBLEMS[:] = [tuple(int(x) for x in t.split(",")) for t in a.decode_problems]
     gen = torch.Generator(device="cuda").manual_seed(0)

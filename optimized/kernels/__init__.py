@@ -32,7 +32,6 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "paged_prefill_d16", "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128", "paged_prefill_d128_bn32",
         "paged_prefill_d64_x2", "paged_prefill_d128_x2",
         "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
-        "split_kv_partials_d128_bulk",
         "split_kv_reduce", "merge_states",
     ),
     "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")

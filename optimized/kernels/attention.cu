@@ -296,70 +296,6 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   }
 }
 
-// ---- bulk copies (sm_90): one instruction per K or V row, completion counted in bytes on an mbarrier
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {  // arrive (count 1) and expect `bytes`
-  asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{ .reg .pred done; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1; @!done bra WAIT_%=; }\n" ::
-          "r"(bar), "r"(parity) : "memory");
-}
-// Generic-proxy accesses of shared memory (reads of the previous tile, zero-filled rows) before the
-// async-proxy writes of the bulk copies issued after this.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
-// One K/V tile by bulk copies, issued by one warp (lane i copies rows i, i + 32, ...): the K and V rows
-// of every key with a page go to shared memory as one D*2-byte copy each, counted on `bar` (the lane-0
-// arrival expects their bytes); rows past kv_end or without a page are zero-filled with ordinary stores
-// (their readers pass a __syncthreads after the wait). Same shared-memory contents as load_kv_tile.
-template <int D, int BN>
-__device__ __forceinline__ void bulk_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, u32 bar,
-                                             const __nv_bfloat16* __restrict__ k_cache,
-                                             const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ bt,
-                                             int kv0, int kv_end, int n_kv, int kvh, int block_size, int bs_log2,
-                                             int lane) {
-  constexpr int LD = D + 8, ROWS = (BN + 31) / 32;
-  const int row_elems = n_kv * D, page_elems = block_size * row_elems;
-  int page[ROWS];
-  int have = 0;
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
-    const int r = lane + 32 * i, pos = kv0 + r;
-    page[i] = (r < BN && pos < kv_end) ? bt[bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size] : -1;
-    have += __popc(__ballot_sync(0xffffffffu, page[i] >= 0));
-  }
-  fence_proxy_async();
-  if (lane == 0) mbar_expect_tx(bar, (u32)have * 2u * D * 2u);
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
-    const int r = lane + 32 * i;
-    if (r >= BN) break;
-    const int pos = kv0 + r;
-    if (page[i] >= 0) {
-      const int slot = bs_log2 >= 0 ? (pos & (block_size - 1)) : pos % block_size;
-      const long long off = (long long)page[i] * page_elems + (slot * row_elems + kvh * D);
-      bulk_copy(smem_u32(sK + r * LD), k_cache + off, D * 2, bar);
-      bulk_copy(smem_u32(sV + r * LD), v_cache + off, D * 2, bar);
-    } else {
-#pragma unroll
-      for (int c = 0; c < D / 8; ++c) {
-        *reinterpret_cast<uint4*>(sK + r * LD + c * 8) = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(sV + r * LD + c * 8) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-  }
-}
-
 // log2(x) for a power of two, -1 for any other block size
 __device__ __forceinline__ int block_shift(int x) { return (x & (x - 1)) == 0 ? __ffs(x) - 1 : -1; }
 
@@ -658,7 +594,7 @@ __device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
   return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
 }
 
-template <int D, bool BULK>
+template <int D>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
                                                        const __nv_bfloat16* __restrict__ v_cache,
@@ -716,20 +652,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
   const int ntiles = (s1 - s0 + BN - 1) / BN;
   const int bs_log2 = block_shift(block_size);
-  __shared__ __align__(8) unsigned long long s_bar[2];  // BULK: one mbarrier per stage
-  const u32 bar0 = smem_u32(&s_bar[0]);
-  if (BULK) {
-    if (tid == 0) {
-      mbar_init(bar0, 1);
-      mbar_init(bar0 + 8, 1);
-    }
-    __syncthreads();
-    if (warp == 0)
-      bulk_kv_tile<D, BN>(sK, sV, bar0, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, lane);
-  } else {
-    load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, tid);
-    cp_async_commit();
-  }
+  load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, tid);
+  cp_async_commit();
   __syncthreads();
 
   u32 qf[D / 16][4];
@@ -745,18 +669,11 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
 
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
-    if (BULK) {  // stage st ^ 1 was last read in tile j - 1, and every warp has passed the barrier after it
-      if (j + 1 < ntiles && warp == 0)
-        bulk_kv_tile<D, BN>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, bar0 + 8 * (st ^ 1), k_cache, v_cache,
-                            bt, s0 + (j + 1) * BN, s1, n_kv, kvh, block_size, bs_log2, lane);
-      mbar_wait(bar0 + 8 * st, (j >> 1) & 1);  // the (j/2)-th completion of stage st's barrier
-    } else {
-      if (j + 1 < ntiles)
-        load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, bt,
-                                     s0 + (j + 1) * BN, s1, n_kv, kvh, block_size, bs_log2, tid);
-      cp_async_commit();
-      cp_async_wait<1>();
-    }
+    if (j + 1 < ntiles)
+      load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, bt,
+                                   s0 + (j + 1) * BN, s1, n_kv, kvh, block_size, bs_log2, tid);
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
     if (cos_t != nullptr) {  // fused RoPE (uniform branch)
       rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
@@ -883,23 +800,22 @@ TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
 
 // head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
 // otherwise chose at ~70 registers)
-#define TK_SPLITKV(NAME, DV, BULK, MINB)                                                                           \
-  extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                                    \
+#define TK_SPLITKV(DV, MINB)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_partials_d##DV(                                 \
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
       int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
       __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) { pdl_entry();                                 \
-    split_kv_partials_impl<DV, BULK>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
+    split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
                                n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
                                max_pos, out, tickets);                                                             \
   }
-TK_SPLITKV(split_kv_partials_d16, 16, false, 4)
-TK_SPLITKV(split_kv_partials_d32, 32, false, 4)
-TK_SPLITKV(split_kv_partials_d64, 64, false, 1)
-TK_SPLITKV(split_kv_partials_d128, 128, false, 1)
-TK_SPLITKV(split_kv_partials_d128_bulk, 128, true, 1)
+TK_SPLITKV(16, 4)
+TK_SPLITKV(32, 4)
+TK_SPLITKV(64, 1)
+TK_SPLITKV(128, 1)
 
 // ------------------------------------------------------------------------------------------------
 // split_kv_reduce
