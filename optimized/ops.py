@@ -583,9 +583,9 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _need(B <= 65535 and n_kv * HG <= 65535, "batch or KV-head count exceeds the grid limits")
     grid = (S, n_kv * HG, B)
     tickets = None
-    if _fused_out is not None:
-        _need(B * n_kv * HG <= _TICKETS, f"split_kv_decode: {B * n_kv * HG} (sequence, head group) pairs exceed "
-                                         f"the ticket array ({_TICKETS})")
+    if _fused_out is not None:  # one split per sequence never takes a ticket (its CTA writes out directly)
+        _need(S == 1 or B * n_kv * HG <= _TICKETS, f"split_kv_decode: {B * n_kv * HG} (sequence, head group) pairs "
+                                                   f"exceed the ticket array ({_TICKETS})")
         tickets = _kernel_tickets(q)
     smem = decode_smem_bytes(D)
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
@@ -623,10 +623,11 @@ def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.
     return out
 
 
-#: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows. Measured on the
-#: H200 (kernel lab, docs/performance.md): one launch wins at batch 1-8 (latency-bound), two launches
-#: win by 3-9% at batch 32-128, where the separate reduce is fully parallel and the fused kernel's
-#: last CTAs fold in the tail.
+#: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows, and at any row count
+#: when each sequence has one split (then nothing is folded: each CTA writes its output, where two launches
+#: would write fp32 partials and copy them). Measured on the H200 (kernel lab, docs/performance.md): one
+#: launch wins at batch 1-8 (latency-bound), two launches won by 3-9% at batch 32-128 with several splits,
+#: where the separate reduce is fully parallel and the fused kernel's last CTAs fold in the tail.
 FUSED_DECODE_MAX_B = 16
 
 
@@ -641,7 +642,8 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     same device. ``row_seq`` and ``rope`` as in ``split_kv_partials``. Returns bf16 ``[B, n_q, D]``.
     ``fused=True``: one launch, the last CTA of each sequence folds its splits (and a sequence with
     one non-empty split writes no partials); ``fused=False``: ``split_kv_partials`` then
-    ``split_kv_reduce``; ``None`` (default): fused for at most ``FUSED_DECODE_MAX_B`` rows. Both give
+    ``split_kv_reduce``; ``None`` (default): fused for at most ``FUSED_DECODE_MAX_B`` rows or one split
+    (``max_splits == 1``, or ``split_size=None``). Both give
     the same bits; the fused launches of one device share a ticket array, so they must be ordered
     (one stream), as they are in the engine.
     """
@@ -651,7 +653,7 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         split_size = max(1, block_tables.shape[1] * k_cache.shape[1])
         max_splits = 1
     if fused is None:
-        fused = q.shape[0] <= FUSED_DECODE_MAX_B
+        fused = q.shape[0] <= FUSED_DECODE_MAX_B or max_splits == 1
     if not fused:
         o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale,
                                              max_splits, row_seq=row_seq, rope=rope)

@@ -176,3 +176,35 @@ def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
         big = ops.pack_sampling_params([SamplingParams()] * (ops.SAMPLE_MAX_ROWS + 1), [0] * (ops.SAMPLE_MAX_ROWS + 1), "cpu")
         ops.sample(torch.zeros(ops.SAMPLE_MAX_ROWS + 1, 4), **big)
     assert len(log) == n
+
+
+def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, monkeypatch):
+    """``ops.split_kv_decode``'s default launch mode: one launch (the reduce fused in) up to
+    ``FUSED_DECODE_MAX_B`` rows or with one split per sequence; partials + reduce with several splits
+    past that many rows. A one-split launch takes no tickets, so any batch may use it."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    n_q, n_kv, D, bs = 8, 2, 64, 16
+    kc = torch.zeros(64, bs, n_kv, D, dtype=torch.bfloat16)
+    for B, max_splits, kernels in ((4, 3, ["split_kv_partials_d64"]),
+                                   (40, 1, ["split_kv_partials_d64"]),
+                                   (40, 3, ["split_kv_partials_d64", "split_kv_reduce"])):
+        q = torch.zeros(B, n_q, D, dtype=torch.bfloat16)
+        tables = torch.zeros(B, 4, dtype=torch.int32)
+        lens = torch.full((B,), 40, dtype=torch.int32)
+        del log[:]
+        out = ops.split_kv_decode(q, kc, kc, tables, lens, 16 if max_splits > 1 else 64, max_splits=max_splits)
+        assert out.shape == (B, n_q, D) and [name for _, name, *_ in log] == kernels, (B, max_splits)
+        assert log[0][2] == (max_splits, n_kv, B)                          # grid: (splits, KV heads, rows)
+    q = torch.zeros(ops._TICKETS // n_kv + 1, n_q, D, dtype=torch.bfloat16)   # more (row, head) pairs than tickets
+    tables = torch.zeros(q.shape[0], 4, dtype=torch.int32)
+    lens = torch.full((q.shape[0],), 40, dtype=torch.int32)
+    del log[:]
+    ops.split_kv_decode(q, kc, kc, tables, lens, None)                   # one split: fused, no ticket needed
+    assert [name for _, name, *_ in log] == ["split_kv_partials_d64"]
+    with pytest.raises(ValueError, match="ticket array"):
+        ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
