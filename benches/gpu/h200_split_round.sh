@@ -17,6 +17,12 @@
 #       with cp.async.bulk) the split-KV checks (the variant bitwise equal to the base kernel), the `splits`
 #       sweep (variants base / bulk), and Nsight Compute on both variants at 1x16384 in one split and
 #       8x4096x1024 ($OUT/ncu_decode_*_{base,bulk}.txt); on later trees it profiles the base kernel twice
+#   bash benches/gpu/h200_split_round.sh final1  # the split-KV checks, the engine smoke test, conformance at CI
+#       scale, the decode kernel lab (packed into $OUT/bench.tgz), and profile_decode's A/B of the engine's split
+#       rule and launch mode against the seventh session's (`auto-7`: its rule, two launches past 16 rows) at
+#       qwen3-0.6b batch 64 and qwen3-8b batch 32, 1024-token prompts
+#   bash benches/gpu/h200_split_round.sh final2  # the engine_decode and agentic benches (their report folders
+#       bench_decode/ and bench_agentic/ packed into $OUT/bench.tgz)
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
 # smoke SECONDS: the engine smoke test
@@ -81,5 +87,31 @@ bulk)
         "$OUT/ncu_decode_${prob//,/x}_$v.txt" | head -8
     done
   done
+  ;;
+final1)
+  checks 150 check_kernels_decode.log splitkv fused fused_rope
+  smoke 100
+  timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+    > "$OUT"/conformance_ci_optimized.log 2>&1
+  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
+  tail -1 "$OUT"/conformance_ci_optimized.log
+  run_benches 120 "kernel_decode"
+  grep -E "turnkv auto" "$OUT/bench/kernel_decode.md" | cut -d'|' -f2-7,10 | head -14
+  pack_bench
+  for mb in "qwen3-0.6b 64" "qwen3-8b 32"; do
+    set -- $mb
+    timeout 100 python3 benches/gpu/profile_decode.py --models $1 --batches $2 --prompt 1024 --profile-batches \
+      --variants default auto-7 --rounds 3 --out "$OUT/profile_$1" > "$OUT/profile_split_rule_$1.log" 2>&1
+    echo "profile $1 rc=$?"; grep -v "^     " "$OUT/profile_split_rule_$1.log" | grep -v "Warn\|_warn" | tail -3
+  done
+  ;;
+final2)
+  run_benches 280 "engine_decode"
+  grep -E "turnkv|: x transformers|% of the memory roofline" "$OUT/bench/engine_decode.md" | head -30
+  mv "$OUT/bench" "$OUT/bench_decode"
+  run_benches 280 "agentic"
+  grep -E "^\| (resume|re-prefill|transformers)" "$OUT/bench/agentic.md" | head -6
+  mv "$OUT/bench" "$OUT/bench_agentic"
+  tar czf "$OUT/bench.tgz" -C "$OUT" bench_decode bench_agentic && rm -rf "$OUT/bench_decode" "$OUT/bench_agentic"
   ;;
 esac
