@@ -23,6 +23,8 @@
 #       qwen3-0.6b batch 64 and qwen3-8b batch 32, 1024-token prompts
 #   bash benches/gpu/h200_split_round.sh final2  # the engine_decode and agentic benches (their report folders
 #       bench_decode/ and bench_agentic/ packed into $OUT/bench.tgz)
+#   bash benches/gpu/h200_split_round.sh verify  # the qwen3-0.6b GPU-scale conformance clauses of turns,
+#       sampling, memory, state and invariance, then every kernel check
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
 # smoke SECONDS: the engine smoke test
@@ -113,5 +115,14 @@ final2)
   grep -E "^\| (resume|re-prefill|transformers)" "$OUT/bench/agentic.md" | head -6
   mv "$OUT/bench" "$OUT/bench_agentic"
   tar czf "$OUT/bench.tgz" -C "$OUT" bench_decode bench_agentic && rm -rf "$OUT/bench_decode" "$OUT/bench_agentic"
+  ;;
+verify)
+  timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 \
+    --conformance-scale gpu --oracle-device cuda -k "qwen3-0.6b and (turn or sample or mem or state or invariant)" \
+    > "$OUT"/conformance_gpu_qwen3-0.6b_split_rule.log 2>&1
+  echo "conformance qwen3-0.6b rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_gpu_qwen3-0.6b_split_rule.log | head -8
+  tail -1 "$OUT"/conformance_gpu_qwen3-0.6b_split_rule.log
+  timeout 210 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels.log 2>&1; echo "check_kernels rc=$?"
+  grep -E "FAIL" "$OUT"/check_kernels.log | head -20; tail -1 "$OUT"/check_kernels.log
   ;;
 esac
