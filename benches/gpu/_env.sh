@@ -22,3 +22,17 @@ run_benches() {
 pack_bench() {
   tar czf "$OUT/bench.tgz" -C "$OUT/bench" . && rm -rf "$OUT/bench"
 }
+
+# smoke SECONDS: the engine smoke test (every section), its verdict lines
+smoke() {
+  timeout "$1" python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
+  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
+}
+
+# conformance_ci SECONDS: the conformance suite at CI scale on the optimized engine
+conformance_ci() {
+  timeout "$1" python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+    > "$OUT"/conformance_ci_optimized.log 2>&1
+  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
+  tail -1 "$OUT"/conformance_ci_optimized.log
+}

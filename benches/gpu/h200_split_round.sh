@@ -27,12 +27,6 @@
 #       sampling, memory, state and invariance, then every kernel check
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 
-# smoke SECONDS: the engine smoke test
-smoke() {
-  timeout "$1" python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
-  grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
-}
-
 # checks SECONDS LOG SECTIONS...: check_kernels.py on some sections, its failures and its summary
 checks() {
   local secs=$1 log=$2; shift 2
@@ -93,10 +87,7 @@ bulk)
 final1)
   checks 150 check_kernels_decode.log splitkv fused fused_rope
   smoke 100
-  timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
-    > "$OUT"/conformance_ci_optimized.log 2>&1
-  echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
-  tail -1 "$OUT"/conformance_ci_optimized.log
+  conformance_ci 200
   run_benches 120 "kernel_decode"
   grep -E "turnkv auto" "$OUT/bench/kernel_decode.md" | cut -d'|' -f2-7,10 | head -14
   pack_bench

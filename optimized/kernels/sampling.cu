@@ -543,7 +543,10 @@ extern "C" __global__ void __launch_bounds__(1024) sample(const float* __restric
   block_ms(m, s, sc);
   block_argmax(bv, bi, sc);
   const float log_s = logf(s);
-  if (by_p) {  // a top-p row's normaliser Z1 (relative to M), folded from the chunks into shared memory
+  // A top-p row's normaliser Z1 (relative to M), folded from the chunks into shared memory. Its own
+  // loop: folding it in the loop above (into Mz, z) made ptxas spill at the 64 registers of a
+  // 1024-thread CTA.
+  if (by_p) {
     float Mp = neg_inf(), zp = 0.f;
     for (int c = tid; c < C; c += THREADS) {
       const Partial P = part[(long long)b * C + c];
