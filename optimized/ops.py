@@ -57,8 +57,7 @@ PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int, int, int]]] = {
     16: {"default": ("paged_prefill_d16", 64, 64, 1)},
     32: {"default": ("paged_prefill_d32", 64, 64, 1)},
     64: {"default": ("paged_prefill_d64", 64, 64, 1), "x2": ("paged_prefill_d64_x2", 64, 128, 2)},
-    128: {"default": ("paged_prefill_d128", 64, 64, 1), "bn32": ("paged_prefill_d128_bn32", 32, 64, 1),
-          "x2": ("paged_prefill_d128_x2", 64, 128, 2)},
+    128: {"default": ("paged_prefill_d128", 64, 64, 1), "x2": ("paged_prefill_d128_x2", 64, 128, 2)},
 }
 
 

@@ -29,7 +29,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 #: every kernel source of the package (file stem -> the kernels it defines)
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention": (
-        "paged_prefill_d16", "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128", "paged_prefill_d128_bn32",
+        "paged_prefill_d16", "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128",
         "paged_prefill_d64_x2", "paged_prefill_d128_x2",
         "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
         "split_kv_reduce", "merge_states",

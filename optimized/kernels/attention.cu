@@ -1,7 +1,7 @@
 // attention.cu -- paged attention kernels of the optimized engine.
 //
 // Reference twins: reference/attention.py
-//   paged_prefill_d{16,32,64,128}, _d128_bn32, _d{64,128}_x2 <-> paged_prefill
+//   paged_prefill_d{16,32,64,128}, _d{64,128}_x2 <-> paged_prefill
 //   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
 //   split_kv_reduce                   <-> reduce_splits / merge_two
 //   merge_states                      <-> merge_states (sorting and duplicate checks stay in Python)
@@ -37,7 +37,7 @@
 // qk_norm_rope -- so the rotated keys are bitwise those the unfused path would have cached.
 //
 // NaN safety: stale cache slots (past seq_len, or unused pages) may hold NaN. K/V rows past the
-// range a tile needs are never loaded (cp.async with src-size 0 zero-fills them), and every
+// range a tile needs are never loaded (cp.async with its ignore-src operand zero-fills them), and every
 // masked score is *selected* to -inf and its probability *selected* to exactly 0 -- a masked
 // probability is never produced by arithmetic on a masked score.
 
@@ -180,119 +180,151 @@ __device__ __forceinline__ float tree_fold(float (&x)[N], Op op) {
   return x[0];
 }
 
-// One online-softmax step for the two rows this thread holds (h = 0: row g, h = 1: row g+8).
-// s: raw scores of NKT*8 keys starting at absolute key position kv0 (+ the thread's column offset),
-// visible iff key <= lim[h] (lim < 0: nothing visible). On return s holds exact-0-or-exp2 probabilities.
-// m_ is kept in the log2 domain (scores scaled by sl2 = scale*log2(e) > 0, so the raw maximum scales
-// to the scaled one); p = 2^(s*sl2 - m) is one FFMA and one MUFU.EX2.
-template <int D, int NKT>
-__device__ __forceinline__ void online_softmax(float (&s)[NKT][4], int kv0, const int (&lim)[2], float sl2, int lane,
-                                               float (&m_)[2], float (&l_)[2], float (&o)[D / 8][4]) {
+// One online-softmax step for the rows this thread holds in MT row tiles (h = 0: row g, h = 1: row
+// g+8 of tile mt). s: raw scores of NKT*8 keys starting at absolute key position kv0 (+ the thread's
+// column offset), visible iff key <= lim[mt][h] (lim < 0: nothing visible). On return s holds
+// exact-0-or-exp2 probabilities. m_ is kept in the log2 domain (scores scaled by sl2 = scale*log2(e) >
+// 0, so the raw maximum scales to the scaled one); p = 2^(s*sl2 - m) is one FFMA and one MUFU.EX2.
+// MASKED = false (every key of the tile visible to every row of the warp) drops the per-element
+// select of the masked path. The bits are the same either way: for a visible key the select keeps the
+// score, and the one input the masked path treats apart, a score of -inf, gives 2^(-inf) = 0 in both.
+// The MT tiles' chains are independent, in one basic block: the scheduler interleaves them.
+template <int D, int NKT, int MT, bool MASKED>
+__device__ __forceinline__ void online_softmax_step(float (&s)[MT][NKT][4], int kv0, const int (&lim)[MT][2],
+                                                    float sl2, int lane, float (&m_)[MT][2], float (&l_)[MT][2],
+                                                    float (&o)[MT][D / 8][4]) {
   const int c0 = kv0 + 2 * (lane & 3);
-  // every key of the tile visible to both of this thread's rows: no per-element mask needed
-  const bool full = kv0 + NKT * 8 - 1 <= min(lim[0], lim[1]);
-  float alphas[2];
+  float alphas[MT][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float t[NKT];  // per 8-key tile: the pair max, later the pair sum (pairwise trees: short dependency chains)
-    if (full) {
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < NKT; ++nt) t[nt] = fmaxf(s[nt][2 * h], s[nt][2 * h + 1]);
-    } else {
+    for (int h = 0; h < 2; ++h) {
+      float t[NKT];  // per 8-key tile: the pair max, later the pair sum (pairwise trees: short dependency chains)
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) {
+        if (MASKED) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = c0 + nt * 8 + e;
+            s[mt][nt][2 * h + e] = (key <= lim[mt][h]) ? s[mt][nt][2 * h + e] : neg_inf();  // masked: selected away
+          }
+        }
+        t[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+      }
+      float mx = tree_fold<NKT>(t, [](float x, float y) { return fmaxf(x, y); });
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_[mt][h], mx * sl2);
+      const float m_use = (m_new == neg_inf()) ? 0.f : m_new;  // never -inf - -inf
+      const float alpha = fast_exp2(m_[mt][h] - m_use);        // 0 while the row has seen nothing
+      m_[mt][h] = m_new;
 #pragma unroll
       for (int nt = 0; nt < NKT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int key = c0 + nt * 8 + e;
-          s[nt][2 * h + e] = (key <= lim[h]) ? s[nt][2 * h + e] : neg_inf();  // masked: selected away
+          const float v = s[mt][nt][2 * h + e];
+          // masked -> exactly 0, never arithmetic on a masked score
+          s[mt][nt][2 * h + e] = (MASKED && v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));
         }
-        t[nt] = fmaxf(s[nt][2 * h], s[nt][2 * h + 1]);
+        t[nt] = s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
       }
+      const float rs = tree_fold<NKT>(t, [](float x, float y) { return x + y; });
+      l_[mt][h] = l_[mt][h] * alpha + rs;
+      alphas[mt][h] = alpha;
     }
-    float mx = tree_fold<NKT>(t, [](float x, float y) { return fmaxf(x, y); });
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_[h], mx * sl2);
-    const float m_use = (m_new == neg_inf()) ? 0.f : m_new;  // never -inf - -inf
-    const float alpha = fast_exp2(m_[h] - m_use);            // 0 while the row has seen nothing
-    m_[h] = m_new;
-#pragma unroll
-    for (int nt = 0; nt < NKT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = s[nt][2 * h + e];
-        // masked -> exactly 0. A tile with no masked key skips the select (two instructions per score):
-        // its scores are real, and the select could only matter for a score of -inf, whose
-        // 2^(-inf) is 0 anyway -- the bits are the same.
-        s[nt][2 * h + e] = (!full && v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));
-      }
-      t[nt] = s[nt][2 * h] + s[nt][2 * h + 1];
-    }
-    const float rs = tree_fold<NKT>(t, [](float x, float y) { return x + y; });
-    l_[h] = l_[h] * alpha + rs;
-    alphas[h] = alpha;
   }
-  // Rescale the accumulator, unless no row of the warp changed its maximum (alpha == 1 everywhere:
-  // the product would be the identity, so skipping it changes no bit; on long rows most tiles skip).
-  if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+  // Rescale the accumulators, unless no row of the warp changed its maximum (alpha == 1 everywhere:
+  // the products would be the identity, so skipping them changes no bit; on long rows most tiles skip;
+  // for the same reason a tile whose alphas are all 1 may be rescaled with the others).
+  bool moved = false;
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      o[nt][0] *= alphas[0];
-      o[nt][1] *= alphas[0];
-      o[nt][2] *= alphas[1];
-      o[nt][3] *= alphas[1];
+  for (int mt = 0; mt < MT; ++mt) moved |= alphas[mt][0] != 1.f || alphas[mt][1] != 1.f;
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        o[mt][nt][0] *= alphas[mt][0];
+        o[mt][nt][1] *= alphas[mt][0];
+        o[mt][nt][2] *= alphas[mt][1];
+        o[mt][nt][3] *= alphas[mt][1];
+      }
     }
   }
 }
 
-// Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh starting at key position kv0;
-// rows at positions >= kv_end are zero-filled, never read). bs_log2 = log2(block_size) when the
-// block size is a power of two (shifts and masks), -1 otherwise (one integer division per row).
-// Each thread copies 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, so
-// the loop unrolls into straight-line code with constant shared-memory offsets, and the block-size
-// branch is taken once per tile, not per row (this loop was ~70 instructions per row before).
+// online_softmax_step, the unmasked code when no key of the tile is hidden from any row of the warp
+// (a warp-uniform branch: most tiles of a long row, every tile of a decode split but its last).
+template <int D, int NKT, int MT>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NKT][4], int kv0, const int (&lim)[MT][2], float sl2,
+                                               int lane, float (&m_)[MT][2], float (&l_)[MT][2],
+                                               float (&o)[MT][D / 8][4]) {
+  bool full = true;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) full &= kv0 + NKT * 8 - 1 <= min(lim[mt][0], lim[mt][1]);
+  if (__all_sync(0xffffffffu, full))
+    online_softmax_step<D, NKT, MT, false>(s, kv0, lim, sl2, lane, m_, l_, o);
+  else
+    online_softmax_step<D, NKT, MT, true>(s, kv0, lim, sl2, lane, m_, l_, o);
+}
+
+// K/V tiles are copied in two steps. First, one thread per key row looks the row's page up in the
+// block table and writes the byte offset of its cache slot to a small shared table (row_offset,
+// tile_row_offsets); the kernels fill a tile's table two tiles ahead, at the end of an iteration, so the
+// block-table load is off the copy's path. Then every thread issues the cp.async copies of its 16-byte
+// chunks of the tile's rows from that table (load_kv_tile). Looking the page up in each of the D/8
+// copiers of a row, with the 64-bit product and the block-size branch, cost ~35 instructions per row
+// and thread, a fifth of the prefill kernel's instructions.
+
+// Byte offset of the cache slot of key position pos in a cache of bf16 (page * block_size * n_kv * D
+// + slot * n_kv * D elements; the host checks that a page's elements fit in 32 bits), or -1 (zero-fill)
+// at pos >= kv_end or on a missing page. bs_log2 = log2(block_size) for a power of two (shift and
+// mask), else -1 (a division).
+__device__ __forceinline__ long long row_offset(const int* __restrict__ bt, int pos, int kv_end, int n_kv, int D,
+                                                int block_size, int bs_log2) {
+  if (pos >= kv_end) return -1;
+  const int blk = bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size;
+  const int page = bt[blk];
+  if (page < 0) return -1;
+  return 2 * ((long long)page * (block_size * n_kv * D) + (pos - blk * block_size) * (n_kv * D));
+}
+
+// The tables of the two tiles at kv0 and kv0 + BN (s_off[0], s_off[1]), one row per thread; the caller
+// adds the barrier.
+template <int BN, int THREADS>
+__device__ __forceinline__ void tile_row_offsets(long long (&s_off)[2][BN], const int* __restrict__ bt, int kv0,
+                                                 int kv_end, int n_kv, int D, int block_size, int bs_log2, int tid) {
+  static_assert(THREADS >= 2 * BN, "one thread per row of the two tiles");
+  if (tid < 2 * BN) s_off[tid / BN][tid % BN] = row_offset(bt, kv0 + tid, kv_end, n_kv, D, block_size, bs_log2);
+}
+
+// Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh) from its row-offset table
+// (s_off[r]: byte offset of row r's cache slot, -1: zero-fill, read nothing). Each thread copies
+// 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, straight-line code with
+// constant shared-memory offsets; per row one shared load, two adds and the two copies.
 template <int D, int BN, int THREADS>
-__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* __restrict__ k_cache,
-                                             const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ bt,
-                                             int kv0, int kv_end, int n_kv, int kvh, int block_size, int bs_log2,
-                                             int tid) {
+__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV,
+                                             const __nv_bfloat16* __restrict__ k_cache,
+                                             const __nv_bfloat16* __restrict__ v_cache,
+                                             const long long* s_off, int kvh, int tid) {
   constexpr int LD = D + 8;
-  constexpr int CH = D / 8;            // 16-byte chunks per row
-  constexpr int RSTEP = THREADS / CH;  // rows covered per sweep
+  constexpr int CH = D / 8;
+  constexpr int RSTEP = THREADS / CH;
   constexpr int ROWS = (BN + RSTEP - 1) / RSTEP;
   static_assert(THREADS % CH == 0, "threads must cover whole rows");
   const int c = tid % CH, r0 = tid / CH;
-  // 32-bit offsets inside a page (the host checks block_size * n_kv * D < 2^31), one wide product per row
-  const int head_off = kvh * D + c * 8;
-  const int row_elems = n_kv * D;                // elements per cache slot
-  const int page_elems = block_size * row_elems;  // elements per page
+  const char* kb = reinterpret_cast<const char*>(k_cache + (kvh * D + c * 8));
+  const char* vb = reinterpret_cast<const char*>(v_cache + (kvh * D + c * 8));
   const u32 dk = smem_u32(sK + r0 * LD + c * 8), dv = smem_u32(sV + r0 * LD + c * 8);
-  if (bs_log2 >= 0) {  // power-of-two block size (uniform branch)
-    const int mask = block_size - 1;
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-      const int r = r0 + i * RSTEP;
-      if (BN % RSTEP != 0 && r >= BN) break;
-      const int pos = kv0 + r;
-      const int page = pos < kv_end ? bt[pos >> bs_log2] : -1;
-      const bool ok = page >= 0;
-      const long long off = ok ? (long long)page * page_elems + ((pos & mask) * row_elems + head_off) : 0;
-      cp_async16(dk + i * RSTEP * LD * 2, k_cache + off, ok);
-      cp_async16(dv + i * RSTEP * LD * 2, v_cache + off, ok);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-      const int r = r0 + i * RSTEP;
-      if (BN % RSTEP != 0 && r >= BN) break;
-      const int pos = kv0 + r;
-      const int blk = pos / block_size;
-      const int page = pos < kv_end ? bt[blk] : -1;
-      const bool ok = page >= 0;
-      const long long off = ok ? (long long)page * page_elems + ((pos - blk * block_size) * row_elems + head_off) : 0;
-      cp_async16(dk + i * RSTEP * LD * 2, k_cache + off, ok);
-      cp_async16(dv + i * RSTEP * LD * 2, v_cache + off, ok);
-    }
+  for (int i = 0; i < ROWS; ++i) {
+    const int r = r0 + i * RSTEP;
+    if (BN % RSTEP != 0 && r >= BN) break;
+    const long long o = s_off[r];
+    const bool skip = o < 0;
+    const long long off = skip ? 0 : o;  // a skipped copy still gets an address inside the cache
+    cp_async16_or_zero(dk + i * RSTEP * LD * 2, kb + off, skip);
+    cp_async16_or_zero(dv + i * RSTEP * LD * 2, vb + off, skip);
   }
 }
 
@@ -330,7 +362,7 @@ __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv
 // CTA = (tile of TT = BM / G consecutive query tokens, one KV head). Its BM rows (64, or 128 for the
 // _x2 kernels) are token-major (row r <-> token t0 + r / G, query head kvh*G + r % G), so GQA heads
 // sharing the KV head read each K/V tile once. 4 warps of 16 rows (or, _x2, of two 16-row tiles);
-// keys in tiles of BN = 64 (32 for _bn32), double-buffered through cp.async; S = Q K^T and O += P V
+// keys in tiles of BN = 64, double-buffered through cp.async; S = Q K^T and O += P V
 // on tensor cores; flash-attention-2 online softmax in fp32 (tiles entirely visible to a thread's
 // rows skip the per-element mask, and a warp whose maxima did not move skips the rescale of O).
 // The tokens of one CTA may belong to several sequences: the CTA runs one pass per distinct
@@ -379,6 +411,8 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV), sQ_u = smem_u32(sQ);  // the same, as shared addresses
   __shared__ int s_seq[BM];
   __shared__ int s_pos[BM];
+  __shared__ int s_lim[BM];             // per pass: the last key each row sees
+  __shared__ long long s_off[2][BN];    // row-offset tables of two K/V tiles (load_kv_tile)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row0 = warp * 16 * MT;  // this warp's first query row of the tile
@@ -419,15 +453,15 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   }
 
   float o[MT][D / 8][4];
-  // running maxima in registers; the running sums (touched once per tile) in shared memory, each
-  // thread its own slots, which keeps the registers of the two-tile kernel under the 255 cap
-  float m_[MT][2];
+  // the running maxima and sums (touched once per tile) in shared memory, each thread its own slots,
+  // which keeps the registers of the two-tile kernel under the 255 cap
+  __shared__ float s_m[MT][2][THREADS];
   __shared__ float s_l[MT][2][THREADS];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.f;
-    m_[mt][0] = m_[mt][1] = neg_inf();
+    s_m[mt][0][tid] = s_m[mt][1][tid] = neg_inf();
     s_l[mt][0][tid] = s_l[mt][1][tid] = 0.f;
   }
   const float sl2 = scale * kLog2e;
@@ -446,30 +480,29 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
       if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
     const int slen = seq_lens[b];
     const int L = min(maxpos + 1, slen);  // keys this pass needs: [0, L)
-    // the last visible key of each of this thread's rows in this pass (-1: none), recomputed from the
-    // row table at every tile rather than held in registers across the key loop
-    auto row_lims = [&](int mt, int (&lim)[2]) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 16 * mt + (lane >> 2) + 8 * h;
-        int lm = -1;
-        if (r < rows_used) {
-          const int tt = r / G;
-          if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
-        }
-        lim[h] = lm;
+    // the last visible key of every row of the tile in this pass (-1: none), once per pass; each
+    // thread reads its four rows' limits at every tile (one shared load each: the row -> token
+    // division and the row-table lookups stay out of the key loop, and out of the registers)
+    if (tid < BM) {
+      int lm = -1;
+      if (tid < rows_used) {
+        const int tt = tid / G;
+        if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
       }
-    };
+      s_lim[tid] = lm;
+    }
     const int* bt = block_tables + (long long)b * max_blocks;
     const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+    tile_row_offsets<BN, THREADS>(s_off, bt, 0, L, n_kv, D, block_size, bs_log2, tid);  // tiles 0 and 1
+    __syncthreads();
     if (ntiles > 0) {
-      load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, 0, L, n_kv, kvh, block_size, bs_log2, tid);
+      load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
       cp_async_commit();
       for (int j = 0; j < ntiles; ++j) {
         const int st = j & 1;
         if (j + 1 < ntiles)
-          load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * STAGE, sV + (st ^ 1) * STAGE, k_cache, v_cache, bt,
-                                       (j + 1) * BN, L, n_kv, kvh, block_size, bs_log2, tid);
+          load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * STAGE, sV + (st ^ 1) * STAGE, k_cache, v_cache,
+                                       s_off[st ^ 1], kvh, tid);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -482,16 +515,29 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
           tile_scores_sq<D, BN / 8, MT>(sQ_u, row0, sK_u + st * STAGE * 2, lane, s);
         else
           tile_scores<D, BN / 8>(qf, sK_u + st * STAGE * 2, lane, s[0]);
+        int lim[MT][2];
+        float m2[MT][2], l2[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          int lim[2];
-          row_lims(mt, lim);
-          float l2[2] = {s_l[mt][0][tid], s_l[mt][1][tid]};
-          online_softmax<D, BN / 8>(s[mt], j * BN, lim, sl2, lane, m_[mt], l2, o[mt]);
-          s_l[mt][0][tid] = l2[0];
-          s_l[mt][1][tid] = l2[1];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            lim[mt][h] = s_lim[row0 + 16 * mt + (lane >> 2) + 8 * h];
+            m2[mt][h] = s_m[mt][h][tid];
+            l2[mt][h] = s_l[mt][h][tid];
+          }
+        }
+        online_softmax<D, BN / 8, MT>(s, j * BN, lim, sl2, lane, m2, l2, o);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s_m[mt][h][tid] = m2[mt][h];
+            s_l[mt][h][tid] = l2[mt][h];
+          }
         }
         tile_pv_mt<D, BN / 8, MT>(s, sV_u + st * STAGE * 2, lane, o);
+        if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
+          s_off[st][tid] = row_offset(bt, (j + 2) * BN + tid, L, n_kv, D, block_size, bs_log2);
         __syncthreads();
       }
     }
@@ -652,9 +698,11 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
   const int ntiles = (s1 - s0 + BN - 1) / BN;
   const int bs_log2 = block_shift(block_size);
-  load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, bt, s0, s1, n_kv, kvh, block_size, bs_log2, tid);
-  cp_async_commit();
+  __shared__ long long s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
+  tile_row_offsets<BN, THREADS>(s_off, bt, s0, s1, n_kv, D, block_size, bs_log2, tid);  // tiles 0 and 1
   __syncthreads();
+  load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
+  cp_async_commit();
 
   u32 qf[D / 16][4];
   load_q_frags<D>(qf, smem_u32(sQ), 0, lane);
@@ -670,8 +718,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
     if (j + 1 < ntiles)
-      load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, bt,
-                                   s0 + (j + 1) * BN, s1, n_kv, kvh, block_size, bs_log2, tid);
+      load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, s_off[st ^ 1],
+                                   kvh, tid);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -681,8 +729,12 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     }
     float s[2][4];
     tile_scores<D, 2>(qf, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
-    online_softmax<D, 2>(s, s0 + j * BN + warp * 16, lim, sl2, lane, m_, l_, o);
+    online_softmax<D, 2, 1>(reinterpret_cast<float(&)[1][2][4]>(s), s0 + j * BN + warp * 16,
+                            reinterpret_cast<const int(&)[1][2]>(lim), sl2, lane, reinterpret_cast<float(&)[1][2]>(m_),
+                            reinterpret_cast<float(&)[1][2]>(l_), reinterpret_cast<float(&)[1][D / 8][4]>(o));
     tile_pv<D, 2>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
+    if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
+      s_off[st][tid] = row_offset(bt, s0 + (j + 2) * BN + tid, s1, n_kv, D, block_size, bs_log2);
     __syncthreads();
   }
 
@@ -794,7 +846,6 @@ TK_PREFILL(paged_prefill_d16, 16, 64, 64, 1, 1)
 TK_PREFILL(paged_prefill_d32, 32, 64, 64, 1, 1)
 TK_PREFILL(paged_prefill_d64, 64, 64, 64, 1, 1)
 TK_PREFILL(paged_prefill_d128, 128, 64, 64, 1, 1)
-TK_PREFILL(paged_prefill_d128_bn32, 128, 32, 64, 1, 3)
 TK_PREFILL(paged_prefill_d64_x2, 64, 64, 128, 2, 2)
 TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
 

@@ -3,11 +3,12 @@
     python -m optimized.kernels.build_check [--out DIR] [--arch sm_90] [--nvcc PATH]
 
 Compiles each ``optimized/kernels/*.cu`` to a cubin with ``nvcc -arch=sm_90 --cubin -std=c++17
--Xptxas -v`` and prints, per kernel, the registers, static shared memory, stack frame and spill
-bytes that ptxas reports (dynamic shared memory is set at launch: see ``optimized.ops``). Exits
-non-zero on any compile error, on any spill (spill stores or loads > 0 bytes), or when a kernel
-listed in ``optimized.kernels.SOURCES`` is missing from its cubin. A stack frame without spills is
-reported but does not fail the check.
+-ftz=true -Xptxas -v`` (``-ftz=true`` as CuPy's NVRTC compiles them at run time) and prints, per
+kernel, the registers, static shared memory, stack frame and spill bytes that ptxas reports (dynamic
+shared memory is set at launch: see ``optimized.ops``). Exits non-zero on any compile error, on any
+spill beyond a kernel's entry in ``SPILL_ALLOWANCE`` (none: no spill at all), or when a kernel listed
+in ``optimized.kernels.SOURCES`` is missing from its cubin. A stack frame without spills is reported
+but does not fail the check.
 """
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ _PROPS = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+
+
+#: kernel -> (spill store bytes, spill load bytes) it may have, and why. Each entry is a measured trade:
+#: the kernel's spills lie outside its hot loop (read in its SASS), and the spill-free arrangement
+#: that was tried ran slower on the H200.
+SPILL_ALLOWANCE: dict[str, tuple[int, int, str]] = {
+    "paged_prefill_d128_x2": (
+        16, 64,
+        "at 255 registers ptxas keeps two per-CTA constants (the reciprocal of the GQA group size) in local "
+        "memory: stored once, reloaded in the prologue, once per sequence pass and in the epilogue, never in "
+        "the key loop (nvcc 13.0 SASS: 8 B stored, 9 reloads). The spill-free variant measured (the row "
+        "tables' skip mask) was 3-5% slower on the H200 (benches/results/h200/ab_variant_*.log; docs/performance.md)",
+    ),
+    "sample": (
+        8, 24,
+        "at the 64 registers of a 1024-thread CTA, with -ftz=true (as CuPy compiles it), ptxas stores one value "
+        "once after the fourth barrier and reloads it on the way out (nvcc 13.0: 4 B stored, 3 reloads); "
+        "without -ftz=true it does not spill. Merging the normaliser's loop into the first one spilled more "
+        "(the note at sample's Z1 loop in sampling.cu)",
+    ),
+}
 
 
 @dataclass
@@ -64,7 +86,7 @@ def parse_ptxas(text: str) -> dict[str, KernelInfo]:
 
 
 def compile_one(nvcc: str, src: Path, out_dir: Path, arch: str) -> tuple[int, str]:
-    cmd = [nvcc, f"-arch={arch}", "--cubin", "-std=c++17", "-Xptxas", "-v", "-o",
+    cmd = [nvcc, f"-arch={arch}", "--cubin", "-std=c++17", "-ftz=true", "-Xptxas", "-v", "-o",
            str(out_dir / (src.stem + ".cubin")), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr
@@ -122,12 +144,16 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{src.name}: kernel {kname} not found in the cubin")
         for info in infos.values():
             rows.append((src.name, info))
-            if info.spill_stores or info.spill_loads:
-                failures.append(f"{src.name}:{info.name} spills ({info.spill_stores} B stores, {info.spill_loads} B loads)")
+            st_ok, ld_ok, _ = SPILL_ALLOWANCE.get(info.name, (0, 0, ""))
+            if info.spill_stores > st_ok or info.spill_loads > ld_ok:
+                failures.append(f"{src.name}:{info.name} spills ({info.spill_stores} B stores, {info.spill_loads} B loads;"
+                                f" allowed {st_ok} / {ld_ok})")
 
     print(f"{'file':<16} {'kernel':<26} {'regs':>5} {'smem(B)':>8} {'stack(B)':>9} {'spill st/ld':>12}")
     for fname, info in rows:
         note = "  <- stack frame" if info.stack and not (info.spill_stores or info.spill_loads) else ""
+        if (info.spill_stores or info.spill_loads) and info.name in SPILL_ALLOWANCE:
+            note = "  <- allowed: SPILL_ALLOWANCE"
         print(f"{fname:<16} {info.name:<26} {info.registers:>5} {info.smem:>8} {info.stack:>9} "
               f"{info.spill_stores:>5}/{info.spill_loads:<6}{note}")
     print("(smem = static shared memory; attention kernels add dynamic shared memory at launch: "
@@ -139,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in failures:
             print(f"  {f}")
         return 1
-    print(f"\nOK: {len(sources)} sources, {len(rows)} kernels, arch {args.arch}, no spills")
+    print(f"\nOK: {len(sources)} sources, {len(rows)} kernels, arch {args.arch}, no spills beyond SPILL_ALLOWANCE")
     return 0
 
 

@@ -22,6 +22,14 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) 
   const int n = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
+// The same copy with cp.async's ignore-src operand: skip == true reads nothing and zero-fills the 16
+// bytes. The predicate goes straight to the instruction (with the src-size form above, ptxas rebuilds
+// it from the size register, several instructions a copy).
+__device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, bool skip) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, p; }\n" ::"r"(dst),
+               "l"(src), "r"((int)skip)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

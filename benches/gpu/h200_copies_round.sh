@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The ninth session's rounds on the H200 (logs under $OUT): the attention kernels' K/V copies from a
+# row-offset table filled a tile ahead (one block-table lookup per row instead of one per 16-byte chunk),
+# the per-pass row limits of paged prefill in shared memory, and the unmasked softmax path taken per warp.
+# The files compared live in benches/gpu/ab_variants/ (kept in the commit that added this script, removed
+# after): ab_base_attention.cu is `git show e6b7ac3:optimized/kernels/attention.cu` (the eighth session's
+# kernels, the base of every A/B), ab_mid_attention.cu the tree of the `ab` call, the others below.
+#   bash benches/gpu/h200_copies_round.sh ab     # the attention checks (prefill, split-KV, fused decode, fused
+#       RoPE, batch-invariant attention), ab_attention.py against the base (bits and time, prefill and decode
+#       lab problems), Nsight Compute instruction counts of both prefill kernels at 8 x 1024 over 4096
+#   bash benches/gpu/h200_copies_round.sh ab2    # (after the row tables' skip mask and the softmax of both
+#       row tiles in one block) the attention checks, ab_attention.py against the base and against the `ab`
+#       call's tree, Nsight Compute counts of the two-tile kernel (`ab` tree, then this one), and the prefill
+#       and decode kernel labs (packed into $OUT/bench.tgz)
+#   bash benches/gpu/h200_copies_round.sh variants  # ab_attention.py, prefill problems, of four files against
+#       ab_mid_attention.cu (the `ab` call's tree): ab_call2_attention.cu (the `ab2` call's tree; in that call it
+#       was the working tree), ab_v3_attention.cu (it with one rescale vote per row tile), ab_joint_attention.cu
+#       (mid + the softmax of both row tiles in one block: the tree from then on), ab_skip_attention.cu (mid +
+#       the row tables' skip mask and 16-byte offset loads)
+#   bash benches/gpu/h200_copies_round.sh final   # on the kept tree: every kernel check, ab_attention.py against
+#       the base, the prefill and decode kernel labs (packed into $OUT/bench.tgz), the engine smoke test and
+#       the conformance suite at CI scale on the optimized engine
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+V=benches/gpu/ab_variants
+
+# checks SECONDS LOG SECTIONS...: check_kernels.py on some sections, its failures and its summary
+checks() {
+  local secs=$1 log=$2; shift 2
+  timeout "$secs" python3 benches/gpu/check_kernels.py --only "$@" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
+  grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
+}
+
+# ncu_counts: instructions, HMMA and the stalls of the two prefill kernels (64-row and x2) on 8 x 1024 over
+# 4096, the base's launch first, then the working tree's (ab_attention.py runs base, then new)
+ncu_counts() {
+  local k
+  for k in 'paged_prefill_d128$' 'paged_prefill_d128_x2'; do
+    timeout 150 ncu --clock-control none -k "regex:$k" --launch-skip 0 --launch-count 2 \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active \
+      python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu --only prefill --rounds 1 --reps 1 --problems 0 \
+      > "$OUT/ncu_prefill_${k//[^a-z0-9_]/}.txt" 2>&1
+    echo "ncu $k rc=$?"
+    grep -E "paged_prefill_d128|duration|inst_executed|stalled|issue_active" "$OUT/ncu_prefill_${k//[^a-z0-9_]/}.txt" | head -30
+  done
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+build_kernels
+case "${1:-ab}" in
+ab)
+  checks 200 check_kernels_attention.log prefill splitkv fused fused_rope invariant
+  timeout 240 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu > "$OUT"/ab_attention.log 2>&1
+  echo "ab rc=$?"; cat "$OUT"/ab_attention.log | grep -v "^ *$" | tail -40
+  ncu_counts
+  ;;
+ab2)
+  checks 200 check_kernels_attention.log prefill splitkv fused fused_rope invariant
+  timeout 200 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu > "$OUT"/ab_attention.log 2>&1
+  echo "ab base rc=$?"; grep -v "^ *$" "$OUT"/ab_attention.log | tail -30
+  timeout 150 python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu --only prefill > "$OUT"/ab_attention_mid.log 2>&1
+  echo "ab mid rc=$?"; grep -v "^ *$" "$OUT"/ab_attention_mid.log | tail -14
+  timeout 150 ncu --clock-control none -k regex:paged_prefill_d128_x2 --launch-skip 0 --launch-count 2 \
+    --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu --only prefill --rounds 1 --reps 1 --problems 0 \
+    > "$OUT/ncu_prefill_x2_mid_new.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "paged_prefill_d128|duration|inst_executed|stalled|issue_active" "$OUT/ncu_prefill_x2_mid_new.txt" | head -24
+  run_benches 300 "kernel_prefill or kernel_decode"
+  pack_bench
+  ;;
+variants)
+  for f in ab_call2_attention.cu ab_v3_attention.cu ab_joint_attention.cu ab_skip_attention.cu; do
+    arg=(--new "$V/$f")
+    timeout 120 python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu "${arg[@]}" --only prefill \
+      > "$OUT/ab_variant_${f%.cu}.log" 2>&1
+    echo "variant $f rc=$?"; grep -E "regs|new/base" "$OUT/ab_variant_${f%.cu}.log" | sed -E 's/paged_prefill_d(16|32|64)[^,]*, //g' | cut -c1-400
+  done
+  ;;
+final)
+  timeout 300 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels_final.log 2>&1; echo "check_kernels rc=$?"
+  grep -E "FAIL" "$OUT"/check_kernels_final.log | head -20; tail -1 "$OUT"/check_kernels_final.log
+  timeout 200 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu > "$OUT"/ab_attention.log 2>&1
+  echo "ab base rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT"/ab_attention.log | cut -c1-300 | tail -30
+  run_benches 300 "kernel_prefill or kernel_decode"
+  pack_bench
+  smoke 120
+  conformance_ci 240
+  ;;
+*)
+  echo "unknown mode $1"; exit 2
+  ;;
+esac
