@@ -20,6 +20,12 @@
 #   bash benches/gpu/h200_copies_round.sh final   # on the kept tree: every kernel check, ab_attention.py against
 #       the base, the prefill and decode kernel labs (packed into $OUT/bench.tgz), the engine smoke test and
 #       the conformance suite at CI scale on the optimized engine
+#   bash benches/gpu/h200_copies_round.sh qasync  # (the prefill kernels' Q tile by cp.async, landing with the first
+#       K/V tile) the prefill checks, ab_attention.py against ab_joint_attention.cu (the `final` call's kernels)
+#       and against the base, and the prefill kernel lab (packed into $OUT/bench.tgz); its tree is kept
+#       (ab_qasync_attention.cu)
+#   bash benches/gpu/h200_copies_round.sh verify  # on the kept tree: every kernel check, the engine smoke test and
+#       the conformance suite at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
@@ -82,6 +88,21 @@ final)
   echo "ab base rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT"/ab_attention.log | cut -c1-300 | tail -30
   run_benches 300 "kernel_prefill or kernel_decode"
   pack_bench
+  smoke 120
+  conformance_ci 240
+  ;;
+qasync)
+  checks 200 check_kernels_prefill.log prefill fused_rope invariant
+  timeout 150 python3 benches/gpu/ab_attention.py --base $V/ab_joint_attention.cu --only prefill > "$OUT"/ab_attention_vs_final.log 2>&1
+  echo "ab vs final rc=$?"; grep -E "x2\]|default\]|bitwise|DIFFER" "$OUT"/ab_attention_vs_final.log | cut -c1-300
+  timeout 150 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu --only prefill > "$OUT"/ab_attention.log 2>&1
+  echo "ab vs base rc=$?"; grep -E "x2\]|default\]|bitwise|DIFFER" "$OUT"/ab_attention.log | cut -c1-300
+  run_benches 200 "kernel_prefill"
+  pack_bench
+  ;;
+verify)
+  timeout 300 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels_verify.log 2>&1; echo "check_kernels rc=$?"
+  grep -E "FAIL" "$OUT"/check_kernels_verify.log | head -20; tail -1 "$OUT"/check_kernels_verify.log
   smoke 120
   conformance_ci 240
   ;;

@@ -434,22 +434,27 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
     s_seq[tid] = sq;
     s_pos[tid] = ps;
   }
-  // Q tile -> shared (padding / unused rows are zero).
+  // Q tile -> shared by cp.async (padding / unused rows zero-filled), a commit group of its own. With
+  // its own buffer (MT = 2) nothing waits for it here: it lands with the first K/V tile, whose copies
+  // the first pass issues right away, so the two loads' latencies overlap.
   for (int i = tid; i < BM * CH; i += THREADS) {
     const int r = i / CH, c = i % CH;
     const int tt = r / G, g = r - tt * G;
     const int t = t0 + tt;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows_used && t < T && q_pos[t] >= 0)
-      val = *reinterpret_cast<const uint4*>(q + (long long)t * q_stride + (long long)(kvh * G + g) * D + c * 8);
-    *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
+    const bool ok = r < rows_used && t < T && q_pos[t] >= 0;
+    const __nv_bfloat16* src = ok ? q + (long long)t * q_stride + (long long)(kvh * G + g) * D + c * 8 : q;
+    cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8), src, !ok);
   }
-  __syncthreads();
+  cp_async_commit();
 
   u32 qf[C::Q_OWN ? 1 : D / 16][4];  // MT = 1: the Q fragments, in registers for the whole kernel
   if constexpr (!C::Q_OWN) {
+    cp_async_wait<0>();
+    __syncthreads();
     load_q_frags<D>(qf, smem_u32(sQ), row0, lane);
     __syncthreads();  // every warp holds its Q fragments before stage 1 is overwritten
+  } else {
+    __syncthreads();  // the row table (s_seq, s_pos); the Q tile is waited for with K/V tile 0
   }
 
   float o[MT][D / 8][4];
@@ -546,7 +551,12 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 
   // Normalise and stage this warp's rows (bf16) in its own rows of sQ, then 16-byte stores. (Safe:
   // with MT = 1 every pass ends with a CTA barrier after the last read of the stage buffers; with
-  // MT = 2 only this warp ever reads its rows of the Q tile.)
+  // MT = 2 only this warp ever reads its rows of the Q tile, and the Q copies have landed: by the first
+  // tile's wait, or, in a CTA without a key tile, by the wait here.)
+  if constexpr (C::Q_OWN) {
+    cp_async_wait<0>();
+    __syncthreads();
+  }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     float inv[2];
