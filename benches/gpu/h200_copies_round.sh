@@ -26,6 +26,9 @@
 #       (ab_qasync_attention.cu)
 #   bash benches/gpu/h200_copies_round.sh verify  # on the kept tree: every kernel check, the engine smoke test and
 #       the conformance suite at CI scale on the optimized engine
+#   bash benches/gpu/h200_copies_round.sh steps   # (the prefill Q tile and output rows addressed by stepping
+#       (token, head) instead of dividing by G, Q's validity from the row table) the prefill checks,
+#       ab_attention.py against ab_qasync_attention.cu (the `qasync` call's kernels), the prefill kernel lab (packed into $OUT/bench.tgz), the engine smoke test and conformance at CI scale
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
@@ -105,6 +108,15 @@ verify)
   grep -E "FAIL" "$OUT"/check_kernels_verify.log | head -20; tail -1 "$OUT"/check_kernels_verify.log
   smoke 120
   conformance_ci 240
+  ;;
+steps)
+  checks 150 check_kernels_prefill.log prefill fused_rope invariant
+  timeout 100 python3 benches/gpu/ab_attention.py --base $V/ab_qasync_attention.cu --only prefill > "$OUT"/ab_attention_vs_qasync.log 2>&1
+  echo "ab vs qasync rc=$?"; grep -E "regs|x2\]|default\]|bitwise|DIFFER" "$OUT"/ab_attention_vs_qasync.log | cut -c1-250
+  run_benches 120 "kernel_prefill"
+  pack_bench
+  smoke 100
+  conformance_ci 200
   ;;
 *)
   echo "unknown mode $1"; exit 2

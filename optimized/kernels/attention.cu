@@ -371,6 +371,29 @@ __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv
 // contiguous for correctness; contiguous rows (a chunk per sequence) keep passes to ~1 per CTA.
 // Heavy tiles (late in T) are scheduled first.
 // ------------------------------------------------------------------------------------------------
+// (r / G, r % G) for r = r0, r0 + step, r0 + 2 * step, ...: two divisions at the start, then an add and
+// a compare per step (the row -> (token, query head) map of a token-major tile; G is a runtime value).
+struct RowStep {
+  int tt, g, dq, dr, G;
+  __device__ __forceinline__ RowStep(int r0, int step, int G_) : G(G_) {
+    tt = r0 / G_;
+    g = r0 - tt * G_;
+    dq = step / G_;
+    dr = step - dq * G_;
+  }
+  // step on; true when g wrapped (tt took one more than dq)
+  __device__ __forceinline__ bool next() {
+    tt += dq;
+    g += dr;
+    const bool wrap = g >= G;
+    if (wrap) {
+      g -= G;
+      ++tt;
+    }
+    return wrap;
+  }
+};
+
 template <int D, int BN_, int BM_, int MT_>
 struct PrefillCfg {
   // MT = 1: one warp per 16 query rows (BM = 64: 4 warps), Q fragments held in registers; the Q tile
@@ -434,16 +457,28 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
     s_seq[tid] = sq;
     s_pos[tid] = ps;
   }
-  // Q tile -> shared by cp.async (padding / unused rows zero-filled), a commit group of its own. With
-  // its own buffer (MT = 2) nothing waits for it here: it lands with the first K/V tile, whose copies
-  // the first pass issues right away, so the two loads' latencies overlap.
-  for (int i = tid; i < BM * CH; i += THREADS) {
-    const int r = i / CH, c = i % CH;
-    const int tt = r / G, g = r - tt * G;
-    const int t = t0 + tt;
-    const bool ok = r < rows_used && t < T && q_pos[t] >= 0;
-    const __nv_bfloat16* src = ok ? q + (long long)t * q_stride + (long long)(kvh * G + g) * D + c * 8 : q;
-    cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8), src, !ok);
+  __syncthreads();  // the row table (s_seq, s_pos)
+  // Q tile -> shared by cp.async (rows of padding, of a token past T or of no valid sequence
+  // zero-filled: such rows are in no pass and write zeros), a commit group of its own. With its own
+  // buffer (MT = 2) nothing waits for it here: it lands with the first K/V tile, whose copies the first
+  // pass issues right away, so the two loads' latencies overlap.
+  {
+    // thread: chunk c of rows r0, r0 + QS, ...; each row's (token, head) = (r / G, r % G) stepped, not divided
+    constexpr int QS = THREADS / CH;
+    static_assert(THREADS % CH == 0 && BM % QS == 0, "whole rows per sweep, whole sweeps per tile");
+    const int c = tid % CH, r0 = tid / CH;
+    RowStep rg(r0, QS, G);
+    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in q, stepped with (tt, g)
+    long long off = (long long)(t0 + rg.tt) * q_stride + (kvh * G + rg.g) * D + c * 8;
+    const long long step = (long long)rg.dq * q_stride + rg.dr * D, wrap = (long long)q_stride - G * D;
+    u32 dst = smem_u32(sQ + r0 * LD + c * 8);
+#pragma unroll 4
+    for (int r = r0; r < BM; r += QS, dst += QS * LD * 2) {
+      const bool ok = s_pos[rg.tt] >= 0;  // (-1 for every token index >= TT: r < rows_used is implied)
+      cp_async16_or_zero(dst, q + (ok ? off : 0), !ok);
+      off += step;
+      if (rg.next()) off += wrap;
+    }
   }
   cp_async_commit();
 
@@ -453,8 +488,6 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
     __syncthreads();
     load_q_frags<D>(qf, smem_u32(sQ), row0, lane);
     __syncthreads();  // every warp holds its Q fragments before stage 1 is overwritten
-  } else {
-    __syncthreads();  // the row table (s_seq, s_pos); the Q tile is waited for with K/V tile 0
   }
 
   float o[MT][D / 8][4];
@@ -579,14 +612,21 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
     }
   }
   __syncwarp();
-  for (int i = lane; i < 16 * MT * CH; i += 32) {
-    const int r = row0 + i / CH, c = i % CH;
-    if (r < rows_used) {
-      const int tt = r / G, g = r - tt * G;
-      const int t = t0 + tt;
-      if (t < T)
-        *reinterpret_cast<uint4*>(out + ((long long)t * n_q + kvh * G + g) * D + c * 8) =
-            *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8);
+  {
+    // lane: chunk c of rows r1, r1 + OS, ... of this warp's 16 * MT rows, (token, head) stepped as above
+    constexpr int OS = 32 / CH;
+    static_assert(32 % CH == 0 && (16 * MT) % OS == 0, "whole rows per warp sweep");
+    const int c = lane % CH, r1 = row0 + lane / CH;
+    RowStep rg(r1, OS, G);
+    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in out, stepped with (tt, g)
+    long long off = ((long long)(t0 + rg.tt) * n_q + kvh * G + rg.g) * D + c * 8;
+    const long long step = ((long long)rg.dq * n_q + rg.dr) * D, wrap = (long long)(n_q - G) * D;
+#pragma unroll 4
+    for (int r = r1; r < row0 + 16 * MT; r += OS) {
+      if (r < rows_used && t0 + rg.tt < T)
+        *reinterpret_cast<uint4*>(out + off) = *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8);
+      off += step;
+      if (rg.next()) off += wrap;
     }
   }
 }

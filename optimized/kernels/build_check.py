@@ -37,9 +37,9 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 SPILL_ALLOWANCE: dict[str, tuple[int, int, str]] = {
     "paged_prefill_d128_x2": (
         16, 64,
-        "at 255 registers ptxas keeps two per-CTA constants (the reciprocal of the GQA group size) in local "
-        "memory: stored once, reloaded in the prologue, once per sequence pass and in the epilogue, never in "
-        "the key loop (nvcc 13.0 SASS: 8 B stored, 9 reloads). The spill-free variant measured (the row "
+        "at 255 registers ptxas keeps a few per-CTA values (among them the reciprocal of the GQA group size) in "
+        "local memory: stored once, reloaded in the prologue, once per sequence pass and in the epilogue, never in "
+        "the key loop (nvcc 13.0 SASS: 16 B stored, 9 reloads). The spill-free variant measured (the row "
         "tables' skip mask) was 3-5% slower on the H200 (benches/results/h200/ab_variant_*.log; docs/performance.md)",
     ),
     "sample": (
