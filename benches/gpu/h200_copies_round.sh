@@ -28,16 +28,35 @@
 #       the conformance suite at CI scale on the optimized engine
 #   bash benches/gpu/h200_copies_round.sh steps   # (the prefill Q tile and output rows addressed by stepping
 #       (token, head) instead of dividing by G, Q's validity from the row table) the prefill checks,
-#       ab_attention.py against ab_qasync_attention.cu (the `qasync` call's kernels), the prefill kernel lab (packed into $OUT/bench.tgz), the engine smoke test and conformance at CI scale
+#       ab_attention.py against ab_qasync_attention.cu (the `qasync` call's kernels), the prefill kernel lab
+#       (packed into $OUT/bench.tgz), the engine smoke test and conformance at CI scale
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
-# checks SECONDS LOG SECTIONS...: check_kernels.py on some sections, its failures and its summary
+# checks SECONDS LOG SECTIONS...: check_kernels.py on some sections, its failures and its summary;
+# all_checks SECONDS LOG: on every section
 checks() {
-  local secs=$1 log=$2; shift 2
-  timeout "$secs" python3 benches/gpu/check_kernels.py --only "$@" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
+  local secs=$1 log=$2 only=(); shift 2
+  [ $# -gt 0 ] && only=(--only "$@")
+  timeout "$secs" python3 benches/gpu/check_kernels.py "${only[@]}" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
   grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
 }
+all_checks() { checks "$1" "$2"; }
+
+# ab SECONDS BASE LOG [ARGS...]: ab_attention.py against $V/BASE (ARGS: --new, --only, ...) into $OUT/LOG, and
+# its registers line, per-problem lines and verdict
+ab() {
+  local secs=$1 base=$2 log=$3; shift 3
+  timeout "$secs" python3 benches/gpu/ab_attention.py --base "$V/$base" "$@" > "$OUT/$log" 2>&1
+  echo "ab vs $base $* rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT/$log" | cut -c1-300 | tail -30
+}
+
+# the Nsight Compute metrics of the prefill profiles: time, instructions, HMMA, the main stalls, issue activity
+NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum
+for st in wait barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle; do
+  NCU_METRICS+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
+done
+NCU_METRICS+=",smsp__issue_active.avg.pct_of_peak_sustained_active"
 
 # ncu_counts: instructions, HMMA and the stalls of the two prefill kernels (64-row and x2) on 8 x 1024 over
 # 4096, the base's launch first, then the working tree's (ab_attention.py runs base, then new)
@@ -45,7 +64,7 @@ ncu_counts() {
   local k
   for k in 'paged_prefill_d128$' 'paged_prefill_d128_x2'; do
     timeout 150 ncu --clock-control none -k "regex:$k" --launch-skip 0 --launch-count 2 \
-      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active \
+      --metrics "$NCU_METRICS" \
       python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu --only prefill --rounds 1 --reps 1 --problems 0 \
       > "$OUT/ncu_prefill_${k//[^a-z0-9_]/}.txt" 2>&1
     echo "ncu $k rc=$?"
@@ -58,18 +77,15 @@ build_kernels
 case "${1:-ab}" in
 ab)
   checks 200 check_kernels_attention.log prefill splitkv fused fused_rope invariant
-  timeout 240 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu > "$OUT"/ab_attention.log 2>&1
-  echo "ab rc=$?"; cat "$OUT"/ab_attention.log | grep -v "^ *$" | tail -40
+  ab 240 ab_base_attention.cu ab_attention.log
   ncu_counts
   ;;
 ab2)
   checks 200 check_kernels_attention.log prefill splitkv fused fused_rope invariant
-  timeout 200 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu > "$OUT"/ab_attention.log 2>&1
-  echo "ab base rc=$?"; grep -v "^ *$" "$OUT"/ab_attention.log | tail -30
-  timeout 150 python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu --only prefill > "$OUT"/ab_attention_mid.log 2>&1
-  echo "ab mid rc=$?"; grep -v "^ *$" "$OUT"/ab_attention_mid.log | tail -14
+  ab 200 ab_base_attention.cu ab_attention.log
+  ab 150 ab_mid_attention.cu ab_attention_mid.log --only prefill
   timeout 150 ncu --clock-control none -k regex:paged_prefill_d128_x2 --launch-skip 0 --launch-count 2 \
-    --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    --metrics "$NCU_METRICS" \
     python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu --only prefill --rounds 1 --reps 1 --problems 0 \
     > "$OUT/ncu_prefill_x2_mid_new.txt" 2>&1
   echo "ncu rc=$?"; grep -E "paged_prefill_d128|duration|inst_executed|stalled|issue_active" "$OUT/ncu_prefill_x2_mid_new.txt" | head -24
@@ -79,16 +95,12 @@ ab2)
 variants)
   for f in ab_call2_attention.cu ab_v3_attention.cu ab_joint_attention.cu ab_skip_attention.cu; do
     arg=(--new "$V/$f")
-    timeout 120 python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu "${arg[@]}" --only prefill \
-      > "$OUT/ab_variant_${f%.cu}.log" 2>&1
-    echo "variant $f rc=$?"; grep -E "regs|new/base" "$OUT/ab_variant_${f%.cu}.log" | sed -E 's/paged_prefill_d(16|32|64)[^,]*, //g' | cut -c1-400
+    ab 120 ab_mid_attention.cu "ab_variant_${f%.cu}.log" "${arg[@]}" --only prefill
   done
   ;;
 final)
-  timeout 300 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels_final.log 2>&1; echo "check_kernels rc=$?"
-  grep -E "FAIL" "$OUT"/check_kernels_final.log | head -20; tail -1 "$OUT"/check_kernels_final.log
-  timeout 200 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu > "$OUT"/ab_attention.log 2>&1
-  echo "ab base rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT"/ab_attention.log | cut -c1-300 | tail -30
+  all_checks 300 check_kernels_final.log
+  ab 200 ab_base_attention.cu ab_attention.log
   run_benches 300 "kernel_prefill or kernel_decode"
   pack_bench
   smoke 120
@@ -96,23 +108,19 @@ final)
   ;;
 qasync)
   checks 200 check_kernels_prefill.log prefill fused_rope invariant
-  timeout 150 python3 benches/gpu/ab_attention.py --base $V/ab_joint_attention.cu --only prefill > "$OUT"/ab_attention_vs_final.log 2>&1
-  echo "ab vs final rc=$?"; grep -E "x2\]|default\]|bitwise|DIFFER" "$OUT"/ab_attention_vs_final.log | cut -c1-300
-  timeout 150 python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu --only prefill > "$OUT"/ab_attention.log 2>&1
-  echo "ab vs base rc=$?"; grep -E "x2\]|default\]|bitwise|DIFFER" "$OUT"/ab_attention.log | cut -c1-300
+  ab 150 ab_joint_attention.cu ab_attention_vs_final.log --only prefill
+  ab 150 ab_base_attention.cu ab_attention.log --only prefill
   run_benches 200 "kernel_prefill"
   pack_bench
   ;;
 verify)
-  timeout 300 python3 benches/gpu/check_kernels.py > "$OUT"/check_kernels_verify.log 2>&1; echo "check_kernels rc=$?"
-  grep -E "FAIL" "$OUT"/check_kernels_verify.log | head -20; tail -1 "$OUT"/check_kernels_verify.log
+  all_checks 300 check_kernels_verify.log
   smoke 120
   conformance_ci 240
   ;;
 steps)
   checks 150 check_kernels_prefill.log prefill fused_rope invariant
-  timeout 100 python3 benches/gpu/ab_attention.py --base $V/ab_qasync_attention.cu --only prefill > "$OUT"/ab_attention_vs_qasync.log 2>&1
-  echo "ab vs qasync rc=$?"; grep -E "regs|x2\]|default\]|bitwise|DIFFER" "$OUT"/ab_attention_vs_qasync.log | cut -c1-250
+  ab 100 ab_qasync_attention.cu ab_attention_vs_qasync.log --only prefill
   run_benches 120 "kernel_prefill"
   pack_bench
   smoke 100
