@@ -47,42 +47,32 @@ def _module(text: str):
     import cupy
 
     # the base file's local headers are today's (a header change shows up in both sides)
-    src = kernels._LOCAL_INCLUDE.sub(lambda m: (kernels.KERNEL_DIR / m.group(1)).read_text(), text)
-    mod = cupy.RawModule(code=src, options=kernels.OPTIONS)
+    mod = cupy.RawModule(code=kernels.with_headers(text), options=kernels.OPTIONS)
     mod.compile()
     return mod
 
 
-class Side:
-    """Installs one compiled attention module as the one ``optimized.ops`` launches."""
+def install(mod) -> None:
+    """Make ``mod`` the attention module ``optimized.ops`` launches from (on the current device)."""
+    import cupy
 
-    def __init__(self, mod) -> None:
-        self.mod = mod
-
-    def __enter__(self) -> None:
-        import cupy
-
-        dev = cupy.cuda.Device().id
-        kernels._modules[("attention", dev)] = self.mod
-        for key in [k for k in ops._functions if k[1] == "attention"]:
-            del ops._functions[key]
-
-    def __exit__(self, *exc) -> None:
-        return None
+    kernels._modules[("attention", cupy.cuda.Device().id)] = mod
+    for key in [k for k in ops._functions if k[1] == "attention"]:
+        del ops._functions[key]
 
 
-def compare(name: str, sides: dict[str, Side], call, rounds: int, reps: int, work: float, unit: str) -> bool:
+def compare(name: str, sides: dict, call, rounds: int, reps: int, work: float, unit: str) -> bool:
     outs = {}
-    for tag, side in sides.items():
-        with side:
-            outs[tag] = call().clone()
-            torch.cuda.synchronize()
+    for tag, mod in sides.items():
+        install(mod)
+        outs[tag] = call().clone()
+        torch.cuda.synchronize()
     same = torch.equal(outs["new"].view(torch.int16), outs["base"].view(torch.int16))
     best = {tag: float("inf") for tag in sides}
     for _ in range(rounds):
-        for tag, side in sides.items():
-            with side:
-                best[tag] = min(best[tag], gpu_seconds(call, iters=reps) * 1e6)
+        for tag, mod in sides.items():
+            install(mod)
+            best[tag] = min(best[tag], gpu_seconds(call, iters=reps) * 1e6)
     rate = {tag: work / (us * 1e-6) for tag, us in best.items()}
     print(f"{name}: base {best['base']:.1f} us ({rate['base']:.1f} {unit}), new {best['new']:.1f} us "
           f"({rate['new']:.1f} {unit}), new/base time {best['new'] / best['base']:.3f}, bits "
@@ -108,12 +98,12 @@ def main() -> int:
 
     dev = cupy.cuda.Device().id
     new = kernels._modules[("attention", dev)] if a.new is None else _module(a.new.read_text())
-    sides = {"base": Side(_module(a.base.read_text())), "new": Side(new)}
-    for tag, side in sides.items():
+    sides = {"base": _module(a.base.read_text()), "new": new}
+    for tag, mod in sides.items():
         cells = []
         for name in kernels.SOURCES["attention"]:
             if name.startswith(("paged_prefill", "split_kv_partials")):
-                at = side.mod.get_function(name).attributes
+                at = mod.get_function(name).attributes
                 cells.append(f"{name} {at['num_regs']} regs / {at['local_size_bytes']} B local")
         print(f"{tag} ({a.base if tag == 'base' else a.new or 'tree'}): " + ", ".join(cells), flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)

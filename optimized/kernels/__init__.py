@@ -61,6 +61,12 @@ def source(name: str) -> str:
     """The text of ``<name>.cu`` with its local ``#include "x.cuh"`` headers pasted in (once each)."""
     if name not in SOURCES:
         raise KeyError(f"unknown kernel source {name!r}; known: {sorted(SOURCES)}")
+    return with_headers((KERNEL_DIR / f"{name}.cu").read_text())
+
+
+def with_headers(text: str) -> str:
+    """A kernel source ``text`` with the local ``#include "x.cuh"`` headers of ``KERNEL_DIR`` pasted in,
+    each once (what NVRTC compiles: it does not search the source's folder)."""
     seen: set[str] = set()
 
     def paste(m: re.Match) -> str:
@@ -70,7 +76,7 @@ def source(name: str) -> str:
         seen.add(header)
         return _LOCAL_INCLUDE.sub(paste, (KERNEL_DIR / header).read_text())
 
-    return _LOCAL_INCLUDE.sub(paste, (KERNEL_DIR / f"{name}.cu").read_text())
+    return _LOCAL_INCLUDE.sub(paste, text)
 
 
 def load(name: str):
@@ -96,4 +102,4 @@ def load_all() -> None:
         load(name)
 
 
-__all__ = ["KERNEL_DIR", "OPTIONS", "SOURCES", "load", "load_all", "source"]
+__all__ = ["KERNEL_DIR", "OPTIONS", "SOURCES", "load", "load_all", "source", "with_headers"]
