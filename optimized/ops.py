@@ -237,7 +237,15 @@ def _cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     _aligned16("v_cache", v_cache)
     N, bs, n_kv, D = k_cache.shape
     _need(bs * n_kv * D <= _I32_MAX, f"a cache page of {bs} x {n_kv} x {D} elements exceeds int32 offsets")
+    # the attention kernels' row tables number a cache's 16-byte chunks (8 elements) in int32
+    _need(k_cache.numel() <= _CACHE_MAX_ELEMS,
+          f"a cache of {k_cache.numel()} elements exceeds the attention kernels' int32 16-byte chunk offsets "
+          f"(at most {_CACHE_MAX_ELEMS} elements, 32 GiB of bf16, per layer)")
     return N, bs, n_kv, D
+
+
+#: most elements of one layer's K (or V) cache: its 16-byte chunks are numbered in int32 (attention.cu)
+_CACHE_MAX_ELEMS = 8 * 2**31
 
 
 def _block_size(bs: int) -> None:

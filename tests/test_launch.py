@@ -208,3 +208,28 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
     assert [name for _, name, *_ in log] == ["split_kv_partials_d64"]
     with pytest.raises(ValueError, match="ticket array"):
         ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
+
+
+def test_attention_rejects_a_cache_past_int32_chunk_offsets(launch_log, monkeypatch):
+    """The attention kernels' row tables hold a cache slot's offset in 16-byte chunks as an int32: a
+    layer's cache of more than 8 * 2**31 elements is refused before any launch (a "meta" cache: no memory)."""
+    import torch
+
+    from optimized import ops
+
+    monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu", "meta"))
+    n_kv, D, bs = 8, 128, 16
+    fits = ops._CACHE_MAX_ELEMS // (bs * n_kv * D)
+    for pages, ok in ((fits, True), (fits + 1, False)):
+        kc = torch.empty(pages, bs, n_kv, D, dtype=torch.bfloat16, device="meta")
+        if ok:
+            assert ops._cache_pair(kc, kc) == (pages, bs, n_kv, D)
+            continue
+        with pytest.raises(ValueError, match="16-byte chunk offsets"):
+            ops._cache_pair(kc, kc)
+        q = torch.zeros(1, 32, D, dtype=torch.bfloat16)
+        tables = torch.zeros(1, 4, dtype=torch.int32)
+        lens = torch.full((1,), 40, dtype=torch.int32)
+        with pytest.raises(ValueError, match="16-byte chunk offsets"):
+            ops.split_kv_decode(q, kc, kc, tables, lens, None)
+        assert launch_log == []

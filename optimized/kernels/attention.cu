@@ -269,60 +269,78 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NKT][4], int kv0, 
 }
 
 // K/V tiles are copied in two steps. First, one thread per key row looks the row's page up in the
-// block table and writes the byte offset of its cache slot to a small shared table (row_offset,
-// tile_row_offsets); the kernels fill a tile's table two tiles ahead, at the end of an iteration, so the
-// block-table load is off the copy's path. Then every thread issues the cp.async copies of its 16-byte
+// block table and writes the offset of its cache slot to a small shared table (row_offset,
+// tile_row_offsets); the kernels fill a tile's table two tiles ahead, the page read at the top of an
+// iteration and the entry written at its end, so the block-table load is off the copy's path and its
+// round trip overlaps the tile's work (read at the end, it held the iteration's closing barrier). Then every thread issues the cp.async copies of its 16-byte
 // chunks of the tile's rows from that table (load_kv_tile). Looking the page up in each of the D/8
 // copiers of a row, with the 64-bit product and the block-size branch, cost ~35 instructions per row
-// and thread, a fifth of the prefill kernel's instructions.
+// and thread, a fifth of the prefill kernel's instructions. The table holds 32-bit offsets in units of
+// 16 bytes (the host checks that a cache's 16-byte chunks are numbered within int32): a copier turns
+// one into its two addresses with two wide multiply-adds, where 64-bit byte offsets took a select and
+// two 64-bit additions per row.
 
-// Byte offset of the cache slot of key position pos in a cache of bf16 (page * block_size * n_kv * D
-// + slot * n_kv * D elements; the host checks that a page's elements fit in 32 bits), or -1 (zero-fill)
-// at pos >= kv_end or on a missing page. bs_log2 = log2(block_size) for a power of two (shift and
-// mask), else -1 (a division).
-__device__ __forceinline__ long long row_offset(const int* __restrict__ bt, int pos, int kv_end, int n_kv, int D,
-                                                int block_size, int bs_log2) {
-  if (pos >= kv_end) return -1;
-  const int blk = bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size;
-  const int page = bt[blk];
-  if (page < 0) return -1;
-  return 2 * ((long long)page * (block_size * n_kv * D) + (pos - blk * block_size) * (n_kv * D));
+// Offset, in 16-byte chunks (8 bf16), of the cache slot of key position pos on page `page` (its block
+// index blk), or -1 (zero-fill) at pos >= kv_end or on a missing page. A slot is
+// page * block_size * n_kv * D + slot * n_kv * D elements into the cache; D % 8 == 0.
+__device__ __forceinline__ int slot_chunk(int page, int pos, int blk, int kv_end, int n_kv, int D, int block_size) {
+  if (pos >= kv_end || page < 0) return -1;
+  return page * (block_size * n_kv * (D / 8)) + (pos - blk * block_size) * (n_kv * (D / 8));
+}
+
+// block index of key position pos: bs_log2 = log2(block_size) for a power of two (a shift), else -1 (a
+// division)
+__device__ __forceinline__ int block_of(int pos, int block_size, int bs_log2) {
+  return bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size;
+}
+
+// The page of key position pos (-1 at pos >= kv_end, where nothing is read)
+__device__ __forceinline__ int row_page(const int* __restrict__ bt, int pos, int kv_end, int block_size, int bs_log2) {
+  return pos < kv_end ? bt[block_of(pos, block_size, bs_log2)] : -1;
+}
+
+// slot_chunk of key position pos, its page looked up in the block table bt
+__device__ __forceinline__ int row_offset(const int* __restrict__ bt, int pos, int kv_end, int n_kv, int D,
+                                          int block_size, int bs_log2) {
+  return slot_chunk(row_page(bt, pos, kv_end, block_size, bs_log2), pos, block_of(pos, block_size, bs_log2), kv_end,
+                    n_kv, D, block_size);
 }
 
 // The tables of the two tiles at kv0 and kv0 + BN (s_off[0], s_off[1]), one row per thread; the caller
 // adds the barrier.
 template <int BN, int THREADS>
-__device__ __forceinline__ void tile_row_offsets(long long (&s_off)[2][BN], const int* __restrict__ bt, int kv0,
-                                                 int kv_end, int n_kv, int D, int block_size, int bs_log2, int tid) {
+__device__ __forceinline__ void tile_row_offsets(int (&s_off)[2][BN], const int* __restrict__ bt, int kv0, int kv_end,
+                                                 int n_kv, int D, int block_size, int bs_log2, int tid) {
   static_assert(THREADS >= 2 * BN, "one thread per row of the two tiles");
   if (tid < 2 * BN) s_off[tid / BN][tid % BN] = row_offset(bt, kv0 + tid, kv_end, n_kv, D, block_size, bs_log2);
 }
 
 // Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh) from its row-offset table
-// (s_off[r]: byte offset of row r's cache slot, -1: zero-fill, read nothing). Each thread copies
+// (s_off[r]: 16-byte chunk index of row r's cache slot, -1: zero-fill, read nothing). Each thread copies
 // 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, straight-line code with
-// constant shared-memory offsets; per row one shared load, two adds and the two copies.
+// constant shared-memory offsets; per row one shared load, a compare, a max, two wide multiply-adds and
+// the two copies.
 template <int D, int BN, int THREADS>
 __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV,
                                              const __nv_bfloat16* __restrict__ k_cache,
-                                             const __nv_bfloat16* __restrict__ v_cache,
-                                             const long long* s_off, int kvh, int tid) {
+                                             const __nv_bfloat16* __restrict__ v_cache, const int* s_off, int kvh,
+                                             int tid) {
   constexpr int LD = D + 8;
   constexpr int CH = D / 8;
   constexpr int RSTEP = THREADS / CH;
   constexpr int ROWS = (BN + RSTEP - 1) / RSTEP;
   static_assert(THREADS % CH == 0, "threads must cover whole rows");
   const int c = tid % CH, r0 = tid / CH;
-  const char* kb = reinterpret_cast<const char*>(k_cache + (kvh * D + c * 8));
-  const char* vb = reinterpret_cast<const char*>(v_cache + (kvh * D + c * 8));
+  const uint4* kb = reinterpret_cast<const uint4*>(k_cache + (kvh * D + c * 8));
+  const uint4* vb = reinterpret_cast<const uint4*>(v_cache + (kvh * D + c * 8));
   const u32 dk = smem_u32(sK + r0 * LD + c * 8), dv = smem_u32(sV + r0 * LD + c * 8);
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
     const int r = r0 + i * RSTEP;
     if (BN % RSTEP != 0 && r >= BN) break;
-    const long long o = s_off[r];
+    const int o = s_off[r];
     const bool skip = o < 0;
-    const long long off = skip ? 0 : o;  // a skipped copy still gets an address inside the cache
+    const u32 off = (u32)max(o, 0);  // a skipped copy still gets an address inside the cache
     cp_async16_or_zero(dk + i * RSTEP * LD * 2, kb + off, skip);
     cp_async16_or_zero(dv + i * RSTEP * LD * 2, vb + off, skip);
   }
@@ -435,7 +453,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   __shared__ int s_seq[BM];
   __shared__ int s_pos[BM];
   __shared__ int s_lim[BM];             // per pass: the last key each row sees
-  __shared__ long long s_off[2][BN];    // row-offset tables of two K/V tiles (load_kv_tile)
+  __shared__ int s_off[2][BN];    // row-offset tables of two K/V tiles (load_kv_tile)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row0 = warp * 16 * MT;  // this warp's first query row of the tile
@@ -538,6 +556,12 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
       cp_async_commit();
       for (int j = 0; j < ntiles; ++j) {
         const int st = j & 1;
+        // row tid of tile j + 2: its page is read here and its table entry written at the end of the
+        // iteration, so the block-table round trip overlaps the tile's work, not the closing barrier
+        // (the two-tile kernel, at its register limit, reads it at the end: one live register less)
+        const int ahead = (j + 2) * BN + tid;
+        const int ahead_page =
+            (!C::Q_OWN && tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
         if (j + 1 < ntiles)
           load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * STAGE, sV + (st ^ 1) * STAGE, k_cache, v_cache,
                                        s_off[st ^ 1], kvh, tid);
@@ -575,7 +599,9 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
         }
         tile_pv_mt<D, BN / 8, MT>(s, sV_u + st * STAGE * 2, lane, o);
         if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
-          s_off[st][tid] = row_offset(bt, (j + 2) * BN + tid, L, n_kv, D, block_size, bs_log2);
+          s_off[st][tid] = C::Q_OWN ? row_offset(bt, ahead, L, n_kv, D, block_size, bs_log2)
+                                    : slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), L, n_kv, D,
+                                                 block_size);
         __syncthreads();
       }
     }
@@ -666,6 +692,13 @@ struct DecodeCfg {
   static_assert(4 * 16 * D * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
 };
 
+// atomicAdd with acquire-release semantics at GPU scope (atomicAdd itself is relaxed); returns the old value
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // merge_two of reference/attention.py, split in two: the weights (once per (o, lse) row) and the
 // per-element fold, in the reference's operation order (no FMA contraction).
 struct MergeW {
@@ -722,9 +755,28 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int nrows = min(16, G - hg * 16);
   const long long part = (long long)b * max_splits + split;  // (b, split) index
 
-  const int slen = seq_lens[b];
+  // The prologue's loads go out together, none waiting on another: the sequence's length, the pages of
+  // the first two tiles' rows (looked up before the length is known, for every row inside the table's
+  // width), and Q by cp.async (its own commit group). The first K/V copies then wait on one round trip,
+  // where a length -> Q -> block-table chain waited on three.
+  const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
   const long long s0l = (long long)split * split_size;
+  const int slen = seq_lens[b];
+  const int bs_log2 = block_shift(block_size);
+  int page = -1, blk = 0;  // the page of key s0 + tid (tid < 2 * BN)
+  if (tid < 2 * BN && s0l + tid < (long long)max_blocks * block_size) {
+    blk = block_of((int)s0l + tid, block_size, bs_log2);
+    page = bt[blk];
+  }
+  for (int i = tid; i < 16 * CH; i += THREADS) {
+    const int r = i / CH, c = i % CH;
+    const bool skip = r >= nrows;  // rows past the group's heads are zeros
+    cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8),
+                       q + (long long)b * q_stride + (long long)(h0 + (skip ? 0 : r)) * D + c * 8, skip);
+  }
+  cp_async_commit();
   if (s0l >= slen) {  // empty split (uniform across the CTA)
+    cp_async_wait<0>();
     if (out != nullptr) {  // fused: nothing to fold; an empty sequence's output is zeros (split 0 writes them)
       if (split == 0)
         for (int i = tid; i < nrows * D; i += THREADS) out[((long long)b * n_q + h0) * D + i] = __float2bfloat16_rn(0.f);
@@ -739,21 +791,15 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int n_live = (int)min((long long)max_splits, (slen + (long long)split_size - 1) / split_size);  // splits with keys
   const bool direct = out != nullptr && n_live == 1;  // fused with one live split: no partials at all
 
-  for (int i = tid; i < 16 * CH; i += THREADS) {
-    const int r = i / CH, c = i % CH;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < nrows) val = *reinterpret_cast<const uint4*>(q + (long long)b * q_stride + (long long)(h0 + r) * D + c * 8);
-    *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
-  }
-  const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
   const int ntiles = (s1 - s0 + BN - 1) / BN;
-  const int bs_log2 = block_shift(block_size);
-  __shared__ long long s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
-  tile_row_offsets<BN, THREADS>(s_off, bt, s0, s1, n_kv, D, block_size, bs_log2, tid);  // tiles 0 and 1
+  __shared__ int s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
+  if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
   __syncthreads();
   load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
   cp_async_commit();
 
+  cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
+  __syncthreads();
   u32 qf[D / 16][4];
   load_q_frags<D>(qf, smem_u32(sQ), 0, lane);
 
@@ -767,6 +813,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
 
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
+    // row tid of tile j + 2: page read now, table entry written at the end of the iteration (as in paged_prefill)
+    const int ahead = s0 + (j + 2) * BN + tid;
+    const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
     if (j + 1 < ntiles)
       load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, s_off[st ^ 1],
                                    kvh, tid);
@@ -784,7 +833,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                             reinterpret_cast<float(&)[1][2]>(l_), reinterpret_cast<float(&)[1][D / 8][4]>(o));
     tile_pv<D, 2>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
     if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
-      s_off[st][tid] = row_offset(bt, s0 + (j + 2) * BN + tid, s1, n_kv, D, block_size, bs_log2);
+      s_off[st][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
     __syncthreads();
   }
 
@@ -833,19 +882,23 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   // Fused reduce: the last of the sequence's n_live CTAs (for these heads) to finish folds the splits
   // 0, 1, ..., n_live-1 in index order with split_kv_reduce's arithmetic (folding the empty splits past
   // n_live would be the identity), then leaves the ticket at zero for the next launch.
+  // Ordering: the CTA barrier puts every thread's partials before thread 0's ticket, which it takes with
+  // one acquire-release atomic at GPU scope: release makes them (cumulatively) visible before the ticket,
+  // acquire puts the last CTA's reads of the other CTAs' partials after it, and the barrier after it
+  // extends that to every thread (the pattern of a grid barrier). A sequentially consistent fence in
+  // every thread (__threadfence: MEMBAR.SC.GPU and an L1 invalidate, twice) cost more than the ticket.
   __shared__ int s_last;
-  __threadfence();  // this CTA's partials are visible device-wide before its ticket is taken
   __syncthreads();
   if (tid == 0) {
     int* tk = tickets + (long long)b * gridDim.y + blockIdx.y;
-    s_last = atomicAdd(tk, 1) == n_live - 1;
+    s_last = atomic_add_acq_rel_gpu(tk, 1) == n_live - 1;
     if (s_last) *tk = 0;
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
-  // four adjacent dims per thread (float4), the loads of PF splits issued before their fold
-  constexpr int PF = D >= 64 ? 8 : 4;
+  // four adjacent dims per thread (float4), the loads of PF splits issued before their fold (16: the
+  // `auto` rule's most splits, so its folds wait on one round of loads)
+  constexpr int PF = D >= 64 ? 16 : 8;
   for (int i = tid; i < nrows * (D / 4); i += THREADS) {
     const int r = i / (D / 4), d4 = (i - r * (D / 4)) * 4;
     const long long bh = (long long)b * max_splits * n_q + h0 + r;  // (b, split 0, head)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The tenth session's rounds on the H200 (logs under $OUT): the decode kernel's prologue (length, pages and
+# Q loaded together), the row tables' 32-bit 16-byte-chunk offsets, the page of the row table two tiles
+# ahead read at the top of an iteration, and the fused reduce's loads of 16 splits at once.
+# benches/gpu/ab_variants/ab_base9_attention.cu is `git show fcaf3a2:optimized/kernels/attention.cu` (the
+# ninth session's kernels, the base of every A/B; kept in the commit that added this script, removed after).
+#   bash benches/gpu/h200_prologue_round.sh ab     # the attention checks (prefill, split-KV, fused decode, fused
+#       RoPE, batch-invariant attention), ab_attention.py against the base (bits and time, prefill and decode
+#       lab problems), Nsight Compute counts of split_kv_partials_d128 at 1 x 4096 and 8 x 4096 (base, then tree)
+#   bash benches/gpu/h200_prologue_round.sh ticket # (the fused reduce's ticket taken by one acquire-release
+#       atomic instead of a fence in every thread) every kernel check, the same A/B and counts, the engine
+#       smoke test
+#   bash benches/gpu/h200_prologue_round.sh final  # the prefill and decode kernel labs and the engine decode
+#       bench (packed into $OUT/bench.tgz), conformance at CI scale on the optimized engine
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+V=benches/gpu/ab_variants
+
+checks() {
+  local secs=$1 log=$2 only=(); shift 2
+  [ $# -gt 0 ] && only=(--only "$@")
+  timeout "$secs" python3 benches/gpu/check_kernels.py "${only[@]}" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
+  grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
+}
+
+ab() {
+  local secs=$1 base=$2 log=$3; shift 3
+  timeout "$secs" python3 benches/gpu/ab_attention.py --base "$V/$base" "$@" > "$OUT/$log" 2>&1
+  echo "ab vs $base $* rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT/$log" | cut -c1-300 | tail -30
+}
+
+NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum
+for st in wait barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle; do
+  NCU_METRICS+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
+done
+NCU_METRICS+=",smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+
+# ncu_decode PROBLEM TAG: split_kv_partials_d128 on ab_attention.py's decode problem PROBLEM, the base's launch
+# first, then the tree's
+ncu_decode() {
+  timeout 150 ncu --clock-control none -k regex:split_kv_partials_d128 --launch-skip 0 --launch-count 2 \
+    --metrics "$NCU_METRICS" \
+    python3 benches/gpu/ab_attention.py --base $V/ab_base9_attention.cu --only decode --rounds 1 --reps 1 \
+    --problems "$1" > "$OUT/ncu_decode_$2.txt" 2>&1
+  echo "ncu decode $2 rc=$?"
+  grep -E "split_kv_partials|duration|inst_executed|stalled|issue_active|dram__" "$OUT/ncu_decode_$2.txt" | head -30
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+build_kernels
+case "${1:-ab}" in
+ab)
+  checks 240 check_kernels_attention.log prefill splitkv fused fused_rope invariant
+  ab 240 ab_base9_attention.cu ab_attention.log
+  ncu_decode 1 1x4096
+  ncu_decode 4 8x4096
+  ;;
+ticket)
+  checks 300 check_kernels_ticket.log
+  ab 200 ab_base9_attention.cu ab_attention_ticket.log
+  ncu_decode 1 1x4096_ticket
+  ncu_decode 4 8x4096_ticket
+  smoke 120
+  ;;
+final)
+  run_benches 420 "kernel_prefill or kernel_decode or engine_decode"
+  pack_bench
+  conformance_ci 160
+  ;;
+*)
+  echo "unknown mode $1" >&2; exit 2
+  ;;
+esac
