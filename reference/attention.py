@@ -227,11 +227,27 @@ def merge_two(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: 
 
 
 def reduce_splits(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold splits ``0 .. S-1`` in order: ``o [B, S, n_q, D]``, ``lse [B, S, n_q]`` -> ``[B, n_q, D]``, ``[B, n_q]``."""
-    acc_o, acc_lse = o[:, 0], lse[:, 0]
+    """Fold splits ``0 .. S-1``: ``o [B, S, n_q, D]``, ``lse [B, S, n_q]`` -> ``[B, n_q, D]``, ``[B, n_q]``.
+
+    One maximum over the splits, then each split's weight ``w_k = exp(lse_k - m)`` and the two sums
+    ``sum_k w_k`` and ``sum_k w_k o_k`` taken in index order, then one division -- the same value as
+    folding the splits pairwise with ``merge_two`` in order, with one ``exp`` per split and one division
+    per element in place of a chain of ``S - 1`` divisions and logarithms (docs/kernels.md). The guards
+    are ``merge_two``'s: an all ``-inf`` maximum is taken as 0, an empty split (weight 0) adds nothing,
+    not ``0 * o``, and a zero weight sum gives ``o = 0, lse = -inf``.
+    """
+    m = lse.max(dim=1).values                                             # [B, n_q], NaN if any is NaN
+    m_safe = torch.where(torch.isneginf(m), 0.0, m)
+    w = torch.exp(lse - m_safe[:, None])                                  # [B, S, n_q], 0 for an empty split
+    total = w[:, 0]                                                       # [B, n_q]
+    acc = torch.where(w[:, 0, :, None] == 0, 0.0, o[:, 0] * w[:, 0, :, None])  # [B, n_q, D]
     for k in range(1, o.shape[1]):
-        acc_o, acc_lse = merge_two(acc_o, acc_lse, o[:, k], lse[:, k])
-    return acc_o, acc_lse
+        total = total + w[:, k]
+        acc = acc + torch.where(w[:, k, :, None] == 0, 0.0, o[:, k] * w[:, k, :, None])
+    empty = total == 0                                                    # [B, n_q]
+    out = torch.where(empty[..., None], 0.0, acc / torch.where(empty, 1.0, total)[..., None])
+    out_lse = torch.where(empty, float("-inf"), m_safe + torch.log(torch.where(empty, 1.0, total)))
+    return out, out_lse
 
 
 def split_kv_decode(

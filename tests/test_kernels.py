@@ -367,3 +367,32 @@ def test_engine_kernels_is_the_guarded_entry_point(engine):
         ks.split_kv_decode(_q(1), kc, kc, torch.tensor([[0, 3]]), torch.tensor([5]), None)
     ok = ks.split_kv_decode(_q(1), kc, kc, torch.tensor([[0, 2]]), torch.tensor([5]), None)
     assert torch.isfinite(ok).all()
+
+
+def test_reduce_splits_agrees_with_the_pairwise_fold():
+    """``reduce_splits`` (one maximum, in-order sums of the weights and weighted states, one division)
+    against folding with ``merge_two`` in order, both in float32, each against the float64 value of the
+    same fold: the reduce's error is at most 2 x the pairwise fold's + one float32 rounding step of the
+    result (the LOGIT rule, DESIGN 4). Empty splits (lse -inf, a NaN payload) add nothing either way."""
+    g = torch.Generator().manual_seed(3)
+    B, S = 3, 17
+    o = torch.randn(B, S, N_Q, D, generator=g)
+    lse = torch.randn(B, S, N_Q, generator=g) * 6
+    lse[0, 5] = -math.inf                                  # empty splits, NaN payloads
+    o[0, 5] = float("nan")
+    lse[1] = -math.inf                                     # a sequence with no keys at all
+    lse[2, 1:] = -math.inf
+    o[2, 1:] = float("nan")
+    out, out_lse = A.reduce_splits(o, lse)
+    po, pl = o[:, 0], lse[:, 0]
+    for k in range(1, S):
+        po, pl = A.merge_two(po, pl, o[:, k], lse[:, k])
+    xo, xl = A.reduce_splits(o.double(), lse.double())
+    assert torch.equal(out[1], torch.zeros(N_Q, D)) and torch.isneginf(out_lse[1]).all()
+    assert torch.isfinite(out[[0, 2]]).all() and torch.isfinite(out_lse[[0, 2]]).all()
+    live = [0, 2]                                          # the sequences with keys
+    for mine, pair, exact in ((out[live], po[live], xo[live]), (out_lse[live], pl[live], xl[live])):
+        step = torch.finfo(torch.float32).eps * exact.abs().max()
+        err, ref_err = (mine.double() - exact).abs().max(), (pair.double() - exact).abs().max()
+        print(f"reduce_splits max err {err:.3e}, pairwise fold {ref_err:.3e}")
+        assert err <= 2 * ref_err + step

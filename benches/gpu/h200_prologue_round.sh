@@ -10,8 +10,17 @@
 #   bash benches/gpu/h200_prologue_round.sh ticket # (the fused reduce's ticket taken by one acquire-release
 #       atomic instead of a fence in every thread) every kernel check, the same A/B and counts, the engine
 #       smoke test
-#   bash benches/gpu/h200_prologue_round.sh final  # the prefill and decode kernel labs and the engine decode
-#       bench (packed into $OUT/bench.tgz), conformance at CI scale on the optimized engine
+#   bash benches/gpu/h200_prologue_round.sh fold   # (the fold loads only its live splits; Q's fragments read after
+#       the first tile's wait, one barrier less) the split-KV checks, ab_attention.py decode problems against
+#       ab_ticket_attention.cu (the tree of the `ticket` and `final` calls) and against the base
+#   bash benches/gpu/h200_prologue_round.sh trace  # trace_decode.py: where a decode launch's time goes, per phase
+#       of its CTAs (the kept kernels, compiled with their phase stamps)
+#   bash benches/gpu/h200_prologue_round.sh reduce # (the split reduce as one maximum, in-order sums and one
+#       division; the warp-merge buffer padded) the split-KV, fused, fused-RoPE, invariant and merge checks,
+#       ab_attention.py decode problems against ab_ticket_attention.cu (bits differ wherever there are
+#       several splits), trace_decode.py, the engine smoke test
+#   bash benches/gpu/h200_prologue_round.sh final  # every kernel check, the prefill and decode kernel labs and
+#       the engine decode bench (packed into $OUT/bench.tgz), conformance at CI scale on the optimized engine
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
@@ -61,7 +70,26 @@ ticket)
   ncu_decode 4 8x4096_ticket
   smoke 120
   ;;
+fold)
+  checks 200 check_kernels_fold.log splitkv fused fused_rope invariant
+  ab 150 ab_ticket_attention.cu ab_attention_fold_vs_ticket.log --only decode --rounds 5
+  ab 150 ab_base9_attention.cu ab_attention_fold.log --only decode --rounds 5
+  ;;
+trace)
+  timeout 300 python3 benches/gpu/trace_decode.py --problems 1:300 1:1024 1:4096 1:16384 8:300 8:4096 32:1024 \
+    > "$OUT/trace_decode.log" 2>&1
+  echo "trace rc=$?"; cat "$OUT/trace_decode.log" | tail -150
+  ;;
+reduce)
+  checks 200 check_kernels_reduce.log splitkv fused fused_rope invariant merge
+  ab 150 ab_ticket_attention.cu ab_attention_reduce_vs_ticket.log --only decode --rounds 5
+  timeout 200 python3 benches/gpu/trace_decode.py --problems 1:300 1:1024 1:4096 1:16384 8:300 8:4096 32:1024 \
+    > "$OUT/trace_decode_reduce.log" 2>&1
+  echo "trace rc=$?"; grep -E "^B=|span|fold|merge warps|whole" "$OUT/trace_decode_reduce.log" | head -80
+  smoke 120
+  ;;
 final)
+  checks 200 check_kernels_final.log
   run_benches 420 "kernel_prefill or kernel_decode or engine_decode"
   pack_bench
   conformance_ci 160

@@ -3,8 +3,8 @@
 // Reference twins: reference/attention.py
 //   paged_prefill_d{16,32,64,128}, _d{64,128}_x2 <-> paged_prefill
 //   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
-//   split_kv_reduce                   <-> reduce_splits / merge_two
-//   merge_states                      <-> merge_states (sorting and duplicate checks stay in Python)
+//   split_kv_reduce                   <-> reduce_splits
+//   merge_states                      <-> merge_states / merge_two (sorting and duplicate checks stay in Python)
 //
 // Layouts (shared with the reference):
 //   q            bf16 [T, n_q, D]  (token row stride q_stride elements; heads and D contiguous)
@@ -47,7 +47,34 @@
 
 #include "mma.cuh"
 
+// Phase stamps of split_kv_partials (benches/gpu/trace_decode.py compiles this file with
+// -DTK_DECODE_TRACE=N): thread 0 of CTA c < N writes the SM clock at each TRACE(i) to tk_decode_trace[c][i]
+// and the global timer at the kernel's start and end to [c][8], [c][9]. Without the macro it compiles to
+// nothing. (The array is at global scope, outside the anonymous namespace, so that its name is unmangled.)
+#ifdef TK_DECODE_TRACE
+__device__ unsigned long long tk_decode_trace[TK_DECODE_TRACE][10];
+#endif
+
 namespace {
+
+#ifdef TK_DECODE_TRACE
+__device__ __forceinline__ long long trace_cta() {
+  return blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+}
+__device__ __forceinline__ void trace_stamp(int i) {
+  const long long c = trace_cta();
+  if (threadIdx.x != 0 || c >= TK_DECODE_TRACE) return;
+  tk_decode_trace[c][i] = clock64();
+  if (i == 0 || i == 7) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tk_decode_trace[c][i == 0 ? 8 : 9] = t;
+  }
+}
+#define TRACE(i) trace_stamp(i)
+#else
+#define TRACE(i)
+#endif
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -673,7 +700,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 // bf16 out [B, n_q, D] itself. Only the n_live = min(max_splits, ceil(seq_len / S)) splits that hold
 // keys do anything: with one of them the CTA writes its normalised state straight to out (no partials);
 // with more, each writes its partials, takes a ticket (tickets[b * gridDim.y + blockIdx.y], an atomic
-// counter that starts and ends at zero) after a __threadfence, and the CTA that draws the last ticket
+// counter that starts and ends at zero) with release semantics, and the CTA that draws the last ticket
 // folds splits 0 .. n_live-1 in index order exactly as split_kv_reduce does -- so the bits do not
 // depend on which CTA finishes last, and equal those of the two-kernel path. seq_len 0: split 0
 // writes zeros. One launch instead of two, and no partials at all for short sequences.
@@ -689,7 +716,11 @@ struct DecodeCfg {
   // dynamic shared memory: Q [16][LD] + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes
   // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number)
   static constexpr int BN = 64, THREADS = 128, LD = D + 8;
-  static_assert(4 * 16 * D * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
+  // the warps' fp32 states at the end, rows padded to D + 8 floats: a warp's 64-bit stores of its
+  // accumulator then fill the 32 banks twice (two wavefronts); unpadded (a row stride of 0 mod 32 banks)
+  // they took eight
+  static constexpr int OLD = D + 8;
+  static_assert(4 * 16 * OLD * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
 };
 
 // atomicAdd with acquire-release semantics at GPU scope (atomicAdd itself is relaxed); returns the old value
@@ -723,6 +754,33 @@ __device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
   return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
 }
 
+// reduce_splits of reference/attention.py, in its operation order (no FMA contraction): against the
+// maximum m of the splits' lse (an all -inf maximum taken as 0), each split's weight w = exp(lse - m),
+// the sums s = sum w and a = sum (w > 0 ? o w : 0) in index order, then o = a / s, lse = m + log(s)
+// (s = 0: o = 0, lse = -inf). Four adjacent dims of one row. The weights are independent of one another
+// and there is one division per element: a pairwise fold (merge_two) chained an exp, a log and a
+// division per split, 0.4 us a split in the fused reduce (docs/performance.md).
+struct SplitFold {
+  float ms, s;
+  float4 a;
+  __device__ __forceinline__ explicit SplitFold(float m) : ms(finite_f(m) ? m : 0.f), s(0.f) {
+    a = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __device__ __forceinline__ void add(float lse, const float4& o) {
+    const float w = expf(lse - ms);  // exp(-inf) = 0 for an empty split
+    s = __fadd_rn(s, w);
+    a.x = __fadd_rn(a.x, w > 0.f ? __fmul_rn(o.x, w) : 0.f);  // an empty split adds nothing, not 0 * o
+    a.y = __fadd_rn(a.y, w > 0.f ? __fmul_rn(o.y, w) : 0.f);
+    a.z = __fadd_rn(a.z, w > 0.f ? __fmul_rn(o.z, w) : 0.f);
+    a.w = __fadd_rn(a.w, w > 0.f ? __fmul_rn(o.w, w) : 0.f);
+  }
+  __device__ __forceinline__ float4 o() const {
+    if (!(s > 0.f)) return make_float4(0.f, 0.f, 0.f, 0.f);
+    return make_float4(__fdiv_rn(a.x, s), __fdiv_rn(a.y, s), __fdiv_rn(a.z, s), __fdiv_rn(a.w, s));
+  }
+  __device__ __forceinline__ float lse() const { return s > 0.f ? __fadd_rn(ms, logf(s)) : neg_inf(); }
+};
+
 template <int D>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
@@ -744,6 +802,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   __shared__ float s_m[4][16];
   __shared__ float s_l[4][16];
 
+  TRACE(0);  // after pdl_entry
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = n_q / n_kv;
   const int HG = (G + 15) >> 4;
@@ -776,6 +835,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   }
   cp_async_commit();
   if (s0l >= slen) {  // empty split (uniform across the CTA)
+    TRACE(7);
     cp_async_wait<0>();
     if (out != nullptr) {  // fused: nothing to fold; an empty sequence's output is zeros (split 0 writes them)
       if (split == 0)
@@ -795,6 +855,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   __shared__ int s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
   if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
   __syncthreads();
+  TRACE(1);  // the length and the first pages have arrived
   load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
   cp_async_commit();
 
@@ -822,6 +883,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+    if (j == 0) TRACE(2);  // the first K/V tile has landed
     if (cos_t != nullptr) {  // fused RoPE (uniform branch)
       rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
       __syncthreads();
@@ -837,8 +899,10 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     __syncthreads();
   }
 
+  TRACE(3);  // the key loop is done
   // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
-  float* sO = reinterpret_cast<float*>(sK);  // [4][16][D]
+  constexpr int OLD = C::OLD;
+  float* sO = reinterpret_cast<float*>(sK);  // [4][16][OLD]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_[h];
@@ -852,7 +916,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
       const int col = nt * 8 + 2 * (lane & 3);
-      *reinterpret_cast<float2*>(sO + (warp * 16 + r) * D + col) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
+      *reinterpret_cast<float2*>(sO + (warp * 16 + r) * OLD + col) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
     }
   }
   __syncthreads();
@@ -867,7 +931,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     for (int w = 0; w < 4; ++w) {
       const float e = exp2f(s_m[w][r] - Ms);  // 0 for a warp that saw no key
       Lsum += e * s_l[w][r];
-      acc += e * sO[(w * 16 + r) * D + d];
+      acc += e * sO[(w * 16 + r) * OLD + d];
     }
     const float ov = Lsum > 0.f ? acc / Lsum : 0.f;
     if (direct) {  // fused, one split: this is the answer (the reduce of one split is the identity)
@@ -877,11 +941,15 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     o_part[(part * n_q + h0 + r) * D + d] = ov;
     if (d == 0) lse_part[part * n_q + h0 + r] = Lsum > 0.f ? (Ms + log2f(Lsum)) * kLn2 : neg_inf();
   }
-  if (out == nullptr || direct) return;
+  TRACE(4);  // the warps' states are merged and written
+  if (out == nullptr || direct) {
+    TRACE(7);
+    return;
+  }
 
   // Fused reduce: the last of the sequence's n_live CTAs (for these heads) to finish folds the splits
-  // 0, 1, ..., n_live-1 in index order with split_kv_reduce's arithmetic (folding the empty splits past
-  // n_live would be the identity), then leaves the ticket at zero for the next launch.
+  // 0, 1, ..., n_live-1 with split_kv_reduce's arithmetic (SplitFold; folding the empty splits past
+  // n_live would change no bit), then leaves the ticket at zero for the next launch.
   // Ordering: the CTA barrier puts every thread's partials before thread 0's ticket, which it takes with
   // one acquire-release atomic at GPU scope: release makes them (cumulatively) visible before the ticket,
   // acquire puts the last CTA's reads of the other CTAs' partials after it, and the barrier after it
@@ -895,40 +963,59 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     if (s_last) *tk = 0;
   }
   __syncthreads();
-  if (!s_last) return;
-  // four adjacent dims per thread (float4), the loads of PF splits issued before their fold (16: the
-  // `auto` rule's most splits, so its folds wait on one round of loads)
-  constexpr int PF = D >= 64 ? 16 : 8;
+  TRACE(5);  // the ticket is known
+  if (!s_last) {
+    TRACE(7);
+    return;
+  }
+  // four adjacent dims per thread (float4); the loads of PF splits go out together (16: the `auto`
+  // rule's most splits, so its fold waits on one round of loads); with more splits, a second pass over
+  // the rest's lse for the maximum, then their states in rounds of PF
+  constexpr int PF = D >= 128 ? 16 : 8;
   for (int i = tid; i < nrows * (D / 4); i += THREADS) {
     const int r = i / (D / 4), d4 = (i - r * (D / 4)) * 4;
     const long long bh = (long long)b * max_splits * n_q + h0 + r;  // (b, split 0, head)
-    float la = __ldcg(lse_part + bh);
-    float4 oa = __ldcg(reinterpret_cast<const float4*>(o_part + bh * D + d4));
-    for (int k0 = 1; k0 < n_live; k0 += PF) {
-      float lb[PF];
-      float4 ob[PF];
+    float lv[PF];
+    float4 ov[PF];
+#pragma unroll
+    for (int j = 0; j < PF; ++j) {  // splits 0 .. PF-1 (a split past n_live reads the last live one's, unused)
+      const long long k = min(j, n_live - 1);
+      lv[j] = __ldcg(lse_part + bh + k * n_q);
+      ov[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
+    }
+    float m = neg_inf();
+#pragma unroll
+    for (int j = 0; j < PF; ++j) m = fmaxf(m, lv[j]);  // the repeats past n_live change no maximum
+    for (int k0 = PF; k0 < n_live; k0 += PF) {
+      float l2[PF];
+#pragma unroll
+      for (int j = 0; j < PF; ++j) l2[j] = __ldcg(lse_part + bh + (long long)min(k0 + j, n_live - 1) * n_q);
+#pragma unroll
+      for (int j = 0; j < PF; ++j) m = fmaxf(m, l2[j]);
+    }
+    SplitFold f(m);
+#pragma unroll
+    for (int j = 0; j < PF; ++j)
+      if (j < n_live) f.add(lv[j], ov[j]);
+    for (int k0 = PF; k0 < n_live; k0 += PF) {
 #pragma unroll
       for (int j = 0; j < PF; ++j) {
         const long long k = min(k0 + j, n_live - 1);
-        lb[j] = __ldcg(lse_part + bh + k * n_q);
-        ob[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
+        lv[j] = __ldcg(lse_part + bh + k * n_q);
+        ov[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
       }
 #pragma unroll
-      for (int j = 0; j < PF; ++j) {
-        if (k0 + j >= n_live) break;
-        const MergeW w = merge_weights(la, lb[j]);
-        oa.x = merge_o(oa.x, ob[j].x, w);
-        oa.y = merge_o(oa.y, ob[j].y, w);
-        oa.z = merge_o(oa.z, ob[j].z, w);
-        oa.w = merge_o(oa.w, ob[j].w, w);
-      }
+      for (int j = 0; j < PF; ++j)
+        if (k0 + j < n_live) f.add(lv[j], ov[j]);
     }
+    const float4 oa = f.o();
     __nv_bfloat16* dst = out + ((long long)b * n_q + h0 + r) * D + d4;
     dst[0] = __float2bfloat16_rn(oa.x);
     dst[1] = __float2bfloat16_rn(oa.y);
     dst[2] = __float2bfloat16_rn(oa.z);
     dst[3] = __float2bfloat16_rn(oa.w);
   }
+  TRACE(7);  // the fold is written
 }
 
 }  // namespace
@@ -974,10 +1061,11 @@ TK_SPLITKV(128, 1)
 // ------------------------------------------------------------------------------------------------
 // split_kv_reduce
 //
-// Math (twin: reference reduce_splits): fold splits 0 .. max_splits-1 of every (b, h) in index
-// order with merge_two (guards: an all -inf max is taken as 0; a zero weight sum gives o = 0,
-// lse = -inf). Folding an empty split into a non-empty state is the identity, so folding all
-// max_splits columns equals folding a sequence's own ceil(len / S) splits.
+// Math (twin: reference reduce_splits): fold splits 0 .. max_splits-1 of every (b, h) (SplitFold: the
+// maximum of their lse, then the weights and the weighted states summed in index order, one division;
+// guards: an all -inf max is taken as 0; a zero weight sum gives o = 0, lse = -inf). An empty split
+// changes neither the maximum nor the sums, so folding all max_splits columns equals folding a
+// sequence's own ceil(len / S) splits, bit for bit.
 // o_part fp32 [B, MS, n_q, D], lse_part fp32 [B, MS, n_q] -> out bf16 [B, n_q, D] (+ optional lse_out
 // fp32 [B, n_q], skipped when null). One thread per (b, h, 4 dims); D % 4 == 0.
 // ------------------------------------------------------------------------------------------------
@@ -996,17 +1084,14 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_reduce(const float* _
   const long long stride_k = (long long)n_q;  // lse stride between splits
   const float* lp = lse_part + b * max_splits * n_q + h;
   const float* op = o_part + (b * max_splits * n_q + h) * D + d4 * 4;
-  float la = lp[0];
-  float4 oa = *reinterpret_cast<const float4*>(op);
-  for (int k = 1; k < max_splits; ++k) {
-    const float lb = lp[k * stride_k];
-    const float4 ob = *reinterpret_cast<const float4*>(op + k * stride_k * D);
-    const MergeW w = merge_weights(la, lb);
-    oa.x = merge_o(oa.x, ob.x, w);
-    oa.y = merge_o(oa.y, ob.y, w);
-    oa.z = merge_o(oa.z, ob.z, w);
-    oa.w = merge_o(oa.w, ob.w, w);
-  }
+  float m = neg_inf();
+#pragma unroll 4
+  for (int k = 0; k < max_splits; ++k) m = fmaxf(m, lp[k * stride_k]);
+  SplitFold f(m);
+#pragma unroll 4
+  for (int k = 0; k < max_splits; ++k) f.add(lp[k * stride_k], *reinterpret_cast<const float4*>(op + k * stride_k * D));
+  const float4 oa = f.o();
+  const float la = f.lse();
   __nv_bfloat162 lo = __floats2bfloat162_rn(oa.x, oa.y);
   __nv_bfloat162 hi = __floats2bfloat162_rn(oa.z, oa.w);
   uint2 pk;
