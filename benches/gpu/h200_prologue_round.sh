@@ -21,6 +21,7 @@
 #       several splits), trace_decode.py, the engine smoke test
 #   bash benches/gpu/h200_prologue_round.sh final  # every kernel check, the prefill and decode kernel labs and
 #       the engine decode bench (packed into $OUT/bench.tgz), conformance at CI scale on the optimized engine
+#       and, beside it, the GPU-scale qwen3-8b subset (LOGIT, SPLITK, PAGED)
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
@@ -92,7 +93,13 @@ final)
   checks 200 check_kernels_final.log
   run_benches 420 "kernel_prefill or kernel_decode or engine_decode"
   pack_bench
-  conformance_ci 160
+  # conformance at CI scale, and at the GPU scale the qwen3-8b subset (LOGIT, SPLITK, PAGED), side by side
+  ( timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+      --conformance-scale gpu --oracle-device cuda -k qwen3-8b > "$OUT/conformance_gpu_qwen3-8b.log" 2>&1
+    echo "conformance qwen3-8b rc=$?" ) &
+  conformance_ci 200
+  wait
+  grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-8b.log" | head -8; tail -1 "$OUT/conformance_gpu_qwen3-8b.log"
   ;;
 *)
   echo "unknown mode $1" >&2; exit 2
