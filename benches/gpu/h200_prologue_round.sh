@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The tenth session's rounds on the H200 (logs under $OUT): the decode kernel's prologue (length, pages and
 # Q loaded together), the row tables' 32-bit 16-byte-chunk offsets, the page of the row table two tiles
-# ahead read at the top of an iteration, and the fused reduce's loads of 16 splits at once.
-# benches/gpu/ab_variants/ab_base9_attention.cu is `git show fcaf3a2:optimized/kernels/attention.cu` (the
-# ninth session's kernels, the base of every A/B; kept in the commit that added this script, removed after).
+# ahead read at the top of an iteration, the fused reduce's ticket and loads, the phase trace of a decode
+# launch, and the split reduce as one maximum, in-order sums and one division.
+# benches/gpu/ab_variants/ab_base9_attention.cu was `git show fcaf3a2:optimized/kernels/attention.cu` (the
+# ninth session's kernels, the base of every A/B) and ab_ticket_attention.cu `git show
+# 9ae6f44:optimized/kernels/attention.cu`; both are in commit de8cb48 and were removed after it.
 #   bash benches/gpu/h200_prologue_round.sh ab     # the attention checks (prefill, split-KV, fused decode, fused
 #       RoPE, batch-invariant attention), ab_attention.py against the base (bits and time, prefill and decode
 #       lab problems), Nsight Compute counts of split_kv_partials_d128 at 1 x 4096 and 8 x 4096 (base, then tree)
