@@ -36,3 +36,41 @@ conformance_ci() {
   echo "conformance ci rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT"/conformance_ci_optimized.log | head -8
   tail -1 "$OUT"/conformance_ci_optimized.log
 }
+
+# checks SECONDS LOG SECTIONS...: check_kernels.py on some sections (all of them without SECTIONS), its
+# failures and its summary; all_checks SECONDS LOG: on every section
+checks() {
+  local secs=$1 log=$2 only=(); shift 2
+  [ $# -gt 0 ] && only=(--only "$@")
+  timeout "$secs" python3 benches/gpu/check_kernels.py "${only[@]}" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
+  grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
+}
+all_checks() { checks "$1" "$2"; }
+
+# ab SECONDS BASE LOG [ARGS...]: ab_attention.py against $V/BASE (V: the caller's folder of attention.cu
+# versions, benches/gpu/ab_variants by default; ARGS: --new, --only, ...) into $OUT/LOG, and its registers
+# line, per-problem lines and verdict
+ab() {
+  local secs=$1 base=$2 log=$3; shift 3
+  timeout "$secs" python3 benches/gpu/ab_attention.py --base "${V:-benches/gpu/ab_variants}/$base" "$@" \
+    > "$OUT/$log" 2>&1
+  echo "ab vs $base $* rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT/$log" | cut -c1-300 | tail -30
+}
+
+# Nsight Compute metrics of the attention profiles: time, instructions, HMMA, the main stalls, issue activity
+NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum
+for st in wait barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle; do
+  NCU_METRICS+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
+done
+NCU_METRICS+=",smsp__issue_active.avg.pct_of_peak_sustained_active"
+
+# ncu_ab REGEX BASE SECTION PROBLEM LOG: $NCU_METRICS of the first two launches of the kernels matching REGEX
+# in ab_attention.py (--only SECTION --problems PROBLEM: the base's launch first, then the tree's) into
+# $OUT/LOG, and its metric lines
+ncu_ab() {
+  timeout 150 ncu --clock-control none -k "regex:$1" --launch-skip 0 --launch-count 2 --metrics "$NCU_METRICS" \
+    python3 benches/gpu/ab_attention.py --base "${V:-benches/gpu/ab_variants}/$2" --only "$3" --rounds 1 --reps 1 \
+    --problems "$4" > "$OUT/$5" 2>&1
+  echo "ncu $1 ($3 problem $4) rc=$?"
+  grep -E "paged_prefill|split_kv_partials|duration|inst_executed|stalled|issue_active|dram__" "$OUT/$5" | head -30
+}

@@ -33,42 +33,14 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
-# checks SECONDS LOG SECTIONS...: check_kernels.py on some sections, its failures and its summary;
-# all_checks SECONDS LOG: on every section
-checks() {
-  local secs=$1 log=$2 only=(); shift 2
-  [ $# -gt 0 ] && only=(--only "$@")
-  timeout "$secs" python3 benches/gpu/check_kernels.py "${only[@]}" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
-  grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
-}
-all_checks() { checks "$1" "$2"; }
-
-# ab SECONDS BASE LOG [ARGS...]: ab_attention.py against $V/BASE (ARGS: --new, --only, ...) into $OUT/LOG, and
-# its registers line, per-problem lines and verdict
-ab() {
-  local secs=$1 base=$2 log=$3; shift 3
-  timeout "$secs" python3 benches/gpu/ab_attention.py --base "$V/$base" "$@" > "$OUT/$log" 2>&1
-  echo "ab vs $base $* rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT/$log" | cut -c1-300 | tail -30
-}
-
-# the Nsight Compute metrics of the prefill profiles: time, instructions, HMMA, the main stalls, issue activity
-NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum
-for st in wait barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle; do
-  NCU_METRICS+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
-done
-NCU_METRICS+=",smsp__issue_active.avg.pct_of_peak_sustained_active"
+# checks, all_checks, ab, NCU_METRICS and ncu_ab: benches/gpu/_env.sh
 
 # ncu_counts: instructions, HMMA and the stalls of the two prefill kernels (64-row and x2) on 8 x 1024 over
 # 4096, the base's launch first, then the working tree's (ab_attention.py runs base, then new)
 ncu_counts() {
   local k
   for k in 'paged_prefill_d128$' 'paged_prefill_d128_x2'; do
-    timeout 150 ncu --clock-control none -k "regex:$k" --launch-skip 0 --launch-count 2 \
-      --metrics "$NCU_METRICS" \
-      python3 benches/gpu/ab_attention.py --base $V/ab_base_attention.cu --only prefill --rounds 1 --reps 1 --problems 0 \
-      > "$OUT/ncu_prefill_${k//[^a-z0-9_]/}.txt" 2>&1
-    echo "ncu $k rc=$?"
-    grep -E "paged_prefill_d128|duration|inst_executed|stalled|issue_active" "$OUT/ncu_prefill_${k//[^a-z0-9_]/}.txt" | head -30
+    ncu_ab "$k" ab_base_attention.cu prefill 0 "ncu_prefill_${k//[^a-z0-9_]/}.txt"
   done
 }
 
@@ -84,11 +56,7 @@ ab2)
   checks 200 check_kernels_attention.log prefill splitkv fused fused_rope invariant
   ab 200 ab_base_attention.cu ab_attention.log
   ab 150 ab_mid_attention.cu ab_attention_mid.log --only prefill
-  timeout 150 ncu --clock-control none -k regex:paged_prefill_d128_x2 --launch-skip 0 --launch-count 2 \
-    --metrics "$NCU_METRICS" \
-    python3 benches/gpu/ab_attention.py --base $V/ab_mid_attention.cu --only prefill --rounds 1 --reps 1 --problems 0 \
-    > "$OUT/ncu_prefill_x2_mid_new.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "paged_prefill_d128|duration|inst_executed|stalled|issue_active" "$OUT/ncu_prefill_x2_mid_new.txt" | head -24
+  ncu_ab paged_prefill_d128_x2 ab_mid_attention.cu prefill 0 ncu_prefill_x2_mid_new.txt
   run_benches 300 "kernel_prefill or kernel_decode"
   pack_bench
   ;;

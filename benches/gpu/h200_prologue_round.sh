@@ -27,35 +27,12 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 V=benches/gpu/ab_variants
 
-checks() {
-  local secs=$1 log=$2 only=(); shift 2
-  [ $# -gt 0 ] && only=(--only "$@")
-  timeout "$secs" python3 benches/gpu/check_kernels.py "${only[@]}" > "$OUT/$log" 2>&1; echo "check_kernels $* rc=$?"
-  grep -E "FAIL" "$OUT/$log" | head -20; tail -1 "$OUT/$log"
-}
-
-ab() {
-  local secs=$1 base=$2 log=$3; shift 3
-  timeout "$secs" python3 benches/gpu/ab_attention.py --base "$V/$base" "$@" > "$OUT/$log" 2>&1
-  echo "ab vs $base $* rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT/$log" | cut -c1-300 | tail -30
-}
-
-NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum
-for st in wait barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle; do
-  NCU_METRICS+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
-done
-NCU_METRICS+=",smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+# checks, ab, NCU_METRICS and ncu_ab: benches/gpu/_env.sh; the decode profiles add DRAM throughput
+NCU_METRICS+=",dram__throughput.avg.pct_of_peak_sustained_elapsed"
 
 # ncu_decode PROBLEM TAG: split_kv_partials_d128 on ab_attention.py's decode problem PROBLEM, the base's launch
 # first, then the tree's
-ncu_decode() {
-  timeout 150 ncu --clock-control none -k regex:split_kv_partials_d128 --launch-skip 0 --launch-count 2 \
-    --metrics "$NCU_METRICS" \
-    python3 benches/gpu/ab_attention.py --base $V/ab_base9_attention.cu --only decode --rounds 1 --reps 1 \
-    --problems "$1" > "$OUT/ncu_decode_$2.txt" 2>&1
-  echo "ncu decode $2 rc=$?"
-  grep -E "split_kv_partials|duration|inst_executed|stalled|issue_active|dram__" "$OUT/ncu_decode_$2.txt" | head -30
-}
+ncu_decode() { ncu_ab split_kv_partials_d128 ab_base9_attention.cu decode "$1" "ncu_decode_$2.txt"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 build_kernels
