@@ -320,8 +320,8 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 #: ``auto``'s rule, fitted to split-KV decode timings on an H200 (docs/performance.md, "Split size of a
 #: decode step"): one wave of work items (sequence x KV head x split), this many per multiprocessor --
-#: the optimized decode kernel's occupancy at head dim 128 (its 218 registers a thread -- 172 before the
-#: tenth session's split reduce -- and its shared memory under the default carveout, each hold it to two
+#: the optimized decode kernel's occupancy at head dim 128 (its 172-218 registers a thread over the last
+#: sessions' versions -- 190 now -- and its shared memory under the default carveout, each hold it to two
 #: 128-thread CTAs per multiprocessor); a second,
 #: partial wave costs nearly as much as a full one ...
 AUTO_CTAS_PER_SM = 2

@@ -66,12 +66,9 @@ def read_trace(mod, n: int) -> np.ndarray:
 
 def report(name: str, t: np.ndarray, ns_per_cycle: float) -> None:
     us = ns_per_cycle / 1e3
-    live = t[:, 0] > 0
-    ran = live & (t[:, 9] > 0)
-    t = t[ran]
+    t = t[(t[:, 0] > 0) & (t[:, 9] > 0)]  # the CTAs that ran (every one stamps 0 and its end, 7 and 9)
     start, end = t[:, 8], t[:, 9]
     span = (end.max() - start.min()) / 1e3
-    folded = t[:, 7] > 0
     has_ticket = t[:, 5] > 0
     last = None
     if has_ticket.any():  # the CTA that folded: among those that took a ticket, the one that ended last
@@ -89,11 +86,9 @@ def report(name: str, t: np.ndarray, ns_per_cycle: float) -> None:
         print(f"    {label:32s} {np.median(d):10.2f} {d.max():8.2f} {lc}")
     if last is not None:
         print(f"    {'fold (the last CTA)':32s} {'':>10s} {'':>8s} {(t[last, 7] - t[last, 5]) * us:12.2f}")
-        print(f"    {'whole CTA':32s} {np.median((t[:, 7] - t[:, 0]) * us):10.2f} "
-              f"{((t[:, 7] - t[:, 0]) * us).max():8.2f} {(t[last, 7] - t[last, 0]) * us:12.2f}")
-    else:
-        d = (t[folded, 7] - t[folded, 0]) * us
-        print(f"    {'whole CTA':32s} {np.median(d):10.2f} {d.max():8.2f} {'-':>12s}")
+    whole = (t[:, 7] - t[:, 0]) * us
+    lc = f"{whole[last]:12.2f}" if last is not None else f"{'-':>12s}"
+    print(f"    {'whole CTA':32s} {np.median(whole):10.2f} {whole.max():8.2f} {lc}")
 
 
 def trace_problem(mod, B: int, ctx: int, reps: int, sms: int, gen, flush, cal: list[float]) -> None:

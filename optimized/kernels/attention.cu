@@ -977,16 +977,20 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     const long long bh = (long long)b * max_splits * n_q + h0 + r;  // (b, split 0, head)
     float lv[PF];
     float4 ov[PF];
+    // splits k0 .. k0+PF-1 into lv, ov (a split past n_live reads the last live one's, unused)
+    auto load_round = [&](int k0) {
 #pragma unroll
-    for (int j = 0; j < PF; ++j) {  // splits 0 .. PF-1 (a split past n_live reads the last live one's, unused)
-      const long long k = min(j, n_live - 1);
-      lv[j] = __ldcg(lse_part + bh + k * n_q);
-      ov[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
-    }
+      for (int j = 0; j < PF; ++j) {
+        const long long k = min(k0 + j, n_live - 1);
+        lv[j] = __ldcg(lse_part + bh + k * n_q);
+        ov[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
+      }
+    };
+    load_round(0);
     float m = neg_inf();
 #pragma unroll
     for (int j = 0; j < PF; ++j) m = fmaxf(m, lv[j]);  // the repeats past n_live change no maximum
-    for (int k0 = PF; k0 < n_live; k0 += PF) {
+    for (int k0 = PF; k0 < n_live; k0 += PF) {  // more splits than one round: the rest's maxima first
       float l2[PF];
 #pragma unroll
       for (int j = 0; j < PF; ++j) l2[j] = __ldcg(lse_part + bh + (long long)min(k0 + j, n_live - 1) * n_q);
@@ -994,16 +998,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       for (int j = 0; j < PF; ++j) m = fmaxf(m, l2[j]);
     }
     SplitFold f(m);
-#pragma unroll
-    for (int j = 0; j < PF; ++j)
-      if (j < n_live) f.add(lv[j], ov[j]);
-    for (int k0 = PF; k0 < n_live; k0 += PF) {
-#pragma unroll
-      for (int j = 0; j < PF; ++j) {
-        const long long k = min(k0 + j, n_live - 1);
-        lv[j] = __ldcg(lse_part + bh + k * n_q);
-        ov[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
-      }
+    for (int k0 = 0; k0 < n_live; k0 += PF) {  // round 0 is in registers already
+      if (k0 > 0) load_round(k0);
 #pragma unroll
       for (int j = 0; j < PF; ++j)
         if (k0 + j < n_live) f.add(lv[j], ov[j]);
