@@ -5,6 +5,8 @@
     python benches/gpu/ab_attention.py --base base_attention.cu [--new other.cu] [--rounds 3] [--reps 20]
 
 ``--new`` (default: the working tree's ``attention.cu``) lets two files other than the tree's meet.
+``--base-define NAME ...`` compiles the base with ``-DNAME`` (a compile-time switch of the tree's own
+file: ``--base optimized/kernels/attention.cu --base-define TK_CP_ASYNC_CG``).
 First it prints, per side, the registers and local memory (spills) that this machine's compiler gave
 each prefill and split-KV kernel. For each lab problem (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, pages of 16 in
 shuffled order, NaN in every slot no sequence owns), it runs the working tree's kernels ("new") and
@@ -43,11 +45,12 @@ DECODE = [(1, 300), (1, 4096), (1, 16384), (8, 300), (8, 4096), (8, 16384), (32,
           (128, 16384)]
 
 
-def _module(text: str):
+def _module(text: str, defines: tuple[str, ...] = ()):
     import cupy
 
     # the base file's local headers are today's (a header change shows up in both sides)
-    mod = cupy.RawModule(code=kernels.with_headers(text), options=kernels.OPTIONS)
+    opts = tuple(kernels.OPTIONS) + tuple(f"-D{d}" for d in defines)
+    mod = cupy.RawModule(code=kernels.with_headers(text), options=opts)
     mod.compile()
     return mod
 
@@ -84,6 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", type=Path, required=True, help="the attention.cu to compare against")
     ap.add_argument("--new", type=Path, default=None, help="the attention.cu under test (default: the tree's)")
+    ap.add_argument("--base-define", nargs="*", default=[], help="macros (-DNAME) the base is compiled with")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--only", nargs="*", choices=("prefill", "decode"), default=("prefill", "decode"))
@@ -98,14 +102,15 @@ def main() -> int:
 
     dev = cupy.cuda.Device().id
     new = kernels._modules[("attention", dev)] if a.new is None else _module(a.new.read_text())
-    sides = {"base": _module(a.base.read_text()), "new": new}
+    sides = {"base": _module(a.base.read_text(), tuple(a.base_define)), "new": new}
     for tag, mod in sides.items():
         cells = []
         for name in kernels.SOURCES["attention"]:
             if name.startswith(("paged_prefill", "split_kv_partials")):
                 at = mod.get_function(name).attributes
                 cells.append(f"{name} {at['num_regs']} regs / {at['local_size_bytes']} B local")
-        print(f"{tag} ({a.base if tag == 'base' else a.new or 'tree'}): " + ", ".join(cells), flush=True)
+        what = f"{a.base} {' '.join('-D' + d for d in a.base_define)}".strip() if tag == "base" else a.new or "tree"
+        print(f"{tag} ({what}): " + ", ".join(cells), flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     ok = True
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -347,7 +347,7 @@ __device__ __forceinline__ void tile_row_offsets(int (&s_off)[2][BN], const int*
 // 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, straight-line code with
 // constant shared-memory offsets; per row one shared load, a compare, a max, two wide multiply-adds and
 // the two copies.
-template <int D, int BN, int THREADS>
+template <int D, int BN, int THREADS, bool L1 = false>
 __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV,
                                              const __nv_bfloat16* __restrict__ k_cache,
                                              const __nv_bfloat16* __restrict__ v_cache, const int* s_off, int kvh,
@@ -368,8 +368,8 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
     const int o = s_off[r];
     const bool skip = o < 0;
     const u32 off = (u32)max(o, 0);  // a skipped copy still gets an address inside the cache
-    cp_async16_or_zero(dk + i * RSTEP * LD * 2, kb + off, skip);
-    cp_async16_or_zero(dv + i * RSTEP * LD * 2, vb + off, skip);
+    cp_async16_or_zero<L1>(dk + i * RSTEP * LD * 2, kb + off, skip);
+    cp_async16_or_zero<L1>(dv + i * RSTEP * LD * 2, vb + off, skip);
   }
 }
 
@@ -856,7 +856,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
   __syncthreads();
   TRACE(1);  // the length and the first pages have arrived
-  load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
+  load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
   cp_async_commit();
 
   cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
@@ -878,7 +878,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     const int ahead = s0 + (j + 2) * BN + tid;
     const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
     if (j + 1 < ntiles)
-      load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, s_off[st ^ 1],
+      load_kv_tile<D, BN, THREADS, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, s_off[st ^ 1],
                                    kvh, tid);
     cp_async_commit();
     cp_async_wait<1>();

@@ -52,25 +52,27 @@ struct GemmCfg {
 
 // cp.async one BK-wide stage: x rows [m0, m0 + BM), W rows [n0, n0 + BN), columns [k0, k0 + BK).
 // Chunks outside [0, M) x [0, K) or [0, N) x [0, K) are zero-filled (K % 8 == 0: a 16-byte chunk is
-// entirely inside or entirely outside).
+// entirely inside or entirely outside). The 16-row tiles of decode steps, which stream the weights,
+// copy through L1 (.ca); the others bypass it (.cg): mma.cuh has the measurements.
 template <int BM, int BN, int BK, int LDS, int THREADS>
 __device__ __forceinline__ void load_stage(__nv_bfloat16* sA, __nv_bfloat16* sB, const __nv_bfloat16* __restrict__ x,
                                            int ldx, const __nv_bfloat16* __restrict__ w, int M, int N, int K, int m0,
                                            int n0, int k0, int tid) {
   constexpr int CH = BK / 8;  // 16-byte chunks per row
+  constexpr bool L1 = BM <= 16;
 #pragma unroll
   for (int i = tid; i < BM * CH; i += THREADS) {
     const int r = i / CH, c = i - r * CH;
     const int m = m0 + r, k = k0 + c * 8;
     const bool ok = m < M && k < K;
-    cp_async16(smem_u32(sA + r * LDS + c * 8), ok ? x + (long long)m * ldx + k : x, ok);
+    cp_async16<L1>(smem_u32(sA + r * LDS + c * 8), ok ? x + (long long)m * ldx + k : x, ok);
   }
 #pragma unroll
   for (int i = tid; i < BN * CH; i += THREADS) {
     const int r = i / CH, c = i - r * CH;
     const int n = n0 + r, k = k0 + c * 8;
     const bool ok = n < N && k < K;
-    cp_async16(smem_u32(sB + r * LDS + c * 8), ok ? w + (long long)n * K + k : w, ok);
+    cp_async16<L1>(smem_u32(sB + r * LDS + c * 8), ok ? w + (long long)n * K + k : w, ok);
   }
 }
 

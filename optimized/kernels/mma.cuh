@@ -18,17 +18,43 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
 }
 
 // 16-byte asynchronous global -> shared copy; pred == false zero-fills the 16 bytes and reads nothing.
+//
+// Cache operator: L1 = false bypasses L1 (.cg), L1 = true allocates in it (.ca). Which is faster
+// depends on the kernel (H200, one process, the same bits; docs/performance.md "The copies' cache
+// operator"):
+// * the split-KV decode's K/V tiles, read once: with .cg the SMs received 806 MB from L2 for the
+//   537 MB of keys and values a 32 x 4096 launch copies (a third of the sector requests came a second
+//   time and hit in L2) and the kernel read 3.97 TB/s; with .ca 537 MB, 4.26 TB/s (-6 to -9% at
+//   batch >= 8);
+// * the paged prefill's K/V tiles, which many CTAs re-read from L2: .ca was 1-9% slower;
+// * the batch-invariant GEMM: .ca 1-7% faster on the 16-row decode tiles, up to 7% slower on others.
+// TK_CP_ASYNC_CG (an A/B switch of the device scripts) builds every copy with .cg, as before.
+#ifdef TK_CP_ASYNC_CG
+#define TK_CP_L1(l1) false
+#else
+#define TK_CP_L1(l1) (l1)
+#endif
+template <bool L1 = false>
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
   const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+  if constexpr (TK_CP_L1(L1))
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 // The same copy with cp.async's ignore-src operand: skip == true reads nothing and zero-fills the 16
 // bytes. The predicate goes straight to the instruction (with the src-size form above, ptxas rebuilds
 // it from the size register, several instructions a copy).
+template <bool L1 = false>
 __device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, bool skip) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, p; }\n" ::"r"(dst),
-               "l"(src), "r"((int)skip)
-               : "memory");
+  if constexpr (TK_CP_L1(L1))
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; cp.async.ca.shared.global [%0], [%1], 16, p; }\n" ::"r"(dst),
+                 "l"(src), "r"((int)skip)
+                 : "memory");
+  else
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, p; }\n" ::"r"(dst),
+                 "l"(src), "r"((int)skip)
+                 : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>

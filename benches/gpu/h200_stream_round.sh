@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Eleventh session's device calls (run from the repository root): bash benches/gpu/h200_stream_round.sh MODE
+#   probe: the read stream of decode attention at large batch through different layouts
+#          (probe_stream.py), then Nsight Compute's DRAM counters of each layout's launch at batch 32
+#   ca:    the tree's copies against every copy by .cg (-DTK_CP_ASYNC_CG) in one process: attention
+#          (ab_attention.py) and the batch-invariant GEMM (ab_gemm.py), bits and times; the probe again; the
+#          prefill and decode labs; check_kernels on the sections that use cp.async (the session's call ran
+#          it on a tree whose every copy was .ca; the tree now picks .ca per kernel from that call's data)
+#   final: the same A/Bs, then the kernel labs and the engine decode bench
+#   benches: the agentic workload, the GEMM lab and the batch-invariant overhead bench
+#   checks: check_kernels (every section), the engine smoke test, conformance at CI scale and the GPU-scale
+#          qwen3-8b subset
+#   l1:    the same probe with the decode kernel's shared-memory carveout preferences, and with every copy
+#          bypassing L1 (.cg, -DTK_CP_ASYNC_CG); Nsight Compute's L2 -> L1 traffic and launch statistics of each
+#          (the session's call ran it the other way round: .cg the default, -DTK_CP_ASYNC_CA the variant)
+source benches/gpu/_env.sh
+mode=${1:-probe}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = probe ]; then
+  timeout 240 python3 benches/gpu/probe_stream.py --batch 32 128 > "$OUT/probe_stream.log" 2>&1
+  echo "probe_stream rc=$?"; cat "$OUT/probe_stream.log" | tail -22
+  M=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  M+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__average_gcomp_input_sector_success_rate.pct
+  M+=,l1tex__m_xbar2l1tex_read_bytes.sum,smsp__warps_active.avg.per_cycle_active
+  timeout 150 ncu --clock-control none -k "regex:split_kv|cudnn|sdpa|fmha|flash" --launch-count 8 --metrics "$M" \
+    python3 benches/gpu/probe_stream.py --batch 32 --rounds 0 > "$OUT/ncu_stream.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "^  [a-zA-Z_].*\(|duration|dram__|lts__|l1tex__|warps_active" "$OUT/ncu_stream.txt" | cut -c1-160 | head -60
+fi
+
+M=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+M+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum
+M+=,launch__shared_mem_config_size,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers
+if [ "$mode" = l1 ]; then
+  for v in "--carveout 100" "--carveout 72" "--carveout 0" "--define TK_CP_ASYNC_CG" "--define TK_CP_ASYNC_CG --carveout 72"; do
+    tag=$(echo "$v" | tr -d ' -' )
+    timeout 120 python3 benches/gpu/probe_stream.py --batch 32 128 $v > "$OUT/probe_stream_$tag.log" 2>&1
+    echo "== $v rc=$?"; grep -E "carveout|built with|ours NHD shuffled  |cudnn BHSD  |LAYOUTS" "$OUT/probe_stream_$tag.log"
+    timeout 90 ncu --clock-control none -k "regex:split_kv" --launch-count 1 --metrics "$M" \
+      python3 benches/gpu/probe_stream.py --batch 32 --rounds 0 $v > "$OUT/ncu_stream_$tag.txt" 2>&1
+    echo "ncu rc=$?"; grep -E "duration|dram__|lts__|l1tex__|launch__" "$OUT/ncu_stream_$tag.txt" | cut -c1-120
+  done
+fi
+
+if [ "$mode" = ca ]; then
+  V=optimized/kernels ab 240 attention.cu ab_attention_ca.log --base-define TK_CP_ASYNC_CG --rounds 3
+  timeout 150 python3 benches/gpu/ab_gemm.py --base-define TK_CP_ASYNC_CG > "$OUT/ab_gemm_ca.log" 2>&1
+  echo "ab_gemm rc=$?"; grep -E "new/base|bitwise|DIFFER" "$OUT/ab_gemm_ca.log" | cut -c1-220
+  timeout 120 python3 benches/gpu/probe_stream.py --batch 32 128 > "$OUT/probe_stream_ca.log" 2>&1
+  echo "probe_stream rc=$?"; grep -E "TB/s|LAYOUTS|agree" "$OUT/probe_stream_ca.log"
+  run_benches 240 "kernel_prefill or kernel_decode"
+  pack_bench
+  checks 150 check_kernels_ca.log prefill splitkv fused gemm invariant
+fi
+
+if [ "$mode" = final ]; then
+  V=optimized/kernels ab 200 attention.cu ab_attention_final.log --base-define TK_CP_ASYNC_CG --rounds 3
+  timeout 120 python3 benches/gpu/ab_gemm.py --base-define TK_CP_ASYNC_CG > "$OUT/ab_gemm_final.log" 2>&1
+  echo "ab_gemm rc=$?"; grep -E "new/base|bitwise|DIFFER" "$OUT/ab_gemm_final.log" | cut -c1-200
+  run_benches 420 "kernel_prefill or kernel_decode or engine_decode"
+  pack_bench
+fi
+if [ "$mode" = checks ]; then
+  all_checks 240 check_kernels_final.log
+  smoke 120
+  ( timeout 240 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+      --conformance-scale gpu --oracle-device cuda -k qwen3-8b > "$OUT/conformance_gpu_qwen3-8b.log" 2>&1
+    echo "conformance qwen3-8b rc=$?" ) &
+  conformance_ci 240
+  wait
+  grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-8b.log" | head -8; tail -1 "$OUT/conformance_gpu_qwen3-8b.log"
+fi
+if [ "$mode" = benches ]; then   # the benches the tree's copies change end to end: agentic, GEMM lab, batch-invariant overhead
+  run_benches 560 "agentic or kernel_gemm or invariant_overhead"
+  pack_bench
+fi
