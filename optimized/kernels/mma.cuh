@@ -26,8 +26,9 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
 //   537 MB of keys and values a 32 x 4096 launch copies (a third of the sector requests came a second
 //   time and hit in L2) and the kernel read 3.97 TB/s; with .ca 537 MB, 4.26 TB/s (-6 to -9% at
 //   batch >= 8);
-// * the paged prefill's K/V tiles, which many CTAs re-read from L2: .ca was 1-9% slower;
-// * the batch-invariant GEMM: .ca 1-7% faster on the 16-row decode tiles, up to 7% slower on others.
+// * the paged prefill's K/V tiles, which many CTAs re-read from L2: .ca was 0.4-8.5% slower;
+// * the batch-invariant GEMM: .ca up to 7% faster on the 16-row decode tiles, 7% faster to 7% slower
+//   on the others.
 // TK_CP_ASYNC_CG (an A/B switch of the device scripts) builds every copy with .cg, as before.
 #ifdef TK_CP_ASYNC_CG
 #define TK_CP_L1(l1) false
