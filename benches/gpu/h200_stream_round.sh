@@ -8,6 +8,7 @@
 #          it on a tree whose every copy was .ca; the tree now picks .ca per kernel from that call's data)
 #   final: the same A/Bs, then the kernel labs and the engine decode bench
 #   benches: the agentic workload, the GEMM lab and the batch-invariant overhead bench
+#   conf06: the GPU-scale qwen3-0.6b conformance clauses outside the tenth session's subset
 #   checks: check_kernels (every section), the engine smoke test, conformance at CI scale and the GPU-scale
 #          qwen3-8b subset
 #   l1:    the same probe with the decode kernel's shared-memory carveout preferences, and with every copy
@@ -73,4 +74,11 @@ fi
 if [ "$mode" = benches ]; then   # the benches the tree's copies change end to end: agentic, GEMM lab, batch-invariant overhead
   run_benches 560 "agentic or kernel_gemm or invariant_overhead"
   pack_bench
+fi
+if [ "$mode" = conf06 ]; then   # the GPU-scale qwen3-0.6b clauses the tenth session's subset did not run
+  timeout 450 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 \
+    --conformance-scale gpu --oracle-device cuda -k "qwen3-0.6b and not (splitk or invariant or turn)" \
+    > "$OUT/conformance_gpu_qwen3-0.6b_rest.log" 2>&1
+  echo "conformance qwen3-0.6b rest rc=$?"
+  grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-0.6b_rest.log" | head -8; tail -2 "$OUT/conformance_gpu_qwen3-0.6b_rest.log"
 fi
