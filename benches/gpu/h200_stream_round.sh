@@ -9,6 +9,7 @@
 #   final: the same A/Bs, then the kernel labs and the engine decode bench
 #   benches: the agentic workload, the GEMM lab and the batch-invariant overhead bench
 #   conf06: the GPU-scale qwen3-0.6b conformance clauses outside the tenth session's subset
+#   skinny: the skinny GEMM's weight loads, L1 no-allocate against the TK_SKINNY_LD variants (A/B, Nsight Compute)
 #   checks: check_kernels (every section), the engine smoke test, conformance at CI scale and the GPU-scale
 #          qwen3-8b subset
 #   l1:    the same probe with the decode kernel's shared-memory carveout preferences, and with every copy
@@ -81,4 +82,14 @@ if [ "$mode" = conf06 ]; then   # the GPU-scale qwen3-0.6b clauses the tenth ses
     > "$OUT/conformance_gpu_qwen3-0.6b_rest.log" 2>&1
   echo "conformance qwen3-0.6b rest rc=$?"
   grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-0.6b_rest.log" | head -8; tail -2 "$OUT/conformance_gpu_qwen3-0.6b_rest.log"
+fi
+if [ "$mode" = skinny ]; then   # the skinny GEMM's weight loads: L1 no-allocate (the tree) against allocating / no L2 hint
+  for v in 1 2 3; do
+    timeout 100 python3 benches/gpu/ab_gemm.py --module skinny_gemm --new-define TK_SKINNY_LD=$v > "$OUT/ab_skinny_ld$v.log" 2>&1
+    echo "ab skinny TK_SKINNY_LD=$v rc=$?"; grep -E "new/base|bitwise|DIFFER" "$OUT/ab_skinny_ld$v.log" | cut -c1-230
+  done
+  M=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum
+  timeout 90 ncu --clock-control none -k "regex:skinny" --launch-count 2 --metrics "$M" python3 benches/gpu/ab_gemm.py \
+    --module skinny_gemm --new-define TK_SKINNY_LD=1 --shapes gate_up --rows 1 --rounds 0 > "$OUT/ncu_skinny_ld1.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "skinny_|duration|dram__|lts__|l1tex__" "$OUT/ncu_skinny_ld1.txt" | cut -c1-120
 fi

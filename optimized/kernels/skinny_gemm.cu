@@ -65,11 +65,27 @@ __device__ __forceinline__ int weight_row(int r, int N) {
   }
 }
 
-// read once: not kept in L1, and a hint that L2 may fetch the whole 256-byte stretch of the row
+// read once: not kept in L1, and a hint that L2 may fetch the whole 256-byte stretch of the row.
+// TK_SKINNY_LD (an A/B switch of the device scripts): 1 allocates in L1, 2 drops the L2 hint, 3 both.
+// Unlike the attention's bypassing cp.async (mma.cuh), these loads are not requested twice (202 MB
+// from L2 for gate_up's 201 MB of weights), and on the H200 every variant was slower at the qwen3-8b
+// shapes, M = 1-16 (1: +2.5 to +16.5%, 2: -0.3 to +2.2%, 3: +1.3 to +15.3%; docs/performance.md,
+// "Skinny GEMM").
+#ifndef TK_SKINNY_LD
+#define TK_SKINNY_LD 0
+#endif
+#if TK_SKINNY_LD == 1
+#define TK_SKINNY_LD_OP "ld.global.nc.L2::256B.v4.u32"
+#elif TK_SKINNY_LD == 2
+#define TK_SKINNY_LD_OP "ld.global.nc.L1::no_allocate.v4.u32"
+#elif TK_SKINNY_LD == 3
+#define TK_SKINNY_LD_OP "ld.global.nc.v4.u32"
+#else
+#define TK_SKINNY_LD_OP "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+#endif
 __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm volatile(TK_SKINNY_LD_OP " {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
