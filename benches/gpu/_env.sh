@@ -37,6 +37,14 @@ conformance_ci() {
   tail -1 "$OUT"/conformance_ci_optimized.log
 }
 
+# conformance_gpu SECONDS FILTER LOG: the conformance clauses matching FILTER (pytest -k) at the GPU scale on
+# the optimized engine, into $OUT/LOG, and its failures and summary
+conformance_gpu() {
+  timeout "$1" python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
+    --conformance-scale gpu --oracle-device cuda -k "$2" > "$OUT/$3" 2>&1
+  echo "conformance gpu ($2) rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$3" | head -8; tail -1 "$OUT/$3"
+}
+
 # checks SECONDS LOG SECTIONS...: check_kernels.py on some sections (all of them without SECTIONS), its
 # failures and its summary; all_checks SECONDS LOG: on every section
 checks() {

@@ -73,12 +73,10 @@ final)
   run_benches 420 "kernel_prefill or kernel_decode or engine_decode"
   pack_bench
   # conformance at CI scale, and at the GPU scale the qwen3-8b subset (LOGIT, SPLITK, PAGED), side by side
-  ( timeout 200 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
-      --conformance-scale gpu --oracle-device cuda -k qwen3-8b > "$OUT/conformance_gpu_qwen3-8b.log" 2>&1
-    echo "conformance qwen3-8b rc=$?" ) &
+  conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b.log > "$OUT/conformance_gpu_qwen3-8b.summary" &
   conformance_ci 200
   wait
-  grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-8b.log" | head -8; tail -1 "$OUT/conformance_gpu_qwen3-8b.log"
+  cat "$OUT/conformance_gpu_qwen3-8b.summary"; rm -f "$OUT/conformance_gpu_qwen3-8b.summary"
   ;;
 *)
   echo "unknown mode $1" >&2; exit 2

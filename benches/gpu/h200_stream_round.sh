@@ -65,23 +65,17 @@ fi
 if [ "$mode" = checks ]; then
   all_checks 240 check_kernels_final.log
   smoke 120
-  ( timeout 240 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \
-      --conformance-scale gpu --oracle-device cuda -k qwen3-8b > "$OUT/conformance_gpu_qwen3-8b.log" 2>&1
-    echo "conformance qwen3-8b rc=$?" ) &
+  conformance_gpu 240 qwen3-8b conformance_gpu_qwen3-8b.log > "$OUT/conformance_gpu_qwen3-8b.summary" &
   conformance_ci 240
   wait
-  grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-8b.log" | head -8; tail -1 "$OUT/conformance_gpu_qwen3-8b.log"
+  cat "$OUT/conformance_gpu_qwen3-8b.summary"; rm -f "$OUT/conformance_gpu_qwen3-8b.summary"
 fi
 if [ "$mode" = benches ]; then   # the benches the tree's copies change end to end: agentic, GEMM lab, batch-invariant overhead
   run_benches 560 "agentic or kernel_gemm or invariant_overhead"
   pack_bench
 fi
 if [ "$mode" = conf06 ]; then   # the GPU-scale qwen3-0.6b clauses the tenth session's subset did not run
-  timeout 450 python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 \
-    --conformance-scale gpu --oracle-device cuda -k "qwen3-0.6b and not (splitk or invariant or turn)" \
-    > "$OUT/conformance_gpu_qwen3-0.6b_rest.log" 2>&1
-  echo "conformance qwen3-0.6b rest rc=$?"
-  grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/conformance_gpu_qwen3-0.6b_rest.log" | head -8; tail -2 "$OUT/conformance_gpu_qwen3-0.6b_rest.log"
+  conformance_gpu 450 "qwen3-0.6b and not (splitk or invariant or turn)" conformance_gpu_qwen3-0.6b_rest.log
 fi
 if [ "$mode" = skinny ]; then   # the skinny GEMM's weight loads: L1 no-allocate (the tree) against allocating / no L2 hint
   for v in 1 2 3; do
