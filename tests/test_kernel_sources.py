@@ -205,3 +205,27 @@ def test_spill_allowances_name_inventoried_kernels_with_reasons():
     for name, (stores, loads, why) in build_check.SPILL_ALLOWANCE.items():
         assert 0 < stores <= 16 and 0 < loads <= 64, name  # a few values outside the hot loop, not a loop's worth
         assert len(why.split()) >= 20, f"{name}: say where the spill is and what was measured"
+
+
+def test_copies_take_their_cache_operator_per_kernel():
+    """The measured choice of docs/performance.md ("The copies' cache operator"), which no output can
+    show (a cache hint leaves every bit as it is, so only the source can hold it): the split-KV decode's
+    K/V copies and the GEMM's tiles of at most 16 rows allocate in L1 (``cp.async.ca``), paged prefill's
+    K/V copies bypass it (``.cg``), and ``-DTK_CP_ASYNC_CG`` makes every copy ``.cg`` again."""
+    attn = (kernels.KERNEL_DIR / "attention.cu").read_text()
+    prefill = attn[attn.index("void paged_prefill_impl("):attn.index("void split_kv_partials_impl(")]
+    decode = attn[attn.index("void split_kv_partials_impl("):]
+    assert decode.count("load_kv_tile<D, BN, THREADS, true>(") == 2
+    assert "load_kv_tile<D, BN, THREADS>(" not in decode
+    assert prefill.count("load_kv_tile<D, BN, THREADS>(") == 2 and ", true>(" not in prefill
+    assert "bool L1 = false>\n__device__ __forceinline__ void load_kv_tile(" in attn     # .cg unless asked
+    gemm = (kernels.KERNEL_DIR / "gemm.cu").read_text()
+    assert "constexpr bool L1 = BM <= 16;" in gemm and gemm.count("cp_async16<L1>(") == 2
+    header = (kernels.KERNEL_DIR / "mma.cuh").read_text()
+    switch = header[header.index("#ifdef TK_CP_ASYNC_CG"):header.index("#endif")]
+    assert re.search(r"#ifdef TK_CP_ASYNC_CG\n#define TK_CP_L1\(l1\) false\n#else\n#define TK_CP_L1\(l1\) \(l1\)\n", switch)
+    for fn in ("void cp_async16(", "void cp_async16_or_zero("):
+        body = header[header.index(fn):]
+        body = body[:body.index("\n}\n")]
+        assert "if constexpr (TK_CP_L1(L1))" in body and "cp.async.ca." in body and "cp.async.cg." in body
+        assert body.index("cp.async.ca.") < body.index("else") < body.index("cp.async.cg."), fn
