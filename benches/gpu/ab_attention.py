@@ -45,22 +45,24 @@ DECODE = [(1, 300), (1, 4096), (1, 16384), (8, 300), (8, 4096), (8, 16384), (32,
           (128, 16384)]
 
 
-def _module(text: str, defines: tuple[str, ...] = ()):
+def build(text: str, defines: tuple[str, ...] | list[str] = ()):
+    """A kernel source ``text`` compiled as the engine compiles it, plus ``-DNAME`` for each of ``defines``
+    (the device scripts' compile-time switches). Its local headers are today's, so a header change shows
+    up on both sides of an A/B."""
     import cupy
 
-    # the base file's local headers are today's (a header change shows up in both sides)
     opts = tuple(kernels.OPTIONS) + tuple(f"-D{d}" for d in defines)
     mod = cupy.RawModule(code=kernels.with_headers(text), options=opts)
     mod.compile()
     return mod
 
 
-def install(mod) -> None:
-    """Make ``mod`` the attention module ``optimized.ops`` launches from (on the current device)."""
+def install(mod, module: str = "attention") -> None:
+    """Make ``mod`` the ``module`` kernels ``optimized.ops`` launches (on the current device)."""
     import cupy
 
-    kernels._modules[("attention", cupy.cuda.Device().id)] = mod
-    for key in [k for k in ops._functions if k[1] == "attention"]:
+    kernels._modules[(module, cupy.cuda.Device().id)] = mod
+    for key in [k for k in ops._functions if k[1] == module]:
         del ops._functions[key]
 
 
@@ -101,8 +103,8 @@ def main() -> int:
     import cupy
 
     dev = cupy.cuda.Device().id
-    new = kernels._modules[("attention", dev)] if a.new is None else _module(a.new.read_text())
-    sides = {"base": _module(a.base.read_text(), tuple(a.base_define)), "new": new}
+    new = kernels._modules[("attention", dev)] if a.new is None else build(a.new.read_text())
+    sides = {"base": build(a.base.read_text(), a.base_define), "new": new}
     for tag, mod in sides.items():
         cells = []
         for name in kernels.SOURCES["attention"]:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 import torch  # noqa: E402
 
+from ab_attention import build, install  # noqa: E402
 from check_kernels import _time as gpu_seconds  # noqa: E402
 from optimized import kernels, ops  # noqa: E402
 
@@ -37,23 +38,6 @@ SHAPES = {"qkv": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), "o_proj": (HIDDEN,
           "gate_up": (2 * FFN, HIDDEN), "down": (HIDDEN, FFN), "lm_head": (VOCAB, HIDDEN)}
 ROWS = (1, 8, 64, 256, 2048)
 L2_BYTES = 128 << 20  # comfortably past the H200's 60 MB L2
-
-
-def install(mod, module: str) -> None:
-    """Make ``mod`` the ``module`` module ``optimized.ops`` launches from (on the current device)."""
-    import cupy
-
-    kernels._modules[(module, cupy.cuda.Device().id)] = mod
-    for key in [k for k in ops._functions if k[1] == module]:
-        del ops._functions[key]
-
-
-def build(module: str, defines: list[str]):
-    import cupy
-
-    mod = cupy.RawModule(code=kernels.source(module), options=tuple(kernels.OPTIONS) + tuple(f"-D{d}" for d in defines))
-    mod.compile()
-    return mod
 
 
 def main() -> int:
@@ -68,8 +52,8 @@ def main() -> int:
     a = ap.parse_args()
     mname = a.module
     tree = kernels.load(mname)
-    new = tree if a.new_define is None else build(mname, a.new_define)
-    base = build(mname, a.base_define)
+    new = tree if a.new_define is None else build(kernels.source(mname), a.new_define)
+    base = build(kernels.source(mname), a.base_define)
     sides = {"base": base, "new": new}
     op = ops.gemm if mname == "gemm" else ops.skinny_gemm
     rows = a.rows or (ROWS if mname == "gemm" else (1, 8, 16))

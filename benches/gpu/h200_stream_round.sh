@@ -19,19 +19,17 @@ source benches/gpu/_env.sh
 mode=${1:-probe}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
+# Nsight Compute metrics of the probes: time, DRAM and L2 -> SM traffic, L2 hit rate
+M=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+M+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum
 if [ "$mode" = probe ]; then
   timeout 240 python3 benches/gpu/probe_stream.py --batch 32 128 > "$OUT/probe_stream.log" 2>&1
   echo "probe_stream rc=$?"; cat "$OUT/probe_stream.log" | tail -22
-  M=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
-  M+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__average_gcomp_input_sector_success_rate.pct
-  M+=,l1tex__m_xbar2l1tex_read_bytes.sum,smsp__warps_active.avg.per_cycle_active
-  timeout 150 ncu --clock-control none -k "regex:split_kv|cudnn|sdpa|fmha|flash" --launch-count 8 --metrics "$M" \
+  timeout 150 ncu --clock-control none -k "regex:split_kv|cudnn|sdpa|fmha|flash" --launch-count 8 \
+    --metrics "$M,lts__average_gcomp_input_sector_success_rate.pct,smsp__warps_active.avg.per_cycle_active" \
     python3 benches/gpu/probe_stream.py --batch 32 --rounds 0 > "$OUT/ncu_stream.txt" 2>&1
   echo "ncu rc=$?"; grep -E "^  [a-zA-Z_].*\(|duration|dram__|lts__|l1tex__|warps_active" "$OUT/ncu_stream.txt" | cut -c1-160 | head -60
 fi
-
-M=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
-M+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum
 M+=,launch__shared_mem_config_size,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers
 if [ "$mode" = l1 ]; then
   for v in "--carveout 100" "--carveout 72" "--carveout 0" "--define TK_CP_ASYNC_CG" "--define TK_CP_ASYNC_CG --carveout 72"; do
@@ -82,7 +80,6 @@ if [ "$mode" = skinny ]; then   # the skinny GEMM's weight loads: L1 no-allocate
     timeout 100 python3 benches/gpu/ab_gemm.py --module skinny_gemm --new-define TK_SKINNY_LD=$v > "$OUT/ab_skinny_ld$v.log" 2>&1
     echo "ab skinny TK_SKINNY_LD=$v rc=$?"; grep -E "new/base|bitwise|DIFFER" "$OUT/ab_skinny_ld$v.log" | cut -c1-230
   done
-  M=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_op_read_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum
   timeout 90 ncu --clock-control none -k "regex:skinny" --launch-count 2 --metrics "$M" python3 benches/gpu/ab_gemm.py \
     --module skinny_gemm --new-define TK_SKINNY_LD=1 --shapes gate_up --rows 1 --rounds 0 > "$OUT/ncu_skinny_ld1.txt" 2>&1
   echo "ncu rc=$?"; grep -E "skinny_|duration|dram__|lts__|l1tex__" "$OUT/ncu_skinny_ld1.txt" | cut -c1-120

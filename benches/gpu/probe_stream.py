@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 import torch  # noqa: E402
 
 from _attn import sdpa_call  # noqa: E402
+from ab_attention import build, install  # noqa: E402
 from check_kernels import _time as gpu_seconds  # noqa: E402
 from optimized import kernels, ops  # noqa: E402
 from reference.attention import split_size_for  # noqa: E402
@@ -108,17 +109,15 @@ def probe(B: int, ctx: int, rounds: int, reps: int, gen: torch.Generator, sms: i
 
 def set_carveout(percent: int) -> None:
     """The preferred shared-memory carveout (percent of the largest; -1: the driver's default) of the
-    decode kernels, on their CUfunction (``cuFuncSetAttribute``; CuPy exposes no setter for it)."""
+    decode kernel the probe runs (head_dim ``D``), on its CUfunction (``cuFuncSetAttribute``; CuPy exposes no setter for it)."""
     import ctypes
 
     cuda = ctypes.CDLL("libcuda.so.1")
-    for D in (128,):
-        _, handle = ops._function(torch.cuda.current_device(), "attention", f"split_kv_partials_d{D}",
-                                  ops.decode_smem_bytes(D))
-        rc = cuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 9, ctypes.c_int(percent))  # PREFERRED_SHARED_MEMORY_CARVEOUT
-        if rc != 0:
-            raise RuntimeError(f"cuFuncSetAttribute(carveout={percent}) failed: CUresult {rc}")
-    print(f"decode kernels: preferred shared-memory carveout {percent}%", flush=True)
+    _, handle = ops._function(torch.cuda.current_device(), "attention", f"split_kv_partials_d{D}", ops.decode_smem_bytes(D))
+    rc = cuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 9, ctypes.c_int(percent))  # PREFERRED_SHARED_MEMORY_CARVEOUT
+    if rc != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(carveout={percent}) failed: CUresult {rc}")
+    print(f"decode kernel (head_dim {D}): preferred shared-memory carveout {percent}%", flush=True)
 
 
 def main() -> int:
@@ -133,15 +132,8 @@ def main() -> int:
                     help="the decode kernels' preferred shared-memory carveout, percent (-1: driver default)")
     a = ap.parse_args()
     if a.define:
-        import cupy
-
-        from ab_attention import install
-
-        opts = tuple(kernels.OPTIONS) + tuple(f"-D{d}" for d in a.define)
-        mod = cupy.RawModule(code=kernels.source("attention"), options=opts)
-        mod.compile()
-        install(mod)
-        print(f"attention.cu built with {' '.join(opts[-len(a.define):])}", flush=True)
+        install(build(kernels.source("attention"), a.define))
+        print(f"attention.cu built with {' '.join('-D' + d for d in a.define)}", flush=True)
     if a.carveout is not None:
         set_carveout(a.carveout)
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from _attn import paged_problem  # noqa: E402
-from ab_attention import install  # noqa: E402
+from ab_attention import build, install  # noqa: E402
 from optimized import kernels, ops  # noqa: E402
 from reference.attention import split_size_for  # noqa: E402
 
@@ -46,12 +46,7 @@ PHASES = [("prologue: length, first pages", 0, 1), ("first K/V tile", 1, 2), ("r
 
 
 def traced_module():
-    import cupy
-
-    opts = kernels.OPTIONS + (f"-DTK_DECODE_TRACE={MAX_CTAS}",)
-    mod = cupy.RawModule(code=kernels.source("attention"), options=opts)
-    mod.compile()
-    return mod
+    return build(kernels.source("attention"), (f"TK_DECODE_TRACE={MAX_CTAS}",))
 
 
 def read_trace(mod, n: int) -> np.ndarray:
