@@ -68,6 +68,13 @@ def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tile
     return (4 * block_n + q_rows) * (head_dim + 8) * 2
 
 
+#: CTAs of ``split_kv_partials`` a multiprocessor holds. Its K/V copies go through L1 (``cp.async.ca``), and
+#: they want that L1: at 166 registers the kernel fits three CTAs, for which the driver picks the largest
+#: shared-memory configuration (about 28 KB of L1 left), and there it ran 8-33% slower than at two
+#: CTAs with 88 KB of L1 (H200; docs/performance.md). So it asks for the configuration that holds two.
+DECODE_CTAS_PER_SM = 2
+
+
 def decode_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of ``split_kv_partials_d{head_dim}``."""
     return (16 + 4 * 64) * (head_dim + 8) * 2
@@ -90,8 +97,10 @@ def _num_sms(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def _function(dev: int, module: str, name: str, smem: int) -> tuple[object, int]:
-    """The kernel (``cupy.RawKernel``) and its CUfunction handle on device ``dev``, loaded once."""
+def _function(dev: int, module: str, name: str, smem: int, ctas_per_sm: int | None = None) -> tuple[object, int]:
+    """The kernel (``cupy.RawKernel``) and its CUfunction handle on device ``dev``, loaded once.
+    ``ctas_per_sm``: prefer the smallest shared-memory configuration that holds that many CTAs
+    (``_carveout_percent``), set once with the rest."""
     key = (dev, module, name)
     entry = _functions.get(key)
     if entry is None:
@@ -101,8 +110,25 @@ def _function(dev: int, module: str, name: str, smem: int) -> tuple[object, int]
                 fn = kernels.load(module).get_function(name)
                 if smem > 48 * 1024:
                     fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default, once
+                if ctas_per_sm is not None:
+                    fn.preferred_shared_memory_carveout = _carveout_percent(dev, fn, smem, ctas_per_sm)
                 entry = _functions[key] = (fn, fn.kernel.ptr)
     return entry
+
+
+def _carveout_percent(dev: int, fn, smem: int, ctas: int) -> int:
+    """The smallest shared-memory carveout preference (percent of a multiprocessor's largest shared
+    memory) that holds ``ctas`` CTAs of ``fn`` with ``smem`` bytes of dynamic shared memory each. The
+    driver takes the smallest configuration at or above a preference, so the CTAs beyond ``ctas`` no
+    longer fit and the rest of the array stays L1 (why the decode kernel wants that:
+    ``DECODE_CTAS_PER_SM``)."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    per_sm = rt.deviceGetAttribute(81, dev)    # cudaDevAttrMaxSharedMemoryPerMultiprocessor
+    reserved = rt.deviceGetAttribute(111, dev)  # cudaDevAttrReservedSharedMemoryPerBlock
+    need = ctas * (smem + int(fn.attributes["shared_size_bytes"]) + reserved)
+    return min(100, -(-100 * need // per_sm))
 
 
 def _stream(dev: int):
@@ -122,14 +148,16 @@ def _cc_major(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).major
 
 
-def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0,
+            ctas_per_sm: int | None = None) -> None:
     """One launch on the current torch stream: with programmatic dependent launch through the driver
-    (``optimized/launch.py``) on compute capability 9.0+ unless ``TURNKV_PDL=0``, else through CuPy."""
+    (``optimized/launch.py``) on compute capability 9.0+ unless ``TURNKV_PDL=0``, else through CuPy.
+    ``ctas_per_sm``: see ``_function``."""
     import cupy
 
     dev = _device_index(ref)
     with cupy.cuda.Device(dev):
-        fn, handle = _function(dev, module, name, smem)
+        fn, handle = _function(dev, module, name, smem, ctas_per_sm)
         if launch.pdl_enabled(_cc_major(dev)):
             launch.launch_pdl(handle, grid, block, args, smem, torch.cuda.current_stream(dev).cuda_stream)
             return
@@ -586,7 +614,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                  out=_fused_out)
     if B == 0:
         return o_part, lse_part
-    HG = -(-G // 16)
+    HG = -(-G // 8)  # query heads per CTA: attention.cu DecodeCfg::NQ
     _need(B <= 65535 and n_kv * HG <= 65535, "batch or KV-head count exceeds the grid limits")
     grid = (S, n_kv * HG, B)
     tickets = None
@@ -598,7 +626,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
              _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
-             _p(row_seq), cos_p, sin_p, max_pos, _p(_fused_out), _p(tickets)), smem)
+             _p(row_seq), cos_p, sin_p, max_pos, _p(_fused_out), _p(tickets)), smem, DECODE_CTAS_PER_SM)
     return o_part, lse_part
 
 

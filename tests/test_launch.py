@@ -112,12 +112,13 @@ def test_ops_launch_dispatch(monkeypatch):
 
 @pytest.fixture
 def launch_log(monkeypatch) -> list[tuple]:
-    """``ops`` on CPU tensors with ``_launch`` recorded: (module, kernel, grid, block, args) per launch."""
+    """``ops`` on CPU tensors with ``_launch`` recorded: (module, kernel, grid, block, args, ctas_per_sm) per
+    launch."""
     from optimized import ops
 
     log: list[tuple] = []
-    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0:
-                        log.append((module, name, grid, block, args)))
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
+                        log.append((module, name, grid, block, args, ctas_per_sm)))
     monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
     return log
 
@@ -161,7 +162,7 @@ def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
     pk = ops.pack_sampling_params([SamplingParams(temperature=1.0)] * B, [5, 6, 7], "cpu")
     toks, lps = ops.sample(logits, **pk)
     assert toks.shape == (B,) and toks.dtype == torch.int32 and lps.dtype == torch.float32
-    (m1, n1, g1, b1, a1), (m2, n2, g2, b2, a2) = log
+    (m1, n1, g1, b1, a1, _), (m2, n2, g2, b2, a2, _) = log
     C = ops.sample_chunks(V)
     assert (m1, n1, g1, b1) == ("sampling", "sample_partial", (C, B, 1), (ops.SAMPLE_PARTIAL_THREADS, 1, 1))
     assert (m2, n2, g2, b2) == ("sampling", "sample", (B, 1, 1), (1024, 1, 1))
@@ -208,6 +209,50 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
     assert [name for _, name, *_ in log] == ["split_kv_partials_d64"]
     with pytest.raises(ValueError, match="ticket array"):
         ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
+
+
+def test_decode_ctas_take_eight_query_heads_and_ask_for_two_per_multiprocessor(launch_log, monkeypatch):
+    """A ``split_kv_partials`` CTA serves up to ``DecodeCfg::NQ`` = 8 query heads of one KV head (the
+    8-column side of its MMAs): a GQA group of 16 takes two CTAs, of 5 or 8 one. Its launch asks for a
+    shared-memory configuration of ``DECODE_CTAS_PER_SM`` = 2 CTAs."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    D, bs, n_kv = 64, 16, 2
+    kc = torch.zeros(8, bs, n_kv, D, dtype=torch.bfloat16)
+    for G, groups in ((1, 1), (5, 1), (8, 1), (9, 2), (16, 2), (17, 3)):
+        q = torch.zeros(3, G * n_kv, D, dtype=torch.bfloat16)
+        del log[:]
+        ops.split_kv_decode(q, kc, kc, torch.zeros(3, 4, dtype=torch.int32), torch.full((3,), 40, dtype=torch.int32), None)
+        assert log[0][2] == (1, n_kv * groups, 3) and log[0][5] == ops.DECODE_CTAS_PER_SM == 2, (G, log[0])
+    from optimized import kernels
+
+    assert "NQ = 8;" in kernels.source("attention")
+
+
+def test_carveout_preference_holds_the_ctas_asked_for_and_no_more(monkeypatch):
+    """``ops._carveout_percent``: the smallest percentage of a multiprocessor's shared memory that holds
+    ``ctas`` CTAs (dynamic + static + the driver's reserve each). The H200's numbers: 228 KiB a
+    multiprocessor, 1 KiB reserved a CTA, the decode kernel's 73984 + 1808 bytes."""
+    import sys
+    import types
+
+    from optimized import ops
+
+    attrs = {81: 233472, 111: 1024}
+    rt = types.SimpleNamespace(deviceGetAttribute=lambda attr, dev: attrs[attr])
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt)))
+    fn = types.SimpleNamespace(attributes={"shared_size_bytes": 1808})
+    two = ops._carveout_percent(0, fn, 73984, 2)
+    assert two == 66                                       # ceil(100 * 153632 / 233472)
+    per_cta = 73984 + 1808 + 1024
+    assert two * attrs[81] / 100 >= 2 * per_cta            # two fit in what it asks for ...
+    assert 164 * 1024 < 3 * per_cta                        # ... and the 164 KiB configuration above it holds no third
+    assert ops._carveout_percent(0, fn, 73984, 3) == 99
+    assert ops._carveout_percent(0, fn, 200_000, 2) == 100  # more than there is: the largest
 
 
 def test_attention_rejects_a_cache_past_int32_chunk_offsets(launch_log, monkeypatch):

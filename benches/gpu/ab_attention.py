@@ -19,7 +19,8 @@ the base file's ("base") through the same ``optimized.ops`` entry points, and
 
 Paged prefill: (sequences x chunk over cached prefix) as in ``probe_kernels.py``, each prefill variant.
 Split-KV decode: (batch, context) at the engine's ``auto`` split, with ``fused`` as the engine picks it.
-Exits non-zero when any output differs.
+Exits non-zero when any output differs, unless ``--bits-may-differ`` (a change of the arithmetic: each
+side's accuracy is then ``check_kernels.py``'s to show) makes it print the largest difference instead.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from reference.attention import split_size_for  # noqa: E402
 N_Q, N_KV, D, BS = 32, 8, 128, 16
 PREFILL = [(8, 1024, 4096), (32, 256, 0), (2, 4096, 0), (32, 256, 16384), (8, 1024, 16384), (2, 4096, 16384)]
 DECODE = [(1, 300), (1, 4096), (1, 16384), (8, 300), (8, 4096), (8, 16384), (32, 1024), (32, 4096), (64, 2048),
-          (128, 16384)]
+          (128, 16384), (1, 1024), (8, 1024), (32, 16384), (128, 1024), (128, 4096)]
 
 
 def build(text: str, defines: tuple[str, ...] | list[str] = ()):
@@ -66,13 +67,16 @@ def install(mod, module: str = "attention") -> None:
         del ops._functions[key]
 
 
-def compare(name: str, sides: dict, call, rounds: int, reps: int, work: float, unit: str) -> bool:
+def compare(name: str, sides: dict, call, rounds: int, reps: int, work: float, unit: str,
+            bits_may_differ: bool = False) -> bool:
     outs = {}
     for tag, mod in sides.items():
         install(mod)
         outs[tag] = call().clone()
         torch.cuda.synchronize()
     same = torch.equal(outs["new"].view(torch.int16), outs["base"].view(torch.int16))
+    diff = (outs["new"].float() - outs["base"].float()).abs()
+    bits = "equal" if same else f"DIFFER (max |new - base| {diff.max().item():.3g}, mean {diff.mean().item():.3g})"
     best = {tag: float("inf") for tag in sides}
     for _ in range(rounds):
         for tag, mod in sides.items():
@@ -80,9 +84,8 @@ def compare(name: str, sides: dict, call, rounds: int, reps: int, work: float, u
             best[tag] = min(best[tag], gpu_seconds(call, iters=reps) * 1e6)
     rate = {tag: work / (us * 1e-6) for tag, us in best.items()}
     print(f"{name}: base {best['base']:.1f} us ({rate['base']:.1f} {unit}), new {best['new']:.1f} us "
-          f"({rate['new']:.1f} {unit}), new/base time {best['new'] / best['base']:.3f}, bits "
-          f"{'equal' if same else 'DIFFER'}", flush=True)
-    return same
+          f"({rate['new']:.1f} {unit}), new/base time {best['new'] / best['base']:.3f}, bits {bits}", flush=True)
+    return same or bits_may_differ
 
 
 def main() -> int:
@@ -93,6 +96,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--only", nargs="*", choices=("prefill", "decode"), default=("prefill", "decode"))
+    ap.add_argument("--bits-may-differ", action="store_true",
+                    help="report differing outputs (their largest difference) without failing")
     ap.add_argument("--problems", nargs="*", type=int, default=None,
                     help="indices into the section's problem list (default: all)")
     a = ap.parse_args()
@@ -127,7 +132,7 @@ def main() -> int:
                 ok &= compare(f"paged_prefill[{v}] {nseq}x{C} over {P}", sides,
                               lambda v=v, p=p, q=q, idx=idx, pos=pos: ops.paged_prefill(
                                   q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=v),
-                              a.rounds, a.reps, tflop, "TFLOP/s")
+                              a.rounds, a.reps, tflop, "TFLOP/s", a.bits_may_differ)
             del p
     if "decode" in a.only:
         for B, ctx in DECODE:
@@ -139,9 +144,10 @@ def main() -> int:
             ok &= compare(f"split_kv_decode B={B} ctx={ctx} auto ({n} x {size or ctx})", sides,
                           lambda p=p, q=q, size=size, n=n: ops.split_kv_decode(
                               q, p.k_cache, p.v_cache, p.tables, p.lens, size, max_splits=n),
-                          a.rounds, a.reps, gbytes, "GB/s")
+                          a.rounds, a.reps, gbytes, "GB/s", a.bits_may_differ)
             del p
-    print("all outputs bitwise equal to the base" if ok else "SOME OUTPUTS DIFFER FROM THE BASE")
+    print("all outputs bitwise equal to the base" if ok and not a.bits_may_differ else
+          "outputs compared (--bits-may-differ)" if ok else "SOME OUTPUTS DIFFER FROM THE BASE")
     return 0 if ok else 1
 
 

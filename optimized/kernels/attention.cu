@@ -705,23 +705,129 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 // depend on which CTA finishes last, and equal those of the two-kernel path. seq_len 0: split 0
 // writes zeros. One launch instead of two, and no partials at all for short sequences.
 //
-// CTA = (split, KV head x group of <= 16 query heads, sequence). The group's query heads are the
-// 16 rows of one m16 tile (zero rows if G < 16), so K/V is read once for all heads sharing it
-// (16-byte cp.async loads, double-buffered 64-key tiles). Each of the 4 warps takes 16 keys of a
-// tile with its own online-softmax state; the 4 states are merged at the end in fixed warp order
+// CTA = (split, KV head x group of <= 8 query heads, sequence); K/V is read once for all the heads
+// of a group (16-byte cp.async loads, double-buffered 64-key tiles). Each of the 4 warps takes 16 keys
+// of a tile with its own online-softmax state; the 4 states are merged at the end in fixed warp order
 // (deterministic).
+//
+// Keys are the 16-row side of every MMA ("keys as rows"): a decode CTA has one query per head, and the
+// GQA groups of Qwen3 are 2-8 heads, so with the queries on the 16-row side (as in paged_prefill) 8 to
+// 14 of the 16 rows were padding. With the operands swapped a warp computes, per 16 keys,
+//   S^T (16 keys x 8 queries)  = K (16 x D) . Q^T (D x 8)       D/16 MMAs (Q^T: B fragments, in registers)
+//   O^T (D x 8 queries)       += V^T (D x 16 keys) . P^T (16 x 8) D/16 MMAs (V^T: transposed ldmatrix)
+// half the MMAs of the 16-query-row layout, a quarter of the softmax elements per thread and half the
+// accumulator registers. P^T's C fragment holds a key per row g; the B operand wants keys along t: each
+// of its two 8x8 halves is transposed in registers (movmatrix). A query's maximum is reduced over the
+// 8 lanes that share its column (t), and its running sum stays a per-lane partial until the merge.
 // ------------------------------------------------------------------------------------------------
 template <int D>
 struct DecodeCfg {
-  // dynamic shared memory: Q [16][LD] + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes
-  // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number)
-  static constexpr int BN = 64, THREADS = 128, LD = D + 8;
-  // the warps' fp32 states at the end, rows padded to D + 8 floats: a warp's 64-bit stores of its
-  // accumulator then fill the 32 banks twice (two wavefronts); unpadded (a row stride of 0 mod 32 banks)
-  // they took eight
-  static constexpr int OLD = D + 8;
-  static_assert(4 * 16 * OLD * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
+  // dynamic shared memory: Q [16][LD] (rows 0..7 used; the host's size is unchanged from the 16-row
+  // layout) + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes (D=128: 73984, D=64:
+  // 39168, D=32: 21760; ops.py computes the same number)
+  static constexpr int BN = 64, THREADS = 128, LD = D + 8, NQ = 8;
+  // the warps' fp32 states at the end, [4 warps][NQ queries][OLD]: lane (g, t) stores dims g, g+8 of
+  // queries 2t, 2t+1; with a row stride of D + 4 floats the four t groups land 8 banks apart
+  // (conflict-free 32-bit stores)
+  static constexpr int OLD = D + 4;
+  static_assert(4 * NQ * OLD * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
 };
+
+// B fragments of Q^T (D dims x 8 queries) for each 16-dim k-step, from the Q tile's rows 0..7.
+// ldmatrix.x4 matrix i = (queries 0..7, dims 32j + 8i .. +7): b0, b1 of k-step 2j, then of 2j + 1.
+template <int D>
+__device__ __forceinline__ void load_qt_frags(u32 (&qb)[D / 16][2], u32 sQ, int lane) {
+  constexpr int LD = D + 8, KS = D / 16;
+  const u32 base = sQ + ((lane & 7) * LD + (lane >> 3) * 8) * 2;
+#pragma unroll
+  for (int j = 0; j < KS / 2; ++j) ldsm_x4(qb[2 * j][0], qb[2 * j][1], qb[2 * j + 1][0], qb[2 * j + 1][1], base + j * 32 * 2);
+  if constexpr (KS % 2 == 1) ldsm_x2(qb[KS - 1][0], qb[KS - 1][1], base + (KS - 1) * 16 * 2);
+}
+
+// s (16 keys x 8 queries, C layout: c0, c1 = key g, queries 2t, 2t+1; c2, c3 = key g + 8) = K . Q^T for
+// the 16 keys at sK row 0. The k-steps alternate between two accumulators (two dependency chains of
+// D/32 MMAs instead of one of D/16), added at the end.
+template <int D>
+__device__ __forceinline__ void tile_scores_t(const u32 (&qb)[D / 16][2], u32 sK, int lane, float (&s)[4]) {
+  constexpr int LD = D + 8, KS = D / 16;
+  const int mi = lane >> 3;
+  // A = K: matrices (keys 0..7, dims +0..7), (keys 8..15, dims +0..7), (keys 0..7, dims +8..15), (keys 8..15, +8..15)
+  const u32 base = sK + ((((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
+  float acc[2][4];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    u32 a[4];
+    ldsm_x4(a[0], a[1], a[2], a[3], base + kk * 16 * 2);
+    mma_bf16(acc[kk & 1], a, qb[kk][0], qb[kk][1]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s[i] = KS > 1 ? acc[0][i] + acc[1][i] : acc[0][i];
+}
+
+// One online-softmax step of the keys-as-rows layout: this lane holds keys key0 (s[0], s[1]) and
+// key0 + 8 (s[2], s[3]) of queries 2t (e = 0) and 2t + 1 (e = 1); a key is visible iff key <= lim.
+// Each query's maximum is reduced over the 8 lanes of its column, so m_ agrees across them; l_ is
+// this lane's partial sum (reduced in the merge). On return s holds exact-0-or-exp2 probabilities.
+// m_ is in the log2 domain as in online_softmax_step; MASKED = false drops the selects (same bits).
+template <int D, bool MASKED>
+__device__ __forceinline__ void online_softmax_t(float (&s)[4], int key0, int lim, float sl2, float (&m_)[2],
+                                                 float (&l_)[2], float (&o)[D / 16][4]) {
+  if (MASKED) {
+    if (key0 > lim) s[0] = s[1] = neg_inf();  // masked: selected away
+    if (key0 + 8 > lim) s[2] = s[3] = neg_inf();
+  }
+  float alpha[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mx = fmaxf(s[e], s[2 + e]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(m_[e], mx * sl2);
+    const float m_use = (m_new == neg_inf()) ? 0.f : m_new;  // never -inf - -inf
+    alpha[e] = fast_exp2(m_[e] - m_use);                     // 0 while the query has seen nothing
+    m_[e] = m_new;
+#pragma unroll
+    for (int i = e; i < 4; i += 2) {
+      const float v = s[i];
+      s[i] = (MASKED && v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));  // masked -> exactly 0
+    }
+    l_[e] = l_[e] * alpha[e] + (s[e] + s[2 + e]);
+  }
+  // rescale unless no query's maximum moved (alpha == 1: the identity, skipping it changes no bit)
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      o[mt][0] *= alpha[0];
+      o[mt][1] *= alpha[1];
+      o[mt][2] *= alpha[0];
+      o[mt][3] *= alpha[1];
+    }
+  }
+}
+
+// o (O^T: D/16 tiles of 16 dims x 8 queries; c0, c1 = dim 16mt + g, queries 2t, 2t+1; c2, c3 = dim + 8)
+// += V^T . P^T for the 16 keys at sV row 0, p the probabilities of tile_scores_t's layout.
+template <int D>
+__device__ __forceinline__ void tile_pv_t(const float (&p)[4], u32 sV, int lane, float (&o)[D / 16][4]) {
+  constexpr int LD = D + 8;
+  const int mi = lane >> 3;
+  // B = P^T (16 keys x 8 queries): the C fragment's two 8 x 8 halves (keys 0..7, keys 8..15; a key per
+  // row g), packed to bf16 and transposed, give b0 (keys 2t, 2t+1; query g) and b1 (keys 2t+8, 2t+9)
+  const u32 b0 = movm_t(pack_bf16(p[0], p[1]));
+  const u32 b1 = movm_t(pack_bf16(p[2], p[3]));
+  // A = V^T (16 dims x 16 keys) by transposed loads: matrices (keys 0..7, dims +0..7), (keys 0..7,
+  // dims +8..15), (keys 8..15, dims +0..7), (keys 8..15, dims +8..15)
+  const u32 base = sV + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    u32 a[4];
+    ldsm_x4_t(a[0], a[1], a[2], a[3], base + mt * 16 * 2);
+    mma_bf16(o[mt], a, b0, b1);
+  }
+}
 
 // atomicAdd with acquire-release semantics at GPU scope (atomicAdd itself is relaxed); returns the old value
 __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
@@ -795,23 +901,24 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   typedef DecodeCfg<D> C;
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
+  constexpr int NQ = C::NQ;
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD], rows 0..NQ-1 used
   __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
   __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
-  __shared__ float s_m[4][16];
-  __shared__ float s_l[4][16];
+  __shared__ float s_m[4][NQ];
+  __shared__ float s_l[4][NQ];
 
   TRACE(0);  // after pdl_entry
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = n_q / n_kv;
-  const int HG = (G + 15) >> 4;
+  const int HG = (G + NQ - 1) / NQ;
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / HG;
   const int hg = blockIdx.y - kvh * HG;
   const int b = blockIdx.z;
-  const int h0 = kvh * G + hg * 16;
-  const int nrows = min(16, G - hg * 16);
+  const int h0 = kvh * G + hg * NQ;
+  const int nrows = min(NQ, G - hg * NQ);
   const long long part = (long long)b * max_splits + split;  // (b, split) index
 
   // The prologue's loads go out together, none waiting on another: the sequence's length, the pages of
@@ -827,7 +934,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     blk = block_of((int)s0l + tid, block_size, bs_log2);
     page = bt[blk];
   }
-  for (int i = tid; i < 16 * CH; i += THREADS) {
+  for (int i = tid; i < NQ * CH; i += THREADS) {
     const int r = i / CH, c = i % CH;
     const bool skip = r >= nrows;  // rows past the group's heads are zeros
     cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8),
@@ -861,16 +968,16 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
 
   cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
   __syncthreads();
-  u32 qf[D / 16][4];
-  load_q_frags<D>(qf, smem_u32(sQ), 0, lane);
+  u32 qb[D / 16][2];
+  load_qt_frags<D>(qb, smem_u32(sQ), lane);
 
-  float o[D / 8][4];
+  float o[D / 16][4];  // O^T: dims 16mt + g (+8) x queries 2t, 2t+1
 #pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-  float m_[2] = {neg_inf(), neg_inf()};
+  for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  float m_[2] = {neg_inf(), neg_inf()};  // queries 2t, 2t+1
   float l_[2] = {0.f, 0.f};
   const float sl2 = scale * kLog2e;
-  const int lim[2] = {s1 - 1, s1 - 1};  // every key of the split is visible
+  const int lim = s1 - 1;  // every key of the split is visible
 
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
@@ -888,12 +995,15 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
       __syncthreads();
     }
-    float s[2][4];
-    tile_scores<D, 2>(qf, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
-    online_softmax<D, 2, 1>(reinterpret_cast<float(&)[1][2][4]>(s), s0 + j * BN + warp * 16,
-                            reinterpret_cast<const int(&)[1][2]>(lim), sl2, lane, reinterpret_cast<float(&)[1][2]>(m_),
-                            reinterpret_cast<float(&)[1][2]>(l_), reinterpret_cast<float(&)[1][D / 8][4]>(o));
-    tile_pv<D, 2>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
+    float s[4];
+    tile_scores_t<D>(qb, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
+    const int key0 = s0 + j * BN + warp * 16 + (lane >> 2);  // this lane's first key (row g)
+    // the warp's 16 keys all visible: a warp-uniform condition, voted so that the compiler knows it is
+    if (__all_sync(0xffffffffu, s0 + j * BN + warp * 16 + 15 <= lim))
+      online_softmax_t<D, false>(s, key0, lim, sl2, m_, l_, o);
+    else
+      online_softmax_t<D, true>(s, key0, lim, sl2, m_, l_, o);
+    tile_pv_t<D>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
     if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
       s_off[st][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
     __syncthreads();
@@ -902,21 +1012,23 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   TRACE(3);  // the key loop is done
   // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
   constexpr int OLD = C::OLD;
-  float* sO = reinterpret_cast<float*>(sK);  // [4][16][OLD]
+  float* sO = reinterpret_cast<float*>(sK);  // [4][NQ][OLD]
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = (lane >> 2) + 8 * h;
-    if ((lane & 3) == 0) {
-      s_m[warp][r] = m_[h];
-      s_l[warp][r] = l;
+  for (int e = 0; e < 2; ++e) {
+    float l = l_[e];  // this lane's partial sum -> the warp's, over the 8 lanes of query 2t + e
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
+    if (g == 0) {
+      s_m[warp][2 * t + e] = m_[e];
+      s_l[warp][2 * t + e] = l;
     }
+    float* row = sO + (warp * NQ + 2 * t + e) * OLD + g;
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      const int col = nt * 8 + 2 * (lane & 3);
-      *reinterpret_cast<float2*>(sO + (warp * 16 + r) * OLD + col) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
+    for (int mt = 0; mt < D / 16; ++mt) {
+      row[mt * 16] = o[mt][e];
+      row[mt * 16 + 8] = o[mt][2 + e];
     }
   }
   __syncthreads();
@@ -931,7 +1043,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     for (int w = 0; w < 4; ++w) {
       const float e = exp2f(s_m[w][r] - Ms);  // 0 for a warp that saw no key
       Lsum += e * s_l[w][r];
-      acc += e * sO[(w * 16 + r) * OLD + d];
+      acc += e * sO[(w * NQ + r) * OLD + d];
     }
     const float ov = Lsum > 0.f ? acc / Lsum : 0.f;
     if (direct) {  // fused, one split: this is the answer (the reduce of one split is the identity)

@@ -70,6 +70,19 @@ __device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, u3
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 
+// x2: lanes 0..15 give the row addresses of matrices 0 and 1 (the other lanes' are not read)
+__device__ __forceinline__ void ldsm_x2(u32& r0, u32& r1, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+// The transpose of an 8x8 b16 matrix held in fragment layout: a lane holding (row g, cols 2t, 2t+1)
+// of the input receives (rows 2t, 2t+1; col g) of it, i.e. (row g, cols 2t, 2t+1) of the transpose.
+__device__ __forceinline__ u32 movm_t(u32 a) {
+  u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // d += a * b  (m16n8k16, bf16 inputs, fp32 accumulate)
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(

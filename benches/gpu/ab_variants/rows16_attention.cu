@@ -1,0 +1,1125 @@
+// attention.cu -- paged attention kernels of the optimized engine.
+//
+// Reference twins: reference/attention.py
+//   paged_prefill_d{16,32,64,128}, _d{64,128}_x2 <-> paged_prefill
+//   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
+//   split_kv_reduce                   <-> reduce_splits
+//   merge_states                      <-> merge_states / merge_two (sorting and duplicate checks stay in Python)
+//
+// Layouts (shared with the reference):
+//   q            bf16 [T, n_q, D]  (token row stride q_stride elements; heads and D contiguous)
+//   k/v_cache    bf16 [num_blocks, block_size, n_kv, D]; token p of a sequence lives in page
+//                block_table[p / block_size], slot p % block_size (any block_size >= 1: shifts and
+//                masks when it is a power of two, an integer division otherwise)
+//   block_tables int32 [B, max_blocks], -1 past a sequence's last block
+//   seq_lens     int32 [B]
+//   GQA: query head h reads KV head h / (n_q / n_kv).
+//
+// Tensor-core conventions (PTX ISA, mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32):
+//   g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group)
+//   A (16x16, row-major), 4 x .b32, each two bf16 (lower half = lower column):
+//     a0: (row g,   cols 2t, 2t+1)    a1: (row g+8, cols 2t, 2t+1)
+//     a2: (row g,   cols 2t+8, 2t+9)  a3: (row g+8, cols 2t+8, 2t+9)
+//   B (16x8, "col"), 2 x .b32:  b0: (k 2t, 2t+1; n g)   b1: (k 2t+8, 2t+9; n g)
+//   C/D (16x8 f32): c0,c1: (row g, cols 2t, 2t+1)   c2,c3: (row g+8, cols 2t, 2t+1)
+//   => the C fragments of two adjacent 8-column tiles are, once packed to bf16, exactly the A
+//      fragment of the 16-column k-step they cover (used for P in O += P V).
+//   ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i; matrix i lands in register i;
+//   without .trans a lane receives (row g, cols 2t, 2t+1) of each 8x8 matrix, with .trans
+//   (rows 2t, 2t+1; col g).
+//
+// Shared-memory rows are padded to D + 8 bf16 (16 bytes) so that the 8 row addresses of one
+// ldmatrix phase fall in 8 distinct 16-byte bank groups (no conflicts for D in {16, 32, 64, 128}).
+//
+// Fused RoPE (rope_in_attention, twin: reference gather_keys with rope_theta): when cos_t is not
+// null the cache holds pre-RoPE keys, and each K tile is rotated in shared memory at its absolute
+// key positions right after it lands, with the fp32 tables and the operation order of rope.cu's
+// qk_norm_rope -- so the rotated keys are bitwise those the unfused path would have cached.
+//
+// NaN safety: stale cache slots (past seq_len, or unused pages) may hold NaN. K/V rows past the
+// range a tile needs are never loaded (cp.async with its ignore-src operand zero-fills them), and every
+// masked score is *selected* to -inf and its probability *selected* to exactly 0 -- a masked
+// probability is never produced by arithmetic on a masked score.
+
+#include <cuda_bf16.h>
+
+#include "pdl.cuh"
+
+#include "mma.cuh"
+
+// Phase stamps of split_kv_partials (benches/gpu/trace_decode.py compiles this file with
+// -DTK_DECODE_TRACE=N): thread 0 of CTA c < N writes the SM clock at each TRACE(i) to tk_decode_trace[c][i]
+// and the global timer at the kernel's start and end to [c][8], [c][9]. Without the macro it compiles to
+// nothing. (The array is at global scope, outside the anonymous namespace, so that its name is unmangled.)
+#ifdef TK_DECODE_TRACE
+__device__ unsigned long long tk_decode_trace[TK_DECODE_TRACE][10];
+#endif
+
+namespace {
+
+#ifdef TK_DECODE_TRACE
+__device__ __forceinline__ long long trace_cta() {
+  return blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+}
+__device__ __forceinline__ void trace_stamp(int i) {
+  const long long c = trace_cta();
+  if (threadIdx.x != 0 || c >= TK_DECODE_TRACE) return;
+  tk_decode_trace[c][i] = clock64();
+  if (i == 0 || i == 7) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tk_decode_trace[c][i == 0 ? 8 : 9] = t;
+  }
+}
+#define TRACE(i) trace_stamp(i)
+#else
+#define TRACE(i)
+#endif
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+__device__ __forceinline__ bool finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+// 2^x with one MUFU instruction (what exp2f becomes under -ftz=true, which CuPy always passes)
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The tile helpers below take shared-memory addresses as 32-bit integers (smem_u32 of the buffer):
+// each lane computes its own offset once, and every fragment load is then that register plus a
+// compile-time constant (an immediate of LDSM). With generic pointers the compiler rebuilt 64-bit
+// addresses and converted them to the shared window on every tile.
+
+// A fragments of a 16-row Q tile (rows of `row0`, all D columns) from padded shared memory.
+template <int D>
+__device__ __forceinline__ void load_q_frags(u32 (&qf)[D / 16][4], u32 sQ, int row0, int lane) {
+  constexpr int LD = D + 8;
+  const int mi = lane >> 3;
+  const u32 base = sQ + ((row0 + ((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], base + kk * 16 * 2);
+}
+
+// s[nt] (16 rows x 8 keys, nt < NKT) = Q (16 x D) . K^T for the NKT*8 keys starting at sK row 0.
+template <int D, int NKT>
+__device__ __forceinline__ void tile_scores(const u32 (&qf)[D / 16][4], u32 sK, int lane, float (&s)[NKT][4]) {
+  constexpr int LD = D + 8;
+#pragma unroll
+  for (int nt = 0; nt < NKT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  const int mi = lane >> 3;
+  // matrices: (keys nt*8+0..7, dims kk*16+0..7), (same keys, dims +8), (keys +8, dims +0), (keys +8, dims +8)
+  const u32 base = sK + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int nt = 0; nt < NKT; nt += 2) {
+      u32 b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, base + (nt * 8 * LD + kk * 16) * 2);
+      mma_bf16(s[nt], qf[kk], b0, b1);
+      mma_bf16(s[nt + 1], qf[kk], b2, b3);
+    }
+  }
+}
+
+// s[mt][nt] (16 rows x 8 keys, for MT tiles of 16 query rows at sQ rows row0 + 16*mt) = Q . K^T for the
+// NKT*8 keys starting at sK row 0, the Q fragments read from shared memory one k-step at a time. Each
+// K fragment is loaded once for the MT row tiles; every accumulator sees the same k-step order as
+// tile_scores, so a row's scores are bitwise those of the one-tile path.
+template <int D, int NKT, int MT>
+__device__ __forceinline__ void tile_scores_sq(u32 sQ, int row0, u32 sK, int lane, float (&s)[MT][NKT][4]) {
+  constexpr int LD = D + 8;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NKT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+  const int mi = lane >> 3;
+  const u32 qbase = sQ + ((row0 + ((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
+  const u32 kbase = sK + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 qa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], qbase + (16 * mt * LD + kk * 16) * 2);
+#pragma unroll
+    for (int nt = 0; nt < NKT; nt += 2) {
+      u32 b0, b1, b2, b3;
+      ldsm_x4(b0, b1, b2, b3, kbase + (nt * 8 * LD + kk * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(s[mt][nt], qa[mt], b0, b1);
+        mma_bf16(s[mt][nt + 1], qa[mt], b2, b3);
+      }
+    }
+  }
+}
+
+// o[mt] (16 rows x D) += P[mt] (16 x NKT*8, fp32 probabilities in C layout) . V (NKT*8 keys from sV
+// row 0), for MT row tiles sharing each V fragment load.
+template <int D, int NKT, int MT>
+__device__ __forceinline__ void tile_pv_mt(const float (&p)[MT][NKT][4], u32 sV, int lane, float (&o)[MT][D / 8][4]) {
+  constexpr int LD = D + 8;
+  const int mi = lane >> 3;
+  // matrices (transposed): (keys +0..7, dims nt*8+0..7), (keys +8, dims +0), (keys +0, dims +8), (keys +8, dims +8)
+  const u32 base = sV + ((((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
+#pragma unroll
+  for (int kk = 0; kk < NKT / 2; ++kk) {
+    u32 a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);          // row g,   keys 2t, 2t+1
+      a[mt][1] = pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);          // row g+8, keys 2t, 2t+1
+      a[mt][2] = pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);  // row g,   keys 2t+8, 2t+9
+      a[mt][3] = pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);  // row g+8, keys 2t+8, 2t+9
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt += 2) {
+      u32 b0, b1, b2, b3;
+      ldsm_x4_t(b0, b1, b2, b3, base + (kk * 16 * LD + nt * 8) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(o[mt][nt], a[mt], b0, b1);
+        mma_bf16(o[mt][nt + 1], a[mt], b2, b3);
+      }
+    }
+  }
+}
+
+// o (16 rows x D) += P (16 x NKT*8) . V: the one-tile case
+template <int D, int NKT>
+__device__ __forceinline__ void tile_pv(const float (&p)[NKT][4], u32 sV, int lane, float (&o)[D / 8][4]) {
+  tile_pv_mt<D, NKT, 1>(reinterpret_cast<const float(&)[1][NKT][4]>(p), sV, lane,
+                        reinterpret_cast<float(&)[1][D / 8][4]>(o));
+}
+
+// Fold x[0..N) with op as a pairwise tree ((x0 op x1) op (x2 op x3)) ...: depth log2(N) instead of a
+// chain of N - 1 dependent instructions. Overwrites x.
+template <int N, typename Op>
+__device__ __forceinline__ float tree_fold(float (&x)[N], Op op) {
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) x[i] = op(x[i], x[i + w]);
+  return x[0];
+}
+
+// One online-softmax step for the rows this thread holds in MT row tiles (h = 0: row g, h = 1: row
+// g+8 of tile mt). s: raw scores of NKT*8 keys starting at absolute key position kv0 (+ the thread's
+// column offset), visible iff key <= lim[mt][h] (lim < 0: nothing visible). On return s holds
+// exact-0-or-exp2 probabilities. m_ is kept in the log2 domain (scores scaled by sl2 = scale*log2(e) >
+// 0, so the raw maximum scales to the scaled one); p = 2^(s*sl2 - m) is one FFMA and one MUFU.EX2.
+// MASKED = false (every key of the tile visible to every row of the warp) drops the per-element
+// select of the masked path. The bits are the same either way: for a visible key the select keeps the
+// score, and the one input the masked path treats apart, a score of -inf, gives 2^(-inf) = 0 in both.
+// The MT tiles' chains are independent, in one basic block: the scheduler interleaves them.
+template <int D, int NKT, int MT, bool MASKED>
+__device__ __forceinline__ void online_softmax_step(float (&s)[MT][NKT][4], int kv0, const int (&lim)[MT][2],
+                                                    float sl2, int lane, float (&m_)[MT][2], float (&l_)[MT][2],
+                                                    float (&o)[MT][D / 8][4]) {
+  const int c0 = kv0 + 2 * (lane & 3);
+  float alphas[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float t[NKT];  // per 8-key tile: the pair max, later the pair sum (pairwise trees: short dependency chains)
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) {
+        if (MASKED) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = c0 + nt * 8 + e;
+            s[mt][nt][2 * h + e] = (key <= lim[mt][h]) ? s[mt][nt][2 * h + e] : neg_inf();  // masked: selected away
+          }
+        }
+        t[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+      }
+      float mx = tree_fold<NKT>(t, [](float x, float y) { return fmaxf(x, y); });
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_[mt][h], mx * sl2);
+      const float m_use = (m_new == neg_inf()) ? 0.f : m_new;  // never -inf - -inf
+      const float alpha = fast_exp2(m_[mt][h] - m_use);        // 0 while the row has seen nothing
+      m_[mt][h] = m_new;
+#pragma unroll
+      for (int nt = 0; nt < NKT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = s[mt][nt][2 * h + e];
+          // masked -> exactly 0, never arithmetic on a masked score
+          s[mt][nt][2 * h + e] = (MASKED && v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_use));
+        }
+        t[nt] = s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
+      }
+      const float rs = tree_fold<NKT>(t, [](float x, float y) { return x + y; });
+      l_[mt][h] = l_[mt][h] * alpha + rs;
+      alphas[mt][h] = alpha;
+    }
+  }
+  // Rescale the accumulators, unless no row of the warp changed its maximum (alpha == 1 everywhere:
+  // the products would be the identity, so skipping them changes no bit; on long rows most tiles skip;
+  // for the same reason a tile whose alphas are all 1 may be rescaled with the others).
+  bool moved = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) moved |= alphas[mt][0] != 1.f || alphas[mt][1] != 1.f;
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        o[mt][nt][0] *= alphas[mt][0];
+        o[mt][nt][1] *= alphas[mt][0];
+        o[mt][nt][2] *= alphas[mt][1];
+        o[mt][nt][3] *= alphas[mt][1];
+      }
+    }
+  }
+}
+
+// online_softmax_step, the unmasked code when no key of the tile is hidden from any row of the warp
+// (a warp-uniform branch: most tiles of a long row, every tile of a decode split but its last).
+template <int D, int NKT, int MT>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NKT][4], int kv0, const int (&lim)[MT][2], float sl2,
+                                               int lane, float (&m_)[MT][2], float (&l_)[MT][2],
+                                               float (&o)[MT][D / 8][4]) {
+  bool full = true;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) full &= kv0 + NKT * 8 - 1 <= min(lim[mt][0], lim[mt][1]);
+  if (__all_sync(0xffffffffu, full))
+    online_softmax_step<D, NKT, MT, false>(s, kv0, lim, sl2, lane, m_, l_, o);
+  else
+    online_softmax_step<D, NKT, MT, true>(s, kv0, lim, sl2, lane, m_, l_, o);
+}
+
+// K/V tiles are copied in two steps. First, one thread per key row looks the row's page up in the
+// block table and writes the offset of its cache slot to a small shared table (row_offset,
+// tile_row_offsets); the kernels fill a tile's table two tiles ahead, the page read at the top of an
+// iteration and the entry written at its end, so the block-table load is off the copy's path and its
+// round trip overlaps the tile's work (read at the end, it held the iteration's closing barrier). Then every thread issues the cp.async copies of its 16-byte
+// chunks of the tile's rows from that table (load_kv_tile). Looking the page up in each of the D/8
+// copiers of a row, with the 64-bit product and the block-size branch, cost ~35 instructions per row
+// and thread, a fifth of the prefill kernel's instructions. The table holds 32-bit offsets in units of
+// 16 bytes (the host checks that a cache's 16-byte chunks are numbered within int32): a copier turns
+// one into its two addresses with two wide multiply-adds, where 64-bit byte offsets took a select and
+// two 64-bit additions per row.
+
+// Offset, in 16-byte chunks (8 bf16), of the cache slot of key position pos on page `page` (its block
+// index blk), or -1 (zero-fill) at pos >= kv_end or on a missing page. A slot is
+// page * block_size * n_kv * D + slot * n_kv * D elements into the cache; D % 8 == 0.
+__device__ __forceinline__ int slot_chunk(int page, int pos, int blk, int kv_end, int n_kv, int D, int block_size) {
+  if (pos >= kv_end || page < 0) return -1;
+  return page * (block_size * n_kv * (D / 8)) + (pos - blk * block_size) * (n_kv * (D / 8));
+}
+
+// block index of key position pos: bs_log2 = log2(block_size) for a power of two (a shift), else -1 (a
+// division)
+__device__ __forceinline__ int block_of(int pos, int block_size, int bs_log2) {
+  return bs_log2 >= 0 ? pos >> bs_log2 : pos / block_size;
+}
+
+// The page of key position pos (-1 at pos >= kv_end, where nothing is read)
+__device__ __forceinline__ int row_page(const int* __restrict__ bt, int pos, int kv_end, int block_size, int bs_log2) {
+  return pos < kv_end ? bt[block_of(pos, block_size, bs_log2)] : -1;
+}
+
+// slot_chunk of key position pos, its page looked up in the block table bt
+__device__ __forceinline__ int row_offset(const int* __restrict__ bt, int pos, int kv_end, int n_kv, int D,
+                                          int block_size, int bs_log2) {
+  return slot_chunk(row_page(bt, pos, kv_end, block_size, bs_log2), pos, block_of(pos, block_size, bs_log2), kv_end,
+                    n_kv, D, block_size);
+}
+
+// The tables of the two tiles at kv0 and kv0 + BN (s_off[0], s_off[1]), one row per thread; the caller
+// adds the barrier.
+template <int BN, int THREADS>
+__device__ __forceinline__ void tile_row_offsets(int (&s_off)[2][BN], const int* __restrict__ bt, int kv0, int kv_end,
+                                                 int n_kv, int D, int block_size, int bs_log2, int tid) {
+  static_assert(THREADS >= 2 * BN, "one thread per row of the two tiles");
+  if (tid < 2 * BN) s_off[tid / BN][tid % BN] = row_offset(bt, kv0 + tid, kv_end, n_kv, D, block_size, bs_log2);
+}
+
+// Issue the cp.async copies of one K/V tile (BN key rows of KV head kvh) from its row-offset table
+// (s_off[r]: 16-byte chunk index of row r's cache slot, -1: zero-fill, read nothing). Each thread copies
+// 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, straight-line code with
+// constant shared-memory offsets; per row one shared load, a compare, a max, two wide multiply-adds and
+// the two copies.
+template <int D, int BN, int THREADS, bool L1 = false>
+__device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV,
+                                             const __nv_bfloat16* __restrict__ k_cache,
+                                             const __nv_bfloat16* __restrict__ v_cache, const int* s_off, int kvh,
+                                             int tid) {
+  constexpr int LD = D + 8;
+  constexpr int CH = D / 8;
+  constexpr int RSTEP = THREADS / CH;
+  constexpr int ROWS = (BN + RSTEP - 1) / RSTEP;
+  static_assert(THREADS % CH == 0, "threads must cover whole rows");
+  const int c = tid % CH, r0 = tid / CH;
+  const uint4* kb = reinterpret_cast<const uint4*>(k_cache + (kvh * D + c * 8));
+  const uint4* vb = reinterpret_cast<const uint4*>(v_cache + (kvh * D + c * 8));
+  const u32 dk = smem_u32(sK + r0 * LD + c * 8), dv = smem_u32(sV + r0 * LD + c * 8);
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    const int r = r0 + i * RSTEP;
+    if (BN % RSTEP != 0 && r >= BN) break;
+    const int o = s_off[r];
+    const bool skip = o < 0;
+    const u32 off = (u32)max(o, 0);  // a skipped copy still gets an address inside the cache
+    cp_async16_or_zero<L1>(dk + i * RSTEP * LD * 2, kb + off, skip);
+    cp_async16_or_zero<L1>(dv + i * RSTEP * LD * 2, vb + off, skip);
+  }
+}
+
+// log2(x) for a power of two, -1 for any other block size
+__device__ __forceinline__ int block_shift(int x) { return (x & (x - 1)) == 0 ? __ffs(x) - 1 : -1; }
+
+// Fused RoPE: rotate the K rows [kv0, kv_end) of a tile in shared memory (rotate-half, fp32 tables
+// cos_t / sin_t [max_pos, D/2]; a position outside the table is left as it is, like qk_norm_rope).
+// The caller brackets it with CTA barriers (the tile has landed / the rotation is visible).
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv_end, const float* __restrict__ cos_t,
+                                              const float* __restrict__ sin_t, int max_pos, int tid) {
+  constexpr int LD = D + 8, HALF = D / 2;
+  for (int i = tid; i < BN * HALF; i += THREADS) {
+    const int r = i / HALF, j = i - r * HALF;
+    const int p = kv0 + r;
+    if (p < kv_end && p < max_pos) {
+      const float ya = __bfloat162float(sK[r * LD + j]);
+      const float yb = __bfloat162float(sK[r * LD + j + HALF]);
+      const float cs = cos_t[(long long)p * HALF + j];
+      const float sn = sin_t[(long long)p * HALF + j];
+      sK[r * LD + j] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(ya, cs), __fmul_rn(-yb, sn)));
+      sK[r * LD + j + HALF] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(yb, cs), __fmul_rn(ya, sn)));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// paged_prefill
+//
+// Math (twin: reference paged_prefill): query t of sequence b at position p attends keys 0..p of b:
+//   out[t, h] = sum_j softmax_j(scale * q[t, h] . k[b, j]) v[b, j],   j <= p (j < seq_len[b])
+// Padding rows (q_pos < 0, or a sequence index outside [0, B)) write zeros and read nothing.
+//
+// CTA = (tile of TT = BM / G consecutive query tokens, one KV head). Its BM rows (64, or 128 for the
+// _x2 kernels) are token-major (row r <-> token t0 + r / G, query head kvh*G + r % G), so GQA heads
+// sharing the KV head read each K/V tile once. 4 warps of 16 rows (or, _x2, of two 16-row tiles);
+// keys in tiles of BN = 64, double-buffered through cp.async; S = Q K^T and O += P V
+// on tensor cores; flash-attention-2 online softmax in fp32 (tiles entirely visible to a thread's
+// rows skip the per-element mask, and a warp whose maxima did not move skips the rescale of O).
+// The tokens of one CTA may belong to several sequences: the CTA runs one pass per distinct
+// sequence (in increasing index order), rows of other sequences fully masked in that pass, so no
+// layout of q_seq_idx can make a row read another sequence. A sequence's rows need not be
+// contiguous for correctness; contiguous rows (a chunk per sequence) keep passes to ~1 per CTA.
+// Heavy tiles (late in T) are scheduled first.
+// ------------------------------------------------------------------------------------------------
+// (r / G, r % G) for r = r0, r0 + step, r0 + 2 * step, ...: two divisions at the start, then an add and
+// a compare per step (the row -> (token, query head) map of a token-major tile; G is a runtime value).
+struct RowStep {
+  int tt, g, dq, dr, G;
+  __device__ __forceinline__ RowStep(int r0, int step, int G_) : G(G_) {
+    tt = r0 / G_;
+    g = r0 - tt * G_;
+    dq = step / G_;
+    dr = step - dq * G_;
+  }
+  // step on; true when g wrapped (tt took one more than dq)
+  __device__ __forceinline__ bool next() {
+    tt += dq;
+    g += dr;
+    const bool wrap = g >= G;
+    if (wrap) {
+      g -= G;
+      ++tt;
+    }
+    return wrap;
+  }
+};
+
+template <int D, int BN_, int BM_, int MT_>
+struct PrefillCfg {
+  // MT = 1: one warp per 16 query rows (BM = 64: 4 warps), Q fragments held in registers; the Q tile
+  //   [BM][LD] lives in stage 1 until they are loaded. (BM = 128 with 8 such warps measured slower
+  //   than both kernels kept: docs/performance.md.) Dynamic shared memory:
+  //   2 stages x (K [BN][LD], V [BN][LD]) bf16 = 4 * BN * LD * 2 bytes (BN = 64: D=128 69632, D=64
+  //   36864, D=32 20480).
+  // MT = 2: one warp per 32 query rows, two 16-row tiles sharing every K/V fragment it loads from
+  //   shared memory (half the ldmatrix traffic per MMA, and two independent softmax chains per warp);
+  //   the Q tile keeps its own [BM][LD] buffer and is read one k-step at a time: (4 * BN + BM) * LD * 2
+  //   bytes (D=128, BN=64, BM=128: 104448, two CTAs per multiprocessor).
+  // ops.py computes the same numbers. The output is staged in the Q tile at the end. A row's
+  // arithmetic (its key tiles, in the same order, the same k-step order in every MMA chain) depends
+  // on neither BM nor MT, so all variants with the same BN agree bit for bit.
+  static constexpr int BM = BM_, BN = BN_, MT = MT_, WARPS = BM_ / (16 * MT_), THREADS = 32 * WARPS, LD = D + 8;
+  static constexpr bool Q_OWN = MT_ > 1;
+  static_assert(BM % (16 * MT) == 0 && THREADS >= BM, "whole row tiles per warp; one thread per row for the row table");
+  static_assert(Q_OWN || BM <= 2 * BN, "the Q tile is aliased onto one K/V stage");
+};
+
+template <int D, int BN_, int BM_, int MT_>
+__device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
+                                                   const __nv_bfloat16* __restrict__ k_cache,
+                                                   const __nv_bfloat16* __restrict__ v_cache,
+                                                   const int* __restrict__ block_tables, int max_blocks,
+                                                   const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx,
+                                                   const int* __restrict__ q_pos, __nv_bfloat16* __restrict__ out, int T,
+                                                   int B, int n_q, int n_kv, int block_size, float scale,
+                                                   const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                                   int max_pos) {
+  typedef PrefillCfg<D, BN_, BM_, MT_> C;
+  constexpr int BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
+  constexpr int STAGE = 2 * BN * LD;  // one stage: K [BN][LD] then V [BN][LD]
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // stage st: K at sK + st*STAGE
+  __nv_bfloat16* sV = sK + BN * LD;                                 //           V at sV + st*STAGE
+  __nv_bfloat16* sQ = sK + (C::Q_OWN ? 2 : 1) * STAGE;              // [BM][LD]: own buffer, or stage 1
+  const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV), sQ_u = smem_u32(sQ);  // the same, as shared addresses
+  __shared__ int s_seq[BM];
+  __shared__ int s_pos[BM];
+  __shared__ int s_lim[BM];             // per pass: the last key each row sees
+  __shared__ int s_off[2][BN];    // row-offset tables of two K/V tiles (load_kv_tile)
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row0 = warp * 16 * MT;  // this warp's first query row of the tile
+  const int G = n_q / n_kv;
+  const int TT = BM / G;  // tokens per CTA (host guarantees 1 <= G <= BM)
+  const int rows_used = TT * G;
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int t0 = tile * TT;
+  const int bs_log2 = block_shift(block_size);
+
+  if (tid < BM) {
+    int sq = -1, ps = -1;
+    if (tid < TT && t0 + tid < T) {
+      ps = q_pos[t0 + tid];
+      sq = q_seq_idx[t0 + tid];
+      if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
+    }
+    s_seq[tid] = sq;
+    s_pos[tid] = ps;
+  }
+  __syncthreads();  // the row table (s_seq, s_pos)
+  // Q tile -> shared by cp.async (rows of padding, of a token past T or of no valid sequence
+  // zero-filled: such rows are in no pass and write zeros), a commit group of its own. With its own
+  // buffer (MT = 2) nothing waits for it here: it lands with the first K/V tile, whose copies the first
+  // pass issues right away, so the two loads' latencies overlap.
+  {
+    // thread: chunk c of rows r0, r0 + QS, ...; each row's (token, head) = (r / G, r % G) stepped, not divided
+    constexpr int QS = THREADS / CH;
+    static_assert(THREADS % CH == 0 && BM % QS == 0, "whole rows per sweep, whole sweeps per tile");
+    const int c = tid % CH, r0 = tid / CH;
+    RowStep rg(r0, QS, G);
+    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in q, stepped with (tt, g)
+    long long off = (long long)(t0 + rg.tt) * q_stride + (kvh * G + rg.g) * D + c * 8;
+    const long long step = (long long)rg.dq * q_stride + rg.dr * D, wrap = (long long)q_stride - G * D;
+    u32 dst = smem_u32(sQ + r0 * LD + c * 8);
+#pragma unroll 4
+    for (int r = r0; r < BM; r += QS, dst += QS * LD * 2) {
+      const bool ok = s_pos[rg.tt] >= 0;  // (-1 for every token index >= TT: r < rows_used is implied)
+      cp_async16_or_zero(dst, q + (ok ? off : 0), !ok);
+      off += step;
+      if (rg.next()) off += wrap;
+    }
+  }
+  cp_async_commit();
+
+  u32 qf[C::Q_OWN ? 1 : D / 16][4];  // MT = 1: the Q fragments, in registers for the whole kernel
+  if constexpr (!C::Q_OWN) {
+    cp_async_wait<0>();
+    __syncthreads();
+    load_q_frags<D>(qf, smem_u32(sQ), row0, lane);
+    __syncthreads();  // every warp holds its Q fragments before stage 1 is overwritten
+  }
+
+  float o[MT][D / 8][4];
+  // the running maxima and sums (touched once per tile) in shared memory, each thread its own slots,
+  // which keeps the registers of the two-tile kernel under the 255 cap
+  __shared__ float s_m[MT][2][THREADS];
+  __shared__ float s_l[MT][2][THREADS];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.f;
+    s_m[mt][0][tid] = s_m[mt][1][tid] = neg_inf();
+    s_l[mt][0][tid] = s_l[mt][1][tid] = 0.f;
+  }
+  const float sl2 = scale * kLog2e;
+
+  int last = -1;
+  while (true) {
+    // Next sequence present in this tile (uniform across the CTA: every thread scans the same smem).
+    int b = 0x7fffffff;
+    for (int tt = 0; tt < TT; ++tt) {
+      const int sq = s_seq[tt];
+      if (sq > last && sq < b) b = sq;
+    }
+    if (b == 0x7fffffff) break;
+    int maxpos = -1;
+    for (int tt = 0; tt < TT; ++tt)
+      if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
+    const int slen = seq_lens[b];
+    const int L = min(maxpos + 1, slen);  // keys this pass needs: [0, L)
+    // the last visible key of every row of the tile in this pass (-1: none), once per pass; each
+    // thread reads its four rows' limits at every tile (one shared load each: the row -> token
+    // division and the row-table lookups stay out of the key loop, and out of the registers)
+    if (tid < BM) {
+      int lm = -1;
+      if (tid < rows_used) {
+        const int tt = tid / G;
+        if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
+      }
+      s_lim[tid] = lm;
+    }
+    const int* bt = block_tables + (long long)b * max_blocks;
+    const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+    tile_row_offsets<BN, THREADS>(s_off, bt, 0, L, n_kv, D, block_size, bs_log2, tid);  // tiles 0 and 1
+    __syncthreads();
+    if (ntiles > 0) {
+      load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
+      cp_async_commit();
+      for (int j = 0; j < ntiles; ++j) {
+        const int st = j & 1;
+        // row tid of tile j + 2: its page is read here and its table entry written at the end of the
+        // iteration, so the block-table round trip overlaps the tile's work, not the closing barrier
+        // (the two-tile kernel, at its register limit, reads it at the end: one live register less)
+        const int ahead = (j + 2) * BN + tid;
+        const int ahead_page =
+            (!C::Q_OWN && tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
+        if (j + 1 < ntiles)
+          load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * STAGE, sV + (st ^ 1) * STAGE, k_cache, v_cache,
+                                       s_off[st ^ 1], kvh, tid);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+          rotate_k_tile<D, BN, THREADS>(sK + st * STAGE, j * BN, L, cos_t, sin_t, max_pos, tid);
+          __syncthreads();
+        }
+        float s[MT][BN / 8][4];
+        if constexpr (C::Q_OWN)
+          tile_scores_sq<D, BN / 8, MT>(sQ_u, row0, sK_u + st * STAGE * 2, lane, s);
+        else
+          tile_scores<D, BN / 8>(qf, sK_u + st * STAGE * 2, lane, s[0]);
+        int lim[MT][2];
+        float m2[MT][2], l2[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            lim[mt][h] = s_lim[row0 + 16 * mt + (lane >> 2) + 8 * h];
+            m2[mt][h] = s_m[mt][h][tid];
+            l2[mt][h] = s_l[mt][h][tid];
+          }
+        }
+        online_softmax<D, BN / 8, MT>(s, j * BN, lim, sl2, lane, m2, l2, o);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s_m[mt][h][tid] = m2[mt][h];
+            s_l[mt][h][tid] = l2[mt][h];
+          }
+        }
+        tile_pv_mt<D, BN / 8, MT>(s, sV_u + st * STAGE * 2, lane, o);
+        if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
+          s_off[st][tid] = C::Q_OWN ? row_offset(bt, ahead, L, n_kv, D, block_size, bs_log2)
+                                    : slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), L, n_kv, D,
+                                                 block_size);
+        __syncthreads();
+      }
+    }
+    last = b;
+  }
+
+  // Normalise and stage this warp's rows (bf16) in its own rows of sQ, then 16-byte stores. (Safe:
+  // with MT = 1 every pass ends with a CTA barrier after the last read of the stage buffers; with
+  // MT = 2 only this warp ever reads its rows of the Q tile, and the Q copies have landed: by the first
+  // tile's wait, or, in a CTA without a key tile, by the wait here.)
+  if constexpr (C::Q_OWN) {
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = s_l[mt][h][tid];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 16 * mt + (lane >> 2) + 8 * h;
+        const int col = nt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<u32*>(sQ + r * LD + col) =
+            pack_bf16(o[mt][nt][2 * h] * inv[h], o[mt][nt][2 * h + 1] * inv[h]);
+      }
+    }
+  }
+  __syncwarp();
+  {
+    // lane: chunk c of rows r1, r1 + OS, ... of this warp's 16 * MT rows, (token, head) stepped as above
+    constexpr int OS = 32 / CH;
+    static_assert(32 % CH == 0 && (16 * MT) % OS == 0, "whole rows per warp sweep");
+    const int c = lane % CH, r1 = row0 + lane / CH;
+    RowStep rg(r1, OS, G);
+    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in out, stepped with (tt, g)
+    long long off = ((long long)(t0 + rg.tt) * n_q + kvh * G + rg.g) * D + c * 8;
+    const long long step = ((long long)rg.dq * n_q + rg.dr) * D, wrap = (long long)(n_q - G) * D;
+#pragma unroll 4
+    for (int r = r1; r < row0 + 16 * MT; r += OS) {
+      if (r < rows_used && t0 + rg.tt < T)
+        *reinterpret_cast<uint4*>(out + off) = *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8);
+      off += step;
+      if (rg.next()) off += wrap;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// split_kv_partials
+//
+// Math (twin: reference split_kv_partials): one query per row b (a sequence's last token, so every
+// cached key is visible). Row b reads block-table row row_seq[b] (b itself when row_seq is null):
+// batch-invariant mode runs every prefill token through this kernel as its own row, with
+// seq_lens[b] = its position + 1 (twin: invariant_attention). Split k of row b covers key positions
+// [k*S, min((k+1)*S, seq_len[b])) and writes, per query head h,
+//   o_part[b, k, h] = sum_j softmax_j(scale * q[b, h] . k_j) v_j   (fp32)
+//   lse[b, k, h]    = log(sum_j exp(scale * q . k_j))              (natural log)
+// An empty split writes o = 0, lse = -inf.
+//
+// Fused reduce (out != null; split_kv_decode): the kernel also does split_kv_reduce's work and writes
+// bf16 out [B, n_q, D] itself. Only the n_live = min(max_splits, ceil(seq_len / S)) splits that hold
+// keys do anything: with one of them the CTA writes its normalised state straight to out (no partials);
+// with more, each writes its partials, takes a ticket (tickets[b * gridDim.y + blockIdx.y], an atomic
+// counter that starts and ends at zero) with release semantics, and the CTA that draws the last ticket
+// folds splits 0 .. n_live-1 in index order exactly as split_kv_reduce does -- so the bits do not
+// depend on which CTA finishes last, and equal those of the two-kernel path. seq_len 0: split 0
+// writes zeros. One launch instead of two, and no partials at all for short sequences.
+//
+// CTA = (split, KV head x group of <= 16 query heads, sequence). The group's query heads are the
+// 16 rows of one m16 tile (zero rows if G < 16), so K/V is read once for all heads sharing it
+// (16-byte cp.async loads, double-buffered 64-key tiles). Each of the 4 warps takes 16 keys of a
+// tile with its own online-softmax state; the 4 states are merged at the end in fixed warp order
+// (deterministic).
+// ------------------------------------------------------------------------------------------------
+template <int D>
+struct DecodeCfg {
+  // dynamic shared memory: Q [16][LD] + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes
+  // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number)
+  static constexpr int BN = 64, THREADS = 128, LD = D + 8;
+  // the warps' fp32 states at the end, rows padded to D + 8 floats: a warp's 64-bit stores of its
+  // accumulator then fill the 32 banks twice (two wavefronts); unpadded (a row stride of 0 mod 32 banks)
+  // they took eight
+  static constexpr int OLD = D + 8;
+  static_assert(4 * 16 * OLD * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
+};
+
+// atomicAdd with acquire-release semantics at GPU scope (atomicAdd itself is relaxed); returns the old value
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+// merge_two of reference/attention.py, split in two: the weights (once per (o, lse) row) and the
+// per-element fold, in the reference's operation order (no FMA contraction).
+struct MergeW {
+  float wa, wb, ts;
+  bool nz;
+};
+// Updates la to the merged lse and returns the weights for merge_o.
+__device__ __forceinline__ MergeW merge_weights(float& la, float lb) {
+  MergeW w;
+  const float m = fmaxf(la, lb);
+  const float ms = finite_f(m) ? m : 0.f;  // all -inf max -> 0: never -inf - -inf
+  w.wa = expf(la - ms);                    // exp(-inf) = 0 for an empty state
+  w.wb = expf(lb - ms);
+  const float tot = __fadd_rn(w.wa, w.wb);
+  w.nz = tot > 0.f;
+  w.ts = w.nz ? tot : 1.f;
+  la = w.nz ? __fadd_rn(ms, logf(w.ts)) : neg_inf();
+  return w;
+}
+__device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
+  const float x = __fadd_rn(__fmul_rn(w.wa > 0.f ? oa : 0.f, w.wa), __fmul_rn(w.wb > 0.f ? ob : 0.f, w.wb));
+  return w.nz ? __fdiv_rn(x, w.ts) : 0.f;
+}
+
+// reduce_splits of reference/attention.py, in its operation order (no FMA contraction): against the
+// maximum m of the splits' lse (an all -inf maximum taken as 0), each split's weight w = exp(lse - m),
+// the sums s = sum w and a = sum (w > 0 ? o w : 0) in index order, then o = a / s, lse = m + log(s)
+// (s = 0: o = 0, lse = -inf). Four adjacent dims of one row. The weights are independent of one another
+// and there is one division per element: a pairwise fold (merge_two) chained an exp, a log and a
+// division per split, 0.4 us a split in the fused reduce (docs/performance.md).
+struct SplitFold {
+  float ms, s;
+  float4 a;
+  __device__ __forceinline__ explicit SplitFold(float m) : ms(finite_f(m) ? m : 0.f), s(0.f) {
+    a = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __device__ __forceinline__ void add(float lse, const float4& o) {
+    const float w = expf(lse - ms);  // exp(-inf) = 0 for an empty split
+    s = __fadd_rn(s, w);
+    a.x = __fadd_rn(a.x, w > 0.f ? __fmul_rn(o.x, w) : 0.f);  // an empty split adds nothing, not 0 * o
+    a.y = __fadd_rn(a.y, w > 0.f ? __fmul_rn(o.y, w) : 0.f);
+    a.z = __fadd_rn(a.z, w > 0.f ? __fmul_rn(o.z, w) : 0.f);
+    a.w = __fadd_rn(a.w, w > 0.f ? __fmul_rn(o.w, w) : 0.f);
+  }
+  __device__ __forceinline__ float4 o() const {
+    if (!(s > 0.f)) return make_float4(0.f, 0.f, 0.f, 0.f);
+    return make_float4(__fdiv_rn(a.x, s), __fdiv_rn(a.y, s), __fdiv_rn(a.z, s), __fdiv_rn(a.w, s));
+  }
+  __device__ __forceinline__ float lse() const { return s > 0.f ? __fadd_rn(ms, logf(s)) : neg_inf(); }
+};
+
+template <int D>
+__device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
+                                                       const __nv_bfloat16* __restrict__ k_cache,
+                                                       const __nv_bfloat16* __restrict__ v_cache,
+                                                       const int* __restrict__ block_tables, int max_blocks,
+                                                       const int* __restrict__ seq_lens, float* __restrict__ o_part,
+                                                       float* __restrict__ lse_part, int n_q, int n_kv, int block_size,
+                                                       int split_size, int max_splits, float scale,
+                                                       const int* __restrict__ row_seq, const float* __restrict__ cos_t,
+                                                       const float* __restrict__ sin_t, int max_pos,
+                                                       __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {
+  typedef DecodeCfg<D> C;
+  constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD]
+  __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
+  __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
+  const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
+  __shared__ float s_m[4][16];
+  __shared__ float s_l[4][16];
+
+  TRACE(0);  // after pdl_entry
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int G = n_q / n_kv;
+  const int HG = (G + 15) >> 4;
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y / HG;
+  const int hg = blockIdx.y - kvh * HG;
+  const int b = blockIdx.z;
+  const int h0 = kvh * G + hg * 16;
+  const int nrows = min(16, G - hg * 16);
+  const long long part = (long long)b * max_splits + split;  // (b, split) index
+
+  // The prologue's loads go out together, none waiting on another: the sequence's length, the pages of
+  // the first two tiles' rows (looked up before the length is known, for every row inside the table's
+  // width), and Q by cp.async (its own commit group). The first K/V copies then wait on one round trip,
+  // where a length -> Q -> block-table chain waited on three.
+  const int* bt = block_tables + (long long)(row_seq != nullptr ? row_seq[b] : b) * max_blocks;
+  const long long s0l = (long long)split * split_size;
+  const int slen = seq_lens[b];
+  const int bs_log2 = block_shift(block_size);
+  int page = -1, blk = 0;  // the page of key s0 + tid (tid < 2 * BN)
+  if (tid < 2 * BN && s0l + tid < (long long)max_blocks * block_size) {
+    blk = block_of((int)s0l + tid, block_size, bs_log2);
+    page = bt[blk];
+  }
+  for (int i = tid; i < 16 * CH; i += THREADS) {
+    const int r = i / CH, c = i % CH;
+    const bool skip = r >= nrows;  // rows past the group's heads are zeros
+    cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8),
+                       q + (long long)b * q_stride + (long long)(h0 + (skip ? 0 : r)) * D + c * 8, skip);
+  }
+  cp_async_commit();
+  if (s0l >= slen) {  // empty split (uniform across the CTA)
+    TRACE(7);
+    cp_async_wait<0>();
+    if (out != nullptr) {  // fused: nothing to fold; an empty sequence's output is zeros (split 0 writes them)
+      if (split == 0)
+        for (int i = tid; i < nrows * D; i += THREADS) out[((long long)b * n_q + h0) * D + i] = __float2bfloat16_rn(0.f);
+      return;
+    }
+    for (int i = tid; i < nrows * D; i += THREADS) o_part[(part * n_q + h0) * D + i] = 0.f;
+    if (tid < nrows) lse_part[part * n_q + h0 + tid] = neg_inf();
+    return;
+  }
+  const int s0 = (int)s0l;
+  const int s1 = (int)min((long long)slen, s0l + split_size);
+  const int n_live = (int)min((long long)max_splits, (slen + (long long)split_size - 1) / split_size);  // splits with keys
+  const bool direct = out != nullptr && n_live == 1;  // fused with one live split: no partials at all
+
+  const int ntiles = (s1 - s0 + BN - 1) / BN;
+  __shared__ int s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
+  if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
+  __syncthreads();
+  TRACE(1);  // the length and the first pages have arrived
+  load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
+  cp_async_commit();
+
+  cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
+  __syncthreads();
+  u32 qf[D / 16][4];
+  load_q_frags<D>(qf, smem_u32(sQ), 0, lane);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+  float m_[2] = {neg_inf(), neg_inf()};
+  float l_[2] = {0.f, 0.f};
+  const float sl2 = scale * kLog2e;
+  const int lim[2] = {s1 - 1, s1 - 1};  // every key of the split is visible
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int st = j & 1;
+    // row tid of tile j + 2: page read now, table entry written at the end of the iteration (as in paged_prefill)
+    const int ahead = s0 + (j + 2) * BN + tid;
+    const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
+    if (j + 1 < ntiles)
+      load_kv_tile<D, BN, THREADS, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, s_off[st ^ 1],
+                                   kvh, tid);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (j == 0) TRACE(2);  // the first K/V tile has landed
+    if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+      rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
+      __syncthreads();
+    }
+    float s[2][4];
+    tile_scores<D, 2>(qf, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
+    online_softmax<D, 2, 1>(reinterpret_cast<float(&)[1][2][4]>(s), s0 + j * BN + warp * 16,
+                            reinterpret_cast<const int(&)[1][2]>(lim), sl2, lane, reinterpret_cast<float(&)[1][2]>(m_),
+                            reinterpret_cast<float(&)[1][2]>(l_), reinterpret_cast<float(&)[1][D / 8][4]>(o));
+    tile_pv<D, 2>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
+    if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
+      s_off[st][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
+    __syncthreads();
+  }
+
+  TRACE(3);  // the key loop is done
+  // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
+  constexpr int OLD = C::OLD;
+  float* sO = reinterpret_cast<float*>(sK);  // [4][16][OLD]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = (lane >> 2) + 8 * h;
+    if ((lane & 3) == 0) {
+      s_m[warp][r] = m_[h];
+      s_l[warp][r] = l;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int col = nt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(sO + (warp * 16 + r) * OLD + col) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < nrows * D; i += THREADS) {
+    const int r = i / D, d = i - r * D;
+    float M = s_m[0][r];
+#pragma unroll
+    for (int w = 1; w < 4; ++w) M = fmaxf(M, s_m[w][r]);
+    const float Ms = (M == neg_inf()) ? 0.f : M;
+    float Lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float e = exp2f(s_m[w][r] - Ms);  // 0 for a warp that saw no key
+      Lsum += e * s_l[w][r];
+      acc += e * sO[(w * 16 + r) * OLD + d];
+    }
+    const float ov = Lsum > 0.f ? acc / Lsum : 0.f;
+    if (direct) {  // fused, one split: this is the answer (the reduce of one split is the identity)
+      out[((long long)b * n_q + h0 + r) * D + d] = __float2bfloat16_rn(ov);
+      continue;
+    }
+    o_part[(part * n_q + h0 + r) * D + d] = ov;
+    if (d == 0) lse_part[part * n_q + h0 + r] = Lsum > 0.f ? (Ms + log2f(Lsum)) * kLn2 : neg_inf();
+  }
+  TRACE(4);  // the warps' states are merged and written
+  if (out == nullptr || direct) {
+    TRACE(7);
+    return;
+  }
+
+  // Fused reduce: the last of the sequence's n_live CTAs (for these heads) to finish folds the splits
+  // 0, 1, ..., n_live-1 with split_kv_reduce's arithmetic (SplitFold; folding the empty splits past
+  // n_live would change no bit), then leaves the ticket at zero for the next launch.
+  // Ordering: the CTA barrier puts every thread's partials before thread 0's ticket, which it takes with
+  // one acquire-release atomic at GPU scope: release makes them (cumulatively) visible before the ticket,
+  // acquire puts the last CTA's reads of the other CTAs' partials after it, and the barrier after it
+  // extends that to every thread (the pattern of a grid barrier). A sequentially consistent fence in
+  // every thread (__threadfence: MEMBAR.SC.GPU and an L1 invalidate, twice) cost more than the ticket.
+  __shared__ int s_last;
+  __syncthreads();
+  if (tid == 0) {
+    int* tk = tickets + (long long)b * gridDim.y + blockIdx.y;
+    s_last = atomic_add_acq_rel_gpu(tk, 1) == n_live - 1;
+    if (s_last) *tk = 0;
+  }
+  __syncthreads();
+  TRACE(5);  // the ticket is known
+  if (!s_last) {
+    TRACE(7);
+    return;
+  }
+  // four adjacent dims per thread (float4); the loads of PF splits go out together (16: the `auto`
+  // rule's most splits, so its fold waits on one round of loads); with more splits, a second pass over
+  // the rest's lse for the maximum, then their states in rounds of PF
+  constexpr int PF = D >= 128 ? 16 : 8;
+  for (int i = tid; i < nrows * (D / 4); i += THREADS) {
+    const int r = i / (D / 4), d4 = (i - r * (D / 4)) * 4;
+    const long long bh = (long long)b * max_splits * n_q + h0 + r;  // (b, split 0, head)
+    float lv[PF];
+    float4 ov[PF];
+    // splits k0 .. k0+PF-1 into lv, ov (a split past n_live reads the last live one's, unused)
+    auto load_round = [&](int k0) {
+#pragma unroll
+      for (int j = 0; j < PF; ++j) {
+        const long long k = min(k0 + j, n_live - 1);
+        lv[j] = __ldcg(lse_part + bh + k * n_q);
+        ov[j] = __ldcg(reinterpret_cast<const float4*>(o_part + (bh + k * n_q) * D + d4));
+      }
+    };
+    load_round(0);
+    float m = neg_inf();
+#pragma unroll
+    for (int j = 0; j < PF; ++j) m = fmaxf(m, lv[j]);  // the repeats past n_live change no maximum
+    for (int k0 = PF; k0 < n_live; k0 += PF) {  // more splits than one round: the rest's maxima first
+      float l2[PF];
+#pragma unroll
+      for (int j = 0; j < PF; ++j) l2[j] = __ldcg(lse_part + bh + (long long)min(k0 + j, n_live - 1) * n_q);
+#pragma unroll
+      for (int j = 0; j < PF; ++j) m = fmaxf(m, l2[j]);
+    }
+    SplitFold f(m);
+    for (int k0 = 0; k0 < n_live; k0 += PF) {  // round 0 is in registers already
+      if (k0 > 0) load_round(k0);
+#pragma unroll
+      for (int j = 0; j < PF; ++j)
+        if (k0 + j < n_live) f.add(lv[j], ov[j]);
+    }
+    const float4 oa = f.o();
+    __nv_bfloat16* dst = out + ((long long)b * n_q + h0 + r) * D + d4;
+    dst[0] = __float2bfloat16_rn(oa.x);
+    dst[1] = __float2bfloat16_rn(oa.y);
+    dst[2] = __float2bfloat16_rn(oa.z);
+    dst[3] = __float2bfloat16_rn(oa.w);
+  }
+  TRACE(7);  // the fold is written
+}
+
+}  // namespace
+
+// NAME, head dim, keys per tile, query rows per CTA, 16-row tiles per warp, min CTAs per multiprocessor
+#define TK_PREFILL(NAME, DV, BNV, BMV, MTV, MINB)                                                             \
+  extern "C" __global__ void __launch_bounds__(2 * BMV / MTV, MINB) NAME(                                       \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,           \
+      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,         \
+      const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,      \
+      __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale,          \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) { pdl_entry();           \
+    paged_prefill_impl<DV, BNV, BMV, MTV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,    \
+                                          q_seq_idx, q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t,     \
+                                          sin_t, max_pos);                                                      \
+  }
+TK_PREFILL(paged_prefill_d16, 16, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d32, 32, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d64, 64, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d128, 128, 64, 64, 1, 1)
+TK_PREFILL(paged_prefill_d64_x2, 64, 64, 128, 2, 2)
+TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
+
+// head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
+// otherwise chose at ~70 registers)
+#define TK_SPLITKV(DV, MINB)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_partials_d##DV(                                 \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
+      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
+      const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
+      int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
+      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) { pdl_entry();                                 \
+    split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
+                               n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
+                               max_pos, out, tickets);                                                             \
+  }
+TK_SPLITKV(16, 4)
+TK_SPLITKV(32, 4)
+TK_SPLITKV(64, 1)
+TK_SPLITKV(128, 1)
+
+// ------------------------------------------------------------------------------------------------
+// split_kv_reduce
+//
+// Math (twin: reference reduce_splits): fold splits 0 .. max_splits-1 of every (b, h) (SplitFold: the
+// maximum of their lse, then the weights and the weighted states summed in index order, one division;
+// guards: an all -inf max is taken as 0; a zero weight sum gives o = 0, lse = -inf). An empty split
+// changes neither the maximum nor the sums, so folding all max_splits columns equals folding a
+// sequence's own ceil(len / S) splits, bit for bit.
+// o_part fp32 [B, MS, n_q, D], lse_part fp32 [B, MS, n_q] -> out bf16 [B, n_q, D] (+ optional lse_out
+// fp32 [B, n_q], skipped when null). One thread per (b, h, 4 dims); D % 4 == 0.
+// ------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256) split_kv_reduce(const float* __restrict__ o_part,
+                                                                  const float* __restrict__ lse_part,
+                                                                  __nv_bfloat16* __restrict__ out,
+                                                                  float* __restrict__ lse_out, int B, int n_q, int D,
+                                                                  int max_splits) {
+  pdl_entry();
+  const int D4 = D >> 2;
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long long)B * n_q * D4) return;
+  const int d4 = (int)(idx % D4);
+  const long long bh = idx / D4;
+  const long long b = bh / n_q, h = bh % n_q;
+  const long long stride_k = (long long)n_q;  // lse stride between splits
+  const float* lp = lse_part + b * max_splits * n_q + h;
+  const float* op = o_part + (b * max_splits * n_q + h) * D + d4 * 4;
+  float m = neg_inf();
+#pragma unroll 4
+  for (int k = 0; k < max_splits; ++k) m = fmaxf(m, lp[k * stride_k]);
+  SplitFold f(m);
+#pragma unroll 4
+  for (int k = 0; k < max_splits; ++k) f.add(lp[k * stride_k], *reinterpret_cast<const float4*>(op + k * stride_k * D));
+  const float4 oa = f.o();
+  const float la = f.lse();
+  __nv_bfloat162 lo = __floats2bfloat162_rn(oa.x, oa.y);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(oa.z, oa.w);
+  uint2 pk;
+  pk.x = *reinterpret_cast<u32*>(&lo);
+  pk.y = *reinterpret_cast<u32*>(&hi);
+  *reinterpret_cast<uint2*>(out + bh * D + d4 * 4) = pk;
+  if (lse_out != nullptr && d4 == 0) lse_out[bh] = la;
+}
+
+// ------------------------------------------------------------------------------------------------
+// merge_states
+//
+// Math (twin: reference merge_states, after its sort / duplicate checks, which stay in Python):
+// fold N fp32 partial states o [N, R, D], lse [N, R] in the given order with merge_two
+// -> o_out fp32 [R, D], lse_out fp32 [R]. One thread per (r, d).
+// ------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256) merge_states(const float* __restrict__ o, const float* __restrict__ lse,
+                                                               float* __restrict__ o_out, float* __restrict__ lse_out,
+                                                               int N, int R, int D) {
+  pdl_entry();
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long long)R * D) return;
+  const long long r = idx / D;
+  const int d = (int)(idx % D);
+  float la = lse[r];
+  float oa = o[idx];
+  for (int n = 1; n < N; ++n) {
+    const float lb = lse[(long long)n * R + r];
+    const float ob = o[(long long)n * R * D + idx];
+    const MergeW w = merge_weights(la, lb);
+    oa = merge_o(oa, ob, w);
+  }
+  o_out[idx] = oa;
+  if (d == 0) lse_out[r] = la;
+}
