@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Twelfth session's device calls (run from the repository root): bash benches/gpu/h200_keys_round.sh MODE
 #   ab:     the split-KV decode kernel with keys as the MMAs' 16-row side (the tree) against the 16-query-row
-#           kernel before it (benches/gpu/ab_variants/rows16_attention.cu, 06996ed's attention.cu): check_kernels'
+#           kernel before it (benches/gpu/ab_variants/rows16_attention.cu, 06996ed's attention.cu, in c8f7a2e and removed
+#           after the session: `git show 06996ed:optimized/kernels/attention.cu` recreates it): check_kernels'
 #           decode sections on the tree, the A/B in one process (the bits differ: a new summation order), the
 #           phase trace at batch 1, Nsight Compute on both kernels at 1 x 16k and 32 x 4k, and the tree's kernel
 #           beside cuDNN at batch 32 and 128 (probe_stream.py). (The session's call ran this on a tree whose
@@ -14,6 +15,8 @@
 #           GPU-scale qwen3-8b subset and the GPU-scale qwen3-0.6b clauses the decode kernel's bits reach (split-KV,
 #           turns, sampling, batch invariance)
 #   benches: the decode and prefill labs, the engine decode bench and the small-kernel lab
+#   rest:   the GPU-scale qwen3-0.6b clauses of the checks call alone (there they ran out of time beside the
+#           others after 13 passed), then the agentic workload
 source benches/gpu/_env.sh
 mode=${1:-ab}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -61,5 +64,14 @@ if [ "$mode" = checks ]; then
 fi
 if [ "$mode" = benches ]; then
   run_benches 540 "kernel_prefill or kernel_decode or engine_decode or kernel_small"
+  pack_bench
+fi
+if [ "$mode" = rest ]; then
+  conformance_gpu 230 "qwen3-0.6b and (splitk or invariant or turn or sample)" conformance_gpu_qwen3-0.6b_keys.log
+  run_benches 330 "agentic"
+  pack_bench
+fi
+if [ "$mode" = invariant ]; then
+  run_benches 330 "invariant_overhead"
   pack_bench
 fi
