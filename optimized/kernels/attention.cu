@@ -722,9 +722,10 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 // ------------------------------------------------------------------------------------------------
 template <int D>
 struct DecodeCfg {
-  // dynamic shared memory: Q [16][LD] (rows 0..7 used; the host's size is unchanged from the 16-row
-  // layout) + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes (D=128: 73984, D=64:
-  // 39168, D=32: 21760; ops.py computes the same number)
+  // dynamic shared memory: Q [16][LD] + 2 stages x (K, V) [BN][LD], bf16 -> (16 + 4*BN) * LD * 2 bytes
+  // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number). Only Q rows 0..NQ-1 are
+  // used since keys became the MMAs' rows; the buffer kept its 16 rows, the size every H200 figure of
+  // this kernel was measured with (8 rows would save 2 KB a CTA: two CTAs a multiprocessor either way).
   static constexpr int BN = 64, THREADS = 128, LD = D + 8, NQ = 8;
   // the warps' fp32 states at the end, [4 warps][NQ queries][OLD]: lane (g, t) stores dims g, g+8 of
   // queries 2t, 2t+1; with a row stride of D + 4 floats the four t groups land 8 banks apart
