@@ -74,6 +74,10 @@ def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tile
 #: CTAs with 88 KB of L1 (H200; docs/performance.md). So it asks for the configuration that holds two.
 DECODE_CTAS_PER_SM = 2
 
+#: query heads of one KV head a ``split_kv_partials`` CTA serves (``DecodeCfg::NQ`` in attention.cu: the
+#: 8-column side of its MMAs); a larger GQA group takes several CTAs
+DECODE_QUERY_HEADS = 8
+
 
 def decode_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of ``split_kv_partials_d{head_dim}``."""
@@ -614,7 +618,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                  out=_fused_out)
     if B == 0:
         return o_part, lse_part
-    HG = -(-G // 8)  # query heads per CTA: attention.cu DecodeCfg::NQ
+    HG = -(-G // DECODE_QUERY_HEADS)
     _need(B <= 65535 and n_kv * HG <= 65535, "batch or KV-head count exceeds the grid limits")
     grid = (S, n_kv * HG, B)
     tickets = None

@@ -212,9 +212,9 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
 
 
 def test_decode_ctas_take_eight_query_heads_and_ask_for_two_per_multiprocessor(launch_log, monkeypatch):
-    """A ``split_kv_partials`` CTA serves up to ``DecodeCfg::NQ`` = 8 query heads of one KV head (the
-    8-column side of its MMAs): a GQA group of 16 takes two CTAs, of 5 or 8 one. Its launch asks for a
-    shared-memory configuration of ``DECODE_CTAS_PER_SM`` = 2 CTAs."""
+    """A ``split_kv_partials`` CTA serves up to ``DECODE_QUERY_HEADS`` = 8 query heads of one KV head (the
+    8-column side of its MMAs, ``DecodeCfg::NQ``): a GQA group of 16 takes two CTAs, of 5 or 8 one. Its
+    launch asks for a shared-memory configuration of ``DECODE_CTAS_PER_SM`` = 2 CTAs."""
     import torch
 
     from optimized import ops
@@ -230,7 +230,7 @@ def test_decode_ctas_take_eight_query_heads_and_ask_for_two_per_multiprocessor(l
         assert log[0][2] == (1, n_kv * groups, 3) and log[0][5] == ops.DECODE_CTAS_PER_SM == 2, (G, log[0])
     from optimized import kernels
 
-    assert "NQ = 8;" in kernels.source("attention")
+    assert ops.DECODE_QUERY_HEADS == 8 and f"NQ = {ops.DECODE_QUERY_HEADS};" in kernels.source("attention")
 
 
 def test_carveout_preference_holds_the_ctas_asked_for_and_no_more(monkeypatch):

@@ -23,18 +23,22 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 M="$NCU_METRICS,launch__registers_per_thread,launch__shared_mem_config_size,launch__occupancy_limit_shared_mem"
 M+=",launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+# ncu_keys PROBLEM LOG: $M of both kernels' launches (the base's first, then the tree's) on ab_attention.py's decode
+# problem PROBLEM, into $OUT/LOG, and its metric lines
+ncu_keys() {
+  timeout 120 ncu --clock-control none -k "regex:split_kv_partials" --launch-count 2 --metrics "$M" \
+    python3 benches/gpu/ab_attention.py --base benches/gpu/ab_variants/rows16_attention.cu --only decode --rounds 1 \
+    --reps 1 --bits-may-differ --problems "$1" > "$OUT/$2" 2>&1
+  echo "ncu problem $1 rc=$?"; grep -E "split_kv_partials|duration|inst_executed|issue_active|launch__|warps_active|dram__" \
+    "$OUT/$2" | cut -c1-120 | head -40
+}
 if [ "$mode" = ab ]; then
   checks 200 check_kernels_keys.log splitkv fused invariant
   V=benches/gpu/ab_variants ab 240 rows16_attention.cu ab_attention_keys.log --only decode --rounds 3 --bits-may-differ
   timeout 90 python3 benches/gpu/trace_decode.py --problems 1:300 1:4096 8:4096 --reps 3 > "$OUT/trace_decode_keys.log" 2>&1
   echo "trace rc=$?"; grep -E "^==|span|prologue|first K|rest of|merge|ticket|fold" "$OUT/trace_decode_keys.log" | head -40
-  for pr in 2 7; do
-    timeout 120 ncu --clock-control none -k "regex:split_kv_partials" --launch-count 2 --metrics "$M" \
-      python3 benches/gpu/ab_attention.py --base benches/gpu/ab_variants/rows16_attention.cu --only decode --rounds 1 \
-      --reps 1 --bits-may-differ --problems $pr > "$OUT/ncu_keys_p$pr.txt" 2>&1
-    echo "ncu problem $pr rc=$?"; grep -E "split_kv_partials|duration|inst_executed|issue_active|launch__|warps_active|dram__" \
-      "$OUT/ncu_keys_p$pr.txt" | cut -c1-120 | head -40
-  done
+  ncu_keys 2 ncu_keys_p2.txt
+  ncu_keys 7 ncu_keys_p7.txt
   timeout 150 python3 benches/gpu/probe_stream.py --batch 32 128 > "$OUT/probe_stream_keys.log" 2>&1
   echo "probe_stream rc=$?"; grep -E "TB/s|LAYOUTS|agree|us" "$OUT/probe_stream_keys.log" | head -24
 fi
@@ -42,10 +46,7 @@ if [ "$mode" = ab2 ]; then
   V=benches/gpu/ab_variants ab 240 rows16_attention.cu ab_attention_keys2.log --only decode --rounds 3 --bits-may-differ
   timeout 90 python3 benches/gpu/trace_decode.py --problems 1:300 1:4096 8:4096 --reps 3 > "$OUT/trace_decode_keys2.log" 2>&1
   echo "trace rc=$?"; grep -E "span" "$OUT/trace_decode_keys2.log" | head -12
-  timeout 120 ncu --clock-control none -k "regex:split_kv_partials" --launch-count 2 --metrics "$M" \
-    python3 benches/gpu/ab_attention.py --base benches/gpu/ab_variants/rows16_attention.cu --only decode --rounds 1 \
-    --reps 1 --bits-may-differ --problems 7 > "$OUT/ncu_keys2_p7.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "duration|inst_executed.sum|launch__|dram__" "$OUT/ncu_keys2_p7.txt" | cut -c1-120 | head -30
+  ncu_keys 7 ncu_keys2_p7.txt
   for v in "" "--carveout 100" "--define TK_CP_ASYNC_CG --carveout 100"; do
     tag=$(echo "keys $v" | tr -d ' -')
     timeout 120 python3 benches/gpu/probe_stream.py --batch 32 128 $v > "$OUT/probe_stream_$tag.log" 2>&1

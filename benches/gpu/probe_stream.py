@@ -109,14 +109,11 @@ def probe(B: int, ctx: int, rounds: int, reps: int, gen: torch.Generator, sms: i
 
 def set_carveout(percent: int) -> None:
     """The preferred shared-memory carveout (percent of the largest; -1: the driver's default) of the
-    decode kernel the probe runs (head_dim ``D``), on its CUfunction (``cuFuncSetAttribute``; CuPy exposes no setter for it)."""
-    import ctypes
-
-    cuda = ctypes.CDLL("libcuda.so.1")
-    _, handle = ops._function(torch.cuda.current_device(), "attention", f"split_kv_partials_d{D}", ops.decode_smem_bytes(D))
-    rc = cuda.cuFuncSetAttribute(ctypes.c_void_p(handle), 9, ctypes.c_int(percent))  # PREFERRED_SHARED_MEMORY_CARVEOUT
-    if rc != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(carveout={percent}) failed: CUresult {rc}")
+    decode kernel the probe runs (head_dim ``D``), set on the kernel ``optimized.ops`` launches (the
+    attribute its launch sets to ``ops._carveout_percent`` of two CTAs; this overrides it)."""
+    fn, _ = ops._function(torch.cuda.current_device(), "attention", f"split_kv_partials_d{D}", ops.decode_smem_bytes(D),
+                          ops.DECODE_CTAS_PER_SM)
+    fn.preferred_shared_memory_carveout = percent
     print(f"decode kernel (head_dim {D}): preferred shared-memory carveout {percent}%", flush=True)
 
 
