@@ -32,7 +32,8 @@ from . import kernels, launch
 __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
-    "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "decode_smem_bytes", "ATTN_HEAD_DIMS",
+    "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants", "PREFILL_WG_MIN_KEYS",
+    "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "FUSED_DECODE_MAX_B",
 ]
@@ -51,21 +52,43 @@ _streams: dict[tuple[int, int], object] = {}
 
 #: paged-prefill kernels per head dim: variant -> (kernel name, keys per tile, query rows per CTA,
 #: 16-row tiles per warp). ``paged_prefill(variant=None)`` takes ``prefill_variant``'s choice; a
-#: caller (benches, checks) may name one. Variants with the same keys per tile give every row the
-#: same bits (see PrefillCfg in attention.cu).
+#: caller (benches, checks) may name one that the device has (``prefill_variants``). Variants with
+#: the same keys per tile give every row the same bits (see PrefillCfg in attention.cu): the wgmma
+#: kernels (``wg*``, ``PREFILL_WGMMA``) chain each row's products in the same order as the mma.sync
+#: ones, and the H200 gives them the same bits (``check_kernels.py`` requires it).
 PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int, int, int]]] = {
     16: {"default": ("paged_prefill_d16", 64, 64, 1)},
     32: {"default": ("paged_prefill_d32", 64, 64, 1)},
     64: {"default": ("paged_prefill_d64", 64, 64, 1), "x2": ("paged_prefill_d64_x2", 64, 128, 2)},
-    128: {"default": ("paged_prefill_d128", 64, 64, 1), "x2": ("paged_prefill_d128_x2", 64, 128, 2)},
+    128: {"default": ("paged_prefill_d128", 64, 64, 1), "x2": ("paged_prefill_d128_x2", 64, 128, 2),
+          "wg64": ("paged_prefill_d128_wg64", 64, 64, 1), "wg128": ("paged_prefill_d128_wg128", 64, 128, 1)},
 }
+#: the variants built from warpgroup MMAs (``wgmma``): launched only where ``kernels.target("attention")``
+#: is this target (a compute-capability-9.0 device, ``kernels.ARCH_TARGETS``)
+PREFILL_WGMMA: dict[str, str] = {"wg64": "sm_90a", "wg128": "sm_90a"}
 
 
-def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tiles_per_warp: int = 1) -> int:
+def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tiles_per_warp: int = 1,
+                       swizzled: bool = False) -> int:
     """Dynamic shared memory of a paged-prefill kernel: 2 stages of K and V tiles, plus the Q tile's
-    own buffer when a warp holds two row tiles (with one, Q aliases a stage)."""
+    own buffer when a warp holds two row tiles (with one, Q aliases a stage). ``swizzled`` (the wgmma
+    kernels): 2 K and 3 or 4 V tiles without row padding, Q always in its own buffer, and 1024 bytes
+    of slack to start the tiles on a 1024-byte boundary (PrefillCfg in attention.cu)."""
+    if swizzled:  # a ring of 2 K tiles and one of V tiles: 4 with two warpgroups (BM = 128), else 3
+        v_slots = 4 if block_m == 128 else 3
+        return ((2 + v_slots) * block_n * head_dim + block_m * (head_dim + 8)) * 2 + 1024
     q_rows = block_m if tiles_per_warp > 1 else 0
     return (4 * block_n + q_rows) * (head_dim + 8) * 2
+
+
+def prefill_variants(head_dim: int, dev: int) -> list[str]:
+    """The paged-prefill variants device ``dev`` can run at this head dim: every entry of
+    ``PREFILL_VARIANTS`` but the wgmma kernels where the attention module is not built for their target."""
+    variants = PREFILL_VARIANTS.get(head_dim, {})
+    if any(v in PREFILL_WGMMA for v in variants):
+        target = kernels.target("attention", dev)
+        return [v for v in variants if PREFILL_WGMMA.get(v, target) == target]
+    return list(variants)
 
 
 #: CTAs of ``split_kv_partials`` a multiprocessor holds. Its K/V copies go through L1 (``cp.async.ca``), and
@@ -521,7 +544,7 @@ def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, q_seq_idx: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None,
                   *, out: torch.Tensor | None = None, variant: str | None = None,
-                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  rope: tuple[torch.Tensor, torch.Tensor] | None = None, mean_keys: float | None = None) -> torch.Tensor:
     """Causal attention by absolute position over each sequence's pages (twin: ``reference.attention.paged_prefill``).
 
     ``q [T, n_q, D]`` bf16 (token-row stride allowed); caches bf16 ``[N, bs, n_kv, D]``;
@@ -531,7 +554,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     contiguous in ``T`` (one chunk per sequence, padding anywhere): the kernel stays correct
     otherwise but a CTA then makes one pass over the KV per sequence it holds.
     ``rope=(cos, sin)`` (fp32 ``[max_pos, D/2]``): the caches hold pre-RoPE keys, rotated in the
-    kernel at their absolute positions (fused RoPE). Returns bf16 ``[T, n_q, D]``.
+    kernel at their absolute positions (fused RoPE). ``mean_keys``: the mean number of keys a query
+    row sees (known on the host to a caller that built the positions; ``prefill_variant`` uses it).
+    Returns bf16 ``[T, n_q, D]``.
     """
     T, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
@@ -549,12 +574,18 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out
     _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
     if variant is None:
-        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(_device_index(q)))
+        dev = _device_index(q)
+        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(dev), mean_keys,
+                                  wgmma=lambda: "wg128" in prefill_variants(D, dev))
     _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
+    if variant in PREFILL_WGMMA:
+        _need(variant in prefill_variants(D, _device_index(q)),
+              f"prefill variant {variant!r} needs the attention kernels built for {PREFILL_WGMMA[variant]} "
+              f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
     kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
     tt = block_m // G
     grid = (-(-T // tt), n_kv, 1)
-    smem = prefill_smem_bytes(D, block_n, block_m, mt)
+    smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=variant in PREFILL_WGMMA)
     _launch(q, "attention", kname, grid, (2 * block_m // mt, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),
              _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D)),
@@ -562,18 +593,33 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out
 
 
-def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int) -> str:
+#: mean keys per query row from which a big prefill grid takes the two-warpgroup wgmma kernel
+#: (``wg128``) where the device has it: measured on the H200 (docs/performance.md, "wgmma"): 1.7-8.6%
+#: faster than ``x2`` over cached prefixes of 4096 and 16384 keys, from 16% slower to 6% faster below.
+PREFILL_WG_MIN_KEYS = 4096
+
+
+def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int, mean_keys: float | None = None,
+                    wgmma=False) -> str:
     """The paged-prefill kernel ``paged_prefill(variant=None)`` launches: the two-tiles-per-warp
     kernel (``x2``: 128 query rows per CTA, each K/V fragment read from shared memory once for 32
     rows) when its grid still gives every multiprocessor its two resident CTAs, the 64-row kernel
-    otherwise (short prefills keep more, smaller CTAs in flight). Measured on the H200 in
-    docs/performance.md (paged prefill section)."""
+    otherwise (short prefills keep more, smaller CTAs in flight). On such a big grid whose query rows
+    see ``mean_keys >= PREFILL_WG_MIN_KEYS`` keys on average, the two-warpgroup wgmma kernel
+    (``wg128``) instead, when ``wgmma`` (a bool, or a callable asked only then) says the device has
+    it. All of them give the same bits. Measured on the H200 in docs/performance.md (paged prefill
+    section)."""
     if "x2" not in PREFILL_VARIANTS.get(D, {}):
         return "default"
     block_m = PREFILL_VARIANTS[D]["x2"][2]
     G = max(1, n_q // max(1, n_kv))
     ctas = -(-T // max(1, block_m // G)) * n_kv
-    return "x2" if ctas >= 2 * num_sms else "default"
+    if ctas < 2 * num_sms:
+        return "default"
+    if ("wg128" in PREFILL_VARIANTS[D] and mean_keys is not None and mean_keys >= PREFILL_WG_MIN_KEYS
+            and (wgmma() if callable(wgmma) else wgmma)):
+        return "wg128"
+    return "x2"
 
 
 def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size: int) -> int:

@@ -101,11 +101,21 @@ def test_prefill_variants_match_their_instantiations():
     src = (kernels.KERNEL_DIR / "attention.cu").read_text()
     inst = {m[0]: tuple(int(x) for x in m[1:5])
             for m in re.findall(r"^TK_PREFILL\((\w+), (\d+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
+    # the wgmma kernels: head dim 128, 64 keys a tile, one 16-row tile per warp (TK_PREFILL_WG's body)
+    assert "paged_prefill_impl<128, 64, BMV, 1, true>(" in src
+    inst |= {m[0]: (128, 64, int(m[1]), 1) for m in re.findall(r"^TK_PREFILL_WG\((\w+), (\d+), \d+\)", src, re.M)}
     for D, variants in ops.PREFILL_VARIANTS.items():
         for name, bn, bm, mt in variants.values():
             assert inst[name] == (D, bn, bm, mt), name
+    assert set(ops.PREFILL_WGMMA) == {v for v, (name, *_) in ops.PREFILL_VARIANTS[128].items() if "_wg" in name}
     assert ops.prefill_smem_bytes(128, 64, 64, 1) == 69632      # Q aliased onto a stage
     assert ops.prefill_smem_bytes(128, 64, 128, 2) == 104448    # Q in its own buffer
+    # wgmma: (2 K + 3 or 4 V tiles) x 16 KB + Q's padded rows + 1 KB of alignment slack, as PrefillCfg says
+    assert ops.prefill_smem_bytes(128, 64, 64, 1, swizzled=True) == 100352
+    assert ops.prefill_smem_bytes(128, 64, 128, 1, swizzled=True) == 134144
+    for size in (100352, 134144):
+        assert str(size) in src, size
+    assert 2 * (100352 + 3328 + 1024) <= 228 * 1024               # wg64: two CTAs a multiprocessor
 
 
 def test_prefill_variant_choice():
@@ -118,6 +128,72 @@ def test_prefill_variant_choice():
     t_edge = 2 * sms * (128 // 4) // 8
     assert ops.prefill_variant(t_edge, 32, 8, 128, sms) == "x2"
     assert ops.prefill_variant(t_edge - 128 // 4, 32, 8, 128, sms) == "default"
+
+
+def test_prefill_variant_takes_the_wgmma_kernel_over_long_prefixes_where_the_device_has_it():
+    sms, many = 132, ops.PREFILL_WG_MIN_KEYS
+    asked: list[int] = []
+
+    def has(answer: bool):
+        return lambda: asked.append(1) or answer
+
+    assert ops.prefill_variant(8192, 32, 8, 128, sms, many, wgmma=True) == "wg128"
+    assert ops.prefill_variant(8192, 32, 8, 128, sms, many, wgmma=has(True)) == "wg128"
+    assert ops.prefill_variant(8192, 32, 8, 128, sms, many, wgmma=has(False)) == "x2"      # no sm_90a build
+    assert ops.prefill_variant(8192, 32, 8, 128, sms, many - 1, wgmma=True) == "x2"        # a short prefix
+    assert ops.prefill_variant(8192, 32, 8, 128, sms, None, wgmma=True) == "x2"            # unknown: as before
+    assert ops.prefill_variant(256, 32, 8, 128, sms, many, wgmma=True) == "default"        # a small grid
+    assert ops.prefill_variant(8192, 16, 8, 64, sms, many, wgmma=True) == "x2"             # no wgmma kernel at D=64
+    n = len(asked)
+    ops.prefill_variant(8192, 32, 8, 128, sms, 10.0, wgmma=has(True))
+    ops.prefill_variant(256, 32, 8, 128, sms, many, wgmma=has(True))
+    assert len(asked) == n, "the device is asked only when its answer decides"
+
+
+def test_arch_specific_build_targets(monkeypatch):
+    """attention.cu is built for sm_90a on a compute-capability-9.0 device (its wgmma kernels), every
+    other source and every other device as CuPy builds it; ``TURNKV_ARCH_SPECIFIC=0`` turns that off."""
+    monkeypatch.delenv("TURNKV_ARCH_SPECIFIC", raising=False)
+    assert kernels.arch_target("attention", (9, 0)) == "sm_90a"
+    assert kernels.arch_target("attention", (8, 0)) is None and kernels.arch_target("attention", (10, 0)) is None
+    assert all(kernels.arch_target(name, (9, 0)) is None for name in kernels.SOURCES if name != "attention")
+    monkeypatch.setenv("TURNKV_ARCH_SPECIFIC", "0")
+    assert kernels.arch_target("attention", (9, 0)) is None
+
+
+def test_nvrtc_target_swaps_cupys_architecture_flag_for_one_compile(monkeypatch):
+    """``_nvrtc_target`` replaces the helper CuPy takes ``-arch=sm_XY`` (and its disk-cache key) from, and
+    puts it back afterwards, also when the compile raises."""
+    import sys
+    import types
+
+    def original(arch=None):
+        return ("-arch=sm_90", "cubin")
+
+    compiler = types.SimpleNamespace(_get_arch_for_options_for_nvrtc=original)
+    cuda = types.SimpleNamespace(compiler=compiler)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.compiler", compiler)
+    with kernels._nvrtc_target("sm_90a"):
+        assert compiler._get_arch_for_options_for_nvrtc() == ("-arch=sm_90a", "cubin")
+        assert compiler._get_arch_for_options_for_nvrtc("90") == ("-arch=sm_90a", "cubin")
+    assert compiler._get_arch_for_options_for_nvrtc is original
+    with pytest.raises(RuntimeError):
+        with kernels._nvrtc_target("sm_90a"):
+            raise RuntimeError("NVRTC failed")
+    assert compiler._get_arch_for_options_for_nvrtc is original
+
+
+def test_wgmma_kernels_are_guarded_by_the_sm90a_feature_macro():
+    """The wgmma instructions exist only under ``__CUDA_ARCH_FEAT_SM90_ALL`` (an sm_90a build); elsewhere
+    the kernels keep their names and signatures and trap."""
+    header = (kernels.KERNEL_DIR / "mma.cuh").read_text()
+    guarded = header[header.index("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)"):header.index("#endif  // __CUDA_ARCH_FEAT_SM90_ALL")]
+    assert header.count("\"wgmma.") == guarded.count("\"wgmma.") > 0   # every wgmma instruction string
+    src = (kernels.KERNEL_DIR / "attention.cu").read_text()
+    body = src[src.index("#ifdef TK_WGMMA\n#define TK_PREFILL_WG_BODY"):src.index("#define TK_PREFILL_WG(")]
+    assert body.index("paged_prefill_impl<") < body.index("#else") < body.index("__trap();") < body.index("#endif")
 
 
 def _kernel_entries(text: str) -> list[tuple[str, list[str]]]:
@@ -217,7 +293,10 @@ def test_copies_take_their_cache_operator_per_kernel():
     decode = attn[attn.index("void split_kv_partials_impl("):]
     assert decode.count("load_kv_tile<D, BN, THREADS, true>(") == 2
     assert "load_kv_tile<D, BN, THREADS>(" not in decode
-    assert prefill.count("load_kv_tile<D, BN, THREADS>(") == 2 and ", true>(" not in prefill
+    assert prefill.count("load_kv_tile<D, BN, THREADS>(") == 2 and "load_kv_tile<D, BN, THREADS, true>(" not in prefill
+    sw = attn[attn.index("void load_kv_tile_sw("):]
+    sw = sw[:sw.index("\n}\n")]
+    assert sw.count("cp_async16_or_zero(") == 2                  # the wgmma kernels' copies: .cg too
     assert "bool L1 = false>\n__device__ __forceinline__ void load_kv_tile(" in attn     # .cg unless asked
     gemm = (kernels.KERNEL_DIR / "gemm.cu").read_text()
     assert "constexpr bool L1 = BM <= 16;" in gemm and gemm.count("cp_async16<L1>(") == 2

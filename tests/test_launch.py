@@ -278,3 +278,43 @@ def test_attention_rejects_a_cache_past_int32_chunk_offsets(launch_log, monkeypa
         with pytest.raises(ValueError, match="16-byte chunk offsets"):
             ops.split_kv_decode(q, kc, kc, tables, lens, None)
         assert launch_log == []
+
+
+def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log, monkeypatch):
+    """``variant="wg128"`` (or ``wg64``) launches its kernel with 128 (64) rows a CTA, two (one) warpgroups
+    and the swizzled tiles' shared memory where the attention module is built for sm_90a, and is a
+    ValueError elsewhere, before any launch; the engine's choice (``mean_keys`` over a big grid) follows."""
+    import torch
+
+    from optimized import kernels, ops
+
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    n_q, n_kv, D, bs, T = 32, 8, 128, 16, 8192
+    q = torch.zeros(T, n_q, D, dtype=torch.bfloat16)
+    kc = torch.zeros(T // bs, bs, n_kv, D, dtype=torch.bfloat16)
+    tables = torch.arange(T // bs, dtype=torch.int32).view(1, -1)
+    lens = torch.full((1,), T, dtype=torch.int32)
+    qidx = torch.zeros(T, dtype=torch.int32)
+    pos = torch.arange(T, dtype=torch.int32)
+    for target in (None, "sm_90a"):
+        monkeypatch.setattr(kernels, "target", lambda name, dev, t=target: t)
+        launch_log.clear()
+        if target is None:
+            for v in ("wg64", "wg128"):
+                with pytest.raises(ValueError, match="sm_90a"):
+                    ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant=v)
+            assert launch_log == [] and ops.prefill_variants(D, 0) == ["default", "x2"]
+            ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=8192.0)
+            assert launch_log[-1][1] == "paged_prefill_d128_x2"
+            continue
+        assert ops.prefill_variants(D, 0) == ["default", "x2", "wg64", "wg128"]
+        for v, rows in (("wg64", 64), ("wg128", 128)):
+            ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant=v)
+            module, name, grid, block, *_ = launch_log[-1]
+            assert (module, name) == ("attention", f"paged_prefill_d128_{v}")
+            assert grid == (T // (rows // 4), n_kv, 1) and block == (2 * rows, 1, 1)
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=float(ops.PREFILL_WG_MIN_KEYS))
+        assert launch_log[-1][1] == "paged_prefill_d128_wg128"
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=100.0)
+        assert launch_log[-1][1] == "paged_prefill_d128_x2"

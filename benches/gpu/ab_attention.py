@@ -128,7 +128,7 @@ def main() -> int:
             pos = torch.arange(P, P + C, device="cuda", dtype=torch.int32).repeat(nseq)
             idx = torch.arange(nseq, device="cuda", dtype=torch.int32).repeat_interleave(C)
             tflop = 4.0 * D * N_Q * nseq * (C * P + C * (C + 1) / 2) / 1e12
-            for v in ops.PREFILL_VARIANTS[D]:
+            for v in ops.prefill_variants(D, 0):
                 ok &= compare(f"paged_prefill[{v}] {nseq}x{C} over {P}", sides,
                               lambda v=v, p=p, q=q, idx=idx, pos=pos: ops.paged_prefill(
                                   q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=v),

@@ -206,7 +206,7 @@ def check_prefill(C: Checks, dev, gen) -> None:
             q = q.to(dev)
             scale = D ** -0.5
             outs = {v: ops.paged_prefill(q, kc, vc, bt, sl, qi, qp, scale, variant=v)
-                    for v in getattr(ops, "PREFILL_VARIANTS", {}).get(D, {"default": None})}
+                    for v in ops.prefill_variants(D, q.device.index or 0)}
             torch.cuda.synchronize()
             ref32 = ref_attn.paged_prefill(q.float().cpu(), kc.float().cpu(), vc.float().cpu(), bt.long().cpu(),
                                            sl.long().cpu(), qi.long().cpu(), qp.long().cpu(), scale)
@@ -224,16 +224,17 @@ def check_prefill(C: Checks, dev, gen) -> None:
                 res += fa_rule(f"out[{v}]", out, ref32, refbf, real[:, None, None].expand(T, n_q, D))
                 pad_zero = bool((out[~real.to(dev)] == 0).all())
                 res.append((pad_zero, f"[{v}] padding rows zero: {pad_zero}"))
-            # a row's arithmetic depends on neither the rows per CTA nor the row tiles per warp:
+            # a row's arithmetic depends on neither the rows per CTA nor the row tiles per warp nor the
+            # MMA instruction (mma.sync or wgmma, each row's products chained in the same order):
             # variants with the same keys per tile must give the same bits
-            tiles = getattr(ops, "PREFILL_VARIANTS", {}).get(D, {})
+            tiles = ops.PREFILL_VARIANTS.get(D, {})
             first: dict[int, str] = {}
             for v, out in outs.items():
-                bn = tiles[v][1] if v in tiles else None
+                bn = tiles[v][1]
                 if bn in first:
                     same = torch.equal(out, outs[first[bn]])
                     res.append((same, f"[{v}] bitwise equal to [{first[bn]}] (BN={bn}): {same}"))
-                elif bn is not None:
+                else:
                     first[bn] = v
             return res
         C.run("paged_prefill", name, run)
@@ -696,7 +697,7 @@ def timing(dev, gen) -> None:
         qi = torch.zeros(T, dtype=torch.int32, device=dev)
         qp = torch.arange(T, dtype=torch.int32, device=dev)
         flops = 4 * n_q * D * T * (T + 1) / 2
-        for var in ops.PREFILL_VARIANTS[D]:
+        for var in ops.prefill_variants(D, q.device.index or 0):
             if var == "default":
                 continue
             tv = _time(lambda: ops.paged_prefill(q, kc, vc, bt, sl, qi, qp, variant=var))
@@ -850,7 +851,7 @@ def check_fused_rope(C: Checks, dev, gen) -> None:
             qi = torch.tensor([0] * 40 + [1] * 17 + [2], dtype=torch.int32, device=dev)
             qp = torch.tensor(list(range(260, 300)) + list(range(17)) + [0], dtype=torch.int32, device=dev)
             qq = torch.randn(len(qp), n_q, D, generator=gen).to(torch.bfloat16).to(dev)
-            for v in ops.PREFILL_VARIANTS[D]:   # every prefill kernel (the engine picks by grid size)
+            for v in ops.prefill_variants(D, qq.device.index or 0):   # every prefill kernel (the engine picks by grid size)
                 fused = ops.paged_prefill(qq, kc0, vc, bt, sl, qi, qp, rope=(cos, sin), variant=v)
                 res += exact(f"paged prefill [{v}] fused == rotated cache", fused,
                              ops.paged_prefill(qq, kc1, vc, bt, sl, qi, qp, variant=v))

@@ -47,14 +47,18 @@ def _time(fn, reps: int) -> float:
     return gpu_seconds(fn, iters=reps) * 1e3
 
 
+#: (sequences, chunk, cached prefix) of the ``prefill`` section (``--prefill-problems``: ``N,C,P`` triples)
+PREFILL_PROBLEMS: list[tuple[int, int, int]] = [(8, 1024, 4096), (32, 256, 0), (2, 4096, 0), (32, 256, 16384)]
+
+
 def prefill(reps: int, gen: torch.Generator) -> None:
-    for nseq, C, P in ((8, 1024, 4096), (32, 256, 0), (2, 4096, 0), (32, 256, 16384)):
+    for nseq, C, P in PREFILL_PROBLEMS:
         p = paged_problem(nseq, P + C, N_KV, D, BS, torch.bfloat16, "cuda", gen)
         q = torch.randn(nseq * C, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)
         pos = torch.arange(P, P + C, device="cuda", dtype=torch.int32).repeat(nseq)
         idx = torch.arange(nseq, device="cuda", dtype=torch.int32).repeat_interleave(C)
         flops = 4.0 * D * N_Q * nseq * (C * P + C * (C + 1) / 2)
-        for v in ops.PREFILL_VARIANTS[D]:
+        for v in ops.prefill_variants(D, 0):
             ms = _time(lambda v=v, p=p, q=q, idx=idx, pos=pos: ops.paged_prefill(
                 q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=v), reps)
             print(f"paged_prefill[{v}] {nseq}x{C} over {P}: {ms:.3f} ms, {flops / ms / 1e9:.1f} TFLOP/s", flush=True)
@@ -254,11 +258,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for the JSON of the splits section")
     ap.add_argument("--decode-problems", nargs="*", default=None, metavar="B,CTX,SPLIT",
                     help="the decode section's problems instead of its default three")
+    ap.add_argument("--prefill-problems", nargs="*", default=None, metavar="N,C,P",
+                    help="the prefill section's problems instead of its default four")
     a = ap.parse_args()
     global OUT
     OUT = a.out
     if a.decode_problems:
         DECODE_PROBLEMS[:] = [tuple(int(x) for x in t.split(",")) for t in a.decode_problems]
+    if a.prefill_problems:
+        PREFILL_PROBLEMS[:] = [tuple(int(x) for x in t.split(",")) for t in a.prefill_problems]
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, section in SECTIONS.items():
         if name in a.only:

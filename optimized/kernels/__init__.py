@@ -20,6 +20,8 @@ CuPy is imported lazily, inside the functions, so ``import optimized`` works wit
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import threading
 from pathlib import Path
@@ -30,7 +32,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention": (
         "paged_prefill_d16", "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128",
-        "paged_prefill_d64_x2", "paged_prefill_d128_x2",
+        "paged_prefill_d64_x2", "paged_prefill_d128_x2", "paged_prefill_d128_wg64", "paged_prefill_d128_wg128",
         "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
         "split_kv_reduce", "merge_states",
     ),
@@ -50,8 +52,18 @@ SOURCES: dict[str, tuple[str, ...]] = {
 #: the *current device* itself (and ``-ftz=true``); a second architecture flag would clash with it.
 OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
+#: sources built for an architecture-specific target on a device of that compute capability:
+#: (source, (major, minor)) -> NVRTC target. attention.cu's wgmma prefill kernels
+#: (``paged_prefill_d128_wg*``) use instructions of exactly sm_90 that PTX for plain ``sm_90`` may not
+#: (``wgmma.mma_async``: the "a" targets); the file's other kernels compile to the same SASS either way
+#: (nvcc 13.0, compared instruction for instruction). Elsewhere the file is built as every other, and
+#: the wgmma kernels trap (``ops`` never launches them there: ``ops.prefill_variants``).
+#: ``TURNKV_ARCH_SPECIFIC=0`` turns these builds off (the plain build everywhere).
+ARCH_TARGETS: dict[tuple[str, tuple[int, int]], str] = {("attention", (9, 0)): "sm_90a"}
+
 _lock = threading.Lock()
 _modules: dict[tuple[str, int], object] = {}
+_targets: dict[tuple[str, int], str | None] = {}
 
 
 _LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.MULTILINE)
@@ -79,8 +91,33 @@ def with_headers(text: str) -> str:
     return _LOCAL_INCLUDE.sub(paste, text)
 
 
+def arch_target(name: str, capability: tuple[int, int]) -> str | None:
+    """The architecture-specific NVRTC target ``<name>.cu`` is built for on a device of compute
+    ``capability`` (``ARCH_TARGETS``), or None for CuPy's plain ``sm_XY``."""
+    if os.environ.get("TURNKV_ARCH_SPECIFIC", "1") == "0":
+        return None
+    return ARCH_TARGETS.get((name, tuple(capability)))
+
+
+@contextlib.contextmanager
+def _nvrtc_target(target: str):
+    """CuPy's NVRTC path with ``-arch=<target>`` in place of the ``-arch=sm_XY`` it derives from the
+    device (CuPy has no option for the "a" targets: its architecture is a number). CuPy takes that
+    flag, with the output kind, from one helper (also part of its disk-cache key, so the two builds
+    are cached apart); it is replaced for the duration of one compile, under ``_lock``."""
+    from cupy.cuda import compiler
+
+    helper = compiler._get_arch_for_options_for_nvrtc
+    compiler._get_arch_for_options_for_nvrtc = lambda arch=None: (f"-arch={target}", "cubin")
+    try:
+        yield
+    finally:
+        compiler._get_arch_for_options_for_nvrtc = helper
+
+
 def load(name: str):
-    """``cupy.RawModule`` of ``<name>.cu`` for the current CuPy device, compiled once per process."""
+    """``cupy.RawModule`` of ``<name>.cu`` for the current CuPy device, compiled once per process (for
+    the device's ``ARCH_TARGETS`` entry where it has one)."""
     import cupy  # lazy: optional dependency
 
     dev = cupy.cuda.Device().id
@@ -90,10 +127,26 @@ def load(name: str):
         with _lock:
             mod = _modules.get(key)
             if mod is None:
+                cc = cupy.cuda.Device(dev).compute_capability  # "90"
+                target = arch_target(name, (int(cc[:-1]), int(cc[-1])))
                 mod = cupy.RawModule(code=source(name), options=OPTIONS)
-                mod.compile()  # compile now (not at the first launch, which may sit inside a graph capture)
+                if target is not None:
+                    with _nvrtc_target(target):
+                        mod.compile()
+                else:
+                    mod.compile()  # compile now (not at the first launch, which may sit inside a graph capture)
+                _targets[key] = target
                 _modules[key] = mod
     return mod
+
+
+def target(name: str, dev: int) -> str | None:
+    """The architecture-specific target ``load(name)`` built for device ``dev`` (None: the plain build)."""
+    import cupy
+
+    with cupy.cuda.Device(dev):
+        load(name)
+    return _targets[(name, dev)]
 
 
 def load_all() -> None:
@@ -102,4 +155,5 @@ def load_all() -> None:
         load(name)
 
 
-__all__ = ["KERNEL_DIR", "OPTIONS", "SOURCES", "load", "load_all", "source", "with_headers"]
+__all__ = ["ARCH_TARGETS", "KERNEL_DIR", "OPTIONS", "SOURCES", "arch_target", "load", "load_all", "source", "target",
+           "with_headers"]

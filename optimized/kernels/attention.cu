@@ -216,10 +216,13 @@ __device__ __forceinline__ float tree_fold(float (&x)[N], Op op) {
 // select of the masked path. The bits are the same either way: for a visible key the select keeps the
 // score, and the one input the masked path treats apart, a score of -inf, gives 2^(-inf) = 0 in both.
 // The MT tiles' chains are independent, in one basic block: the scheduler interleaves them.
-template <int D, int NKT, int MT, bool MASKED>
+// DEFER (the wgmma kernels): O is not touched; the factors it is to be scaled by go to alphas_out and
+// rescale_o applies them later (there the scaling waits for the previous tile's P V, which runs on the
+// tensor cores meanwhile).
+template <int D, int NKT, int MT, bool MASKED, bool DEFER = false>
 __device__ __forceinline__ void online_softmax_step(float (&s)[MT][NKT][4], int kv0, const int (&lim)[MT][2],
                                                     float sl2, int lane, float (&m_)[MT][2], float (&l_)[MT][2],
-                                                    float (&o)[MT][D / 8][4]) {
+                                                    float (&o)[MT][D / 8][4], float (&alphas_out)[MT][2]) {
   const int c0 = kv0 + 2 * (lane & 3);
   float alphas[MT][2];
 #pragma unroll
@@ -260,6 +263,11 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][NKT][4], int 
       alphas[mt][h] = alpha;
     }
   }
+  if constexpr (DEFER) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) alphas_out[mt][0] = alphas[mt][0], alphas_out[mt][1] = alphas[mt][1];
+    return;
+  }
   // Rescale the accumulators, unless no row of the warp changed its maximum (alpha == 1 everywhere:
   // the products would be the identity, so skipping them changes no bit; on long rows most tiles skip;
   // for the same reason a tile whose alphas are all 1 may be rescaled with the others).
@@ -280,19 +288,39 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][NKT][4], int 
   }
 }
 
+// The deferred rescale (DEFER above): the same products, under the same skip rule.
+template <int D, int MT>
+__device__ __forceinline__ void rescale_o(const float (&alphas)[MT][2], float (&o)[MT][D / 8][4]) {
+  bool moved = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) moved |= alphas[mt][0] != 1.f || alphas[mt][1] != 1.f;
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        o[mt][nt][0] *= alphas[mt][0];
+        o[mt][nt][1] *= alphas[mt][0];
+        o[mt][nt][2] *= alphas[mt][1];
+        o[mt][nt][3] *= alphas[mt][1];
+      }
+    }
+  }
+}
+
 // online_softmax_step, the unmasked code when no key of the tile is hidden from any row of the warp
 // (a warp-uniform branch: most tiles of a long row, every tile of a decode split but its last).
-template <int D, int NKT, int MT>
+template <int D, int NKT, int MT, bool DEFER = false>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NKT][4], int kv0, const int (&lim)[MT][2], float sl2,
                                                int lane, float (&m_)[MT][2], float (&l_)[MT][2],
-                                               float (&o)[MT][D / 8][4]) {
+                                               float (&o)[MT][D / 8][4], float (&alphas_out)[MT][2]) {
   bool full = true;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) full &= kv0 + NKT * 8 - 1 <= min(lim[mt][0], lim[mt][1]);
   if (__all_sync(0xffffffffu, full))
-    online_softmax_step<D, NKT, MT, false>(s, kv0, lim, sl2, lane, m_, l_, o);
+    online_softmax_step<D, NKT, MT, false, DEFER>(s, kv0, lim, sl2, lane, m_, l_, o, alphas_out);
   else
-    online_softmax_step<D, NKT, MT, true>(s, kv0, lim, sl2, lane, m_, l_, o);
+    online_softmax_step<D, NKT, MT, true, DEFER>(s, kv0, lim, sl2, lane, m_, l_, o, alphas_out);
 }
 
 // K/V tiles are copied in two steps. First, one thread per key row looks the row's page up in the
@@ -373,13 +401,102 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   }
 }
 
+// ---- The wgmma prefill kernels' K/V tiles (paged_prefill_d128_wg*) -------------------------------
+// A tile of BN keys x D dims is stored in the 128-byte-swizzled layout of wgmma (mma.cuh): D/64 slabs of
+// BN rows x 128 bytes (64 dims of a key), slab h at h * BN * 128 bytes; within a slab, row r at r * 128
+// and its 16-byte chunk k (dims 8k..8k+7 of the slab) at position k ^ (r % 8). Element (key r, dim c):
+//   (c / 64) * 64 BN + r * 64 + ((c / 8 % 8) ^ (r % 8)) * 8 + c % 8.
+// The one layout serves both products: as the K-major B of S = Q K^T (N = keys: 8-row groups 1024 bytes
+// apart; a 16-dim k-step 32 bytes further along a row, the next slab after four) and as the MN-major B
+// of O += P V (N = dims: the slabs, BN * 128 bytes apart; K = keys: 8-row groups 1024 bytes apart).
+// The buffers start on 1024-byte boundaries (the swizzle pattern's period; the kernel aligns them).
+template <int D, int BN>
+__device__ __forceinline__ int kv_sw_index(int r, int c) {
+  return (c >> 6) * (BN * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+}
+
+// load_kv_tile into the swizzled layout: a warp copies 4 half-rows (128 bytes of one key each) per step,
+// lane (lane >> 3, lane & 7) chunk lane & 7 of the step's half-row lane >> 3: each step reads four
+// 128-byte runs of the cache and fills four whole 128-byte rows of shared memory (conflict-free).
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void load_kv_tile_sw(u32 sK, u32 sV, const __nv_bfloat16* __restrict__ k_cache,
+                                                const __nv_bfloat16* __restrict__ v_cache, const int* s_off, int kvh,
+                                                int tid) {
+  constexpr int SLABS = D / 64, WARPS = THREADS / 32, STEPS = BN / 4 * SLABS;
+  static_assert(D % 64 == 0 && BN % 4 == 0 && STEPS % WARPS == 0, "whole 4-row steps per warp");
+  const int lane = tid & 31;
+  const uint4* kb = reinterpret_cast<const uint4*>(k_cache + kvh * D);
+  const uint4* vb = reinterpret_cast<const uint4*>(v_cache + kvh * D);
+#pragma unroll
+  for (int st = tid >> 5; st < STEPS; st += WARPS) {
+    const int key = (st / SLABS) * 4 + (lane >> 3), ch = (st % SLABS) * 8 + (lane & 7);  // chunk of 8 dims
+    const int o = s_off[key];
+    const bool skip = o < 0;
+    const u32 off = (u32)max(o, 0) + ch;  // a skipped copy still gets an address inside the cache
+    const u32 dst = (u32)(kv_sw_index<D, BN>(key, ch * 8) * 2);
+    cp_async16_or_zero(sK + dst, kb + off, skip);
+    cp_async16_or_zero(sV + dst, vb + off, skip);
+  }
+}
+
+#ifdef TK_WGMMA
+// Issue s (this warp's 16 rows x BN keys, tile_scores' layout) = Q . K^T for the warpgroup's 64 rows as
+// one commit group: the Q fragments in registers (load_q_frags), K from a swizzled tile at sK, D/16
+// wgmma k-steps chained in the same order as tile_scores' MMAs (which is why the bits are theirs). s
+// is the asynchronous MMAs' until a wg_wait covers the group.
+template <int D, int BN>
+__device__ __forceinline__ void tile_scores_wg(const u32 (&qf)[D / 16][4], u32 sK, float (&s)[BN / 8][4]) {
+  static_assert(D == 128 && BN == 64, "the m64n64k16 product of a 64-key tile, 128 dims");
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  wg_fence_regs(s);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const u64 desc = wg_desc_sw128(sK + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024);  // dims 16kk..
+    if (kk == 0)
+      wgmma_m64n64k16<0>(s, qf[kk], desc);
+    else
+      wgmma_m64n64k16<1>(s, qf[kk], desc);
+  }
+  wg_commit();
+}
+
+// P (this warp's 16 rows x BN keys, fp32 probabilities in C layout) as the A fragments of the BN/16
+// k-steps of P V (bf16)
+template <int BN>
+__device__ __forceinline__ void pack_p(const float (&p)[BN / 8][4], u32 (&a)[BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    a[kk][0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);          // row g,   keys 2t, 2t+1
+    a[kk][1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);          // row g+8, keys 2t, 2t+1
+    a[kk][2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);  // row g,   keys 2t+8, 2t+9
+    a[kk][3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);  // row g+8, keys 2t+8, 2t+9
+  }
+}
+
+// Issue o (this warp's 16 rows x D) += P . V for the warpgroup's 64 rows as one commit group, P as
+// pack_p's fragments, V from a swizzled tile at sV (transposed B): BN/16 wgmma k-steps in key order.
+// o and a are the asynchronous MMAs' until a wg_wait covers the group.
+template <int D, int BN>
+__device__ __forceinline__ void tile_pv_wg(const u32 (&a)[BN / 16][4], u32 sV, float (&o)[D / 8][4]) {
+  static_assert(D == 128 && BN % 16 == 0, "the m64n128k16 product, 128 dims");
+  wg_fence_regs(o);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, a[kk], wg_desc_sw128(sV + kk * 2048, BN * 128, 1024));
+  wg_commit();
+}
+#endif  // TK_WGMMA
+
 // log2(x) for a power of two, -1 for any other block size
 __device__ __forceinline__ int block_shift(int x) { return (x & (x - 1)) == 0 ? __ffs(x) - 1 : -1; }
 
 // Fused RoPE: rotate the K rows [kv0, kv_end) of a tile in shared memory (rotate-half, fp32 tables
 // cos_t / sin_t [max_pos, D/2]; a position outside the table is left as it is, like qk_norm_rope).
 // The caller brackets it with CTA barriers (the tile has landed / the rotation is visible).
-template <int D, int BN, int THREADS>
+// SW = true: the tile is in the swizzled layout (kv_sw_index, the wgmma kernels') instead of padded rows.
+template <int D, int BN, int THREADS, bool SW = false>
 __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv_end, const float* __restrict__ cos_t,
                                               const float* __restrict__ sin_t, int max_pos, int tid) {
   constexpr int LD = D + 8, HALF = D / 2;
@@ -387,12 +504,14 @@ __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv
     const int r = i / HALF, j = i - r * HALF;
     const int p = kv0 + r;
     if (p < kv_end && p < max_pos) {
-      const float ya = __bfloat162float(sK[r * LD + j]);
-      const float yb = __bfloat162float(sK[r * LD + j + HALF]);
+      const int ia = SW ? kv_sw_index<D, BN>(r, j) : r * LD + j;
+      const int ib = SW ? kv_sw_index<D, BN>(r, j + HALF) : r * LD + j + HALF;
+      const float ya = __bfloat162float(sK[ia]);
+      const float yb = __bfloat162float(sK[ib]);
       const float cs = cos_t[(long long)p * HALF + j];
       const float sn = sin_t[(long long)p * HALF + j];
-      sK[r * LD + j] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(ya, cs), __fmul_rn(-yb, sn)));
-      sK[r * LD + j + HALF] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(yb, cs), __fmul_rn(ya, sn)));
+      sK[ia] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(ya, cs), __fmul_rn(-yb, sn)));
+      sK[ib] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(yb, cs), __fmul_rn(ya, sn)));
     }
   }
 }
@@ -439,7 +558,7 @@ struct RowStep {
   }
 };
 
-template <int D, int BN_, int BM_, int MT_>
+template <int D, int BN_, int BM_, int MT_, bool WG_ = false>
 struct PrefillCfg {
   // MT = 1: one warp per 16 query rows (BM = 64: 4 warps), Q fragments held in registers; the Q tile
   //   [BM][LD] lives in stage 1 until they are loaded. (BM = 128 with 8 such warps measured slower
@@ -453,13 +572,27 @@ struct PrefillCfg {
   // ops.py computes the same numbers. The output is staged in the Q tile at the end. A row's
   // arithmetic (its key tiles, in the same order, the same k-step order in every MMA chain) depends
   // on neither BM nor MT, so all variants with the same BN agree bit for bit.
+  // WG (the _wg kernel, sm_90a): BM = 128 rows as two warpgroups of 64, S = Q K^T and O += P V by
+  //   wgmma with the Q and P fragments in registers and K/V tiles in the 128-byte-swizzled layout
+  //   (kv_sw_index, no padding: a ring of 2 K tiles and one of V_SLOTS V tiles, BN x D x 2 bytes each)
+  //   beside Q's own [BM][LD] buffer, plus 1024 bytes to align the tiles: ((2 + V_SLOTS) * BN * D +
+  //   BM * LD) * 2 + 1024 bytes (D=128, BN=64: BM=128 134144, one CTA of 8 warps per multiprocessor;
+  //   BM=64 (one warpgroup) 100352, two CTAs of 4 warps).
   static constexpr int BM = BM_, BN = BN_, MT = MT_, WARPS = BM_ / (16 * MT_), THREADS = 32 * WARPS, LD = D + 8;
-  static constexpr bool Q_OWN = MT_ > 1;
+  static constexpr bool WG = WG_;
+  static constexpr bool Q_OWN = MT_ > 1 || WG_;  // Q in its own buffer (else aliased onto stage 1)
+  static constexpr bool Q_REGS = MT_ == 1;       // Q fragments in registers for the whole kernel
+  static constexpr int KLD = WG_ ? D : LD;       // elements per key row of a K/V tile
+  // WG with two warpgroups (BM = 128): S of tile j + 1 and P V of tile j - 1 both run during tile j's
+  // softmax (the key loop of paged_prefill_impl): a ring of 4 V tiles and of 4 row-offset tables
+  static constexpr bool WG_AHEAD = WG_ && BM_ == 128;
+  static constexpr int V_SLOTS = WG_AHEAD ? 4 : 3, OFF_TABLES = WG_AHEAD ? 4 : 2;
+  static_assert(!WG_ || (D == 128 && BN_ == 64 && (BM_ == 64 || BM_ == 128) && MT_ == 1), "the wgmma kernels' shapes");
   static_assert(BM % (16 * MT) == 0 && THREADS >= BM, "whole row tiles per warp; one thread per row for the row table");
   static_assert(Q_OWN || BM <= 2 * BN, "the Q tile is aliased onto one K/V stage");
 };
 
-template <int D, int BN_, int BM_, int MT_>
+template <int D, int BN_, int BM_, int MT_, bool WG_ = false>
 __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                    const __nv_bfloat16* __restrict__ k_cache,
                                                    const __nv_bfloat16* __restrict__ v_cache,
@@ -469,18 +602,21 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
                                                    int B, int n_q, int n_kv, int block_size, float scale,
                                                    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                                    int max_pos) {
-  typedef PrefillCfg<D, BN_, BM_, MT_> C;
+  typedef PrefillCfg<D, BN_, BM_, MT_, WG_> C;
   constexpr int BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
-  constexpr int STAGE = 2 * BN * LD;  // one stage: K [BN][LD] then V [BN][LD]
+  constexpr int STAGE = 2 * BN * C::KLD;  // one stage: K [BN][KLD] then V [BN][KLD]
+  constexpr int TILE = BN * C::KLD;       // WG: a K ring of 2 tiles, then a V ring of 3
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // stage st: K at sK + st*STAGE
-  __nv_bfloat16* sV = sK + BN * LD;                                 //           V at sV + st*STAGE
-  __nv_bfloat16* sQ = sK + (C::Q_OWN ? 2 : 1) * STAGE;              // [BM][LD]: own buffer, or stage 1
+  // (WG: the tiles on a 1024-byte boundary, the period of their swizzle; the host adds the slack)
+  unsigned char* smem_base = C::WG ? smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u) : smem_raw;
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_base);  // stage st: K at sK + st*STAGE
+  __nv_bfloat16* sV = C::WG ? sK + 2 * TILE : sK + TILE;              //           V at sV + st*STAGE
+  __nv_bfloat16* sQ = C::WG ? sK + (2 + C::V_SLOTS) * TILE : sK + (C::Q_OWN ? 2 : 1) * STAGE;  // [BM][LD]: own, or stage 1
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV), sQ_u = smem_u32(sQ);  // the same, as shared addresses
   __shared__ int s_seq[BM];
   __shared__ int s_pos[BM];
   __shared__ int s_lim[BM];             // per pass: the last key each row sees
-  __shared__ int s_off[2][BN];    // row-offset tables of two K/V tiles (load_kv_tile)
+  __shared__ int s_off[C::OFF_TABLES][BN];  // row-offset tables of two (WG_AHEAD: four) K/V tiles (load_kv_tile)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int row0 = warp * 16 * MT;  // this warp's first query row of the tile
@@ -527,8 +663,10 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   }
   cp_async_commit();
 
-  u32 qf[C::Q_OWN ? 1 : D / 16][4];  // MT = 1: the Q fragments, in registers for the whole kernel
-  if constexpr (!C::Q_OWN) {
+  u32 qf[C::Q_REGS ? D / 16 : 1][4];  // MT = 1: the Q fragments, in registers for the whole kernel
+  bool q_in_regs = false;             // WG: loaded at the first key tile, once its wait has seen Q land
+  (void)q_in_regs;
+  if constexpr (C::Q_REGS && !C::Q_OWN) {
     cp_async_wait<0>();
     __syncthreads();
     load_q_frags<D>(qf, smem_u32(sQ), row0, lane);
@@ -576,9 +714,161 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
     }
     const int* bt = block_tables + (long long)b * max_blocks;
     const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
-    tile_row_offsets<BN, THREADS>(s_off, bt, 0, L, n_kv, D, block_size, bs_log2, tid);  // tiles 0 and 1
+    if constexpr (C::WG_AHEAD) {  // tiles 0, 1 and 2
+      if (tid < 3 * BN) s_off[tid / BN][tid % BN] = row_offset(bt, tid, L, n_kv, D, block_size, bs_log2);
+    } else {
+      tile_row_offsets<BN, THREADS>(s_off, bt, 0, L, n_kv, D, block_size, bs_log2, tid);  // tiles 0 and 1
+    }
     __syncthreads();
-    if (ntiles > 0) {
+    if constexpr (C::WG_AHEAD) {
+#ifdef TK_WGMMA
+      // The two-warpgroup wgmma kernel's key loop: tile j's S was computed in the iteration before; S of
+      // tile j + 1 and P V of tile j - 1 are issued together and run on the tensor cores during tile j's
+      // softmax; O waits for them only at its rescale. Copies run two tiles ahead: tile t's K in ring
+      // slot t % 2, its V in slot t % 4, its row-offset table in s_off[t % 4] (written, one row per
+      // thread, three tiles ahead). A slot is overwritten only after the MMAs that read it were waited
+      // for and a barrier passed.
+      if (ntiles > 0) {
+        load_kv_tile_sw<D, BN, THREADS>(sK_u, sV_u, k_cache, v_cache, s_off[0], kvh, tid);
+        cp_async_commit();
+        if (ntiles > 1) load_kv_tile_sw<D, BN, THREADS>(sK_u + TILE * 2, sV_u + TILE * 2, k_cache, v_cache, s_off[1], kvh, tid);
+        cp_async_commit();
+        cp_async_wait<1>();  // tile 0 (and Q, committed before it)
+        fence_proxy_async_smem();
+        __syncthreads();
+        if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+          rotate_k_tile<D, BN, THREADS, true>(sK, 0, L, cos_t, sin_t, max_pos, tid);
+          fence_proxy_async_smem();
+          __syncthreads();
+        }
+        if (!q_in_regs) {
+          load_q_frags<D>(qf, sQ_u, row0, lane);
+          q_in_regs = true;
+        }
+        float s[1][BN / 8][4], sn[BN / 8][4];  // S of tile j (softmax now), of tile j + 1 (in flight)
+        tile_scores_wg<D, BN>(qf, sK_u, s[0]);
+        wg_wait<0>();
+        wg_fence_regs(s[0]);
+        u32 pa[BN / 16][4];  // P of tile j - 1, as A fragments: its P V is in flight during tile j's softmax
+        for (int j = 0; j < ntiles; ++j) {
+          const int ahead = (j + 3) * BN + tid;  // row tid of tile j + 3 (its table entry: end of the iteration)
+          const int ahead_page = (tid < BN && j + 3 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
+          if (j + 1 < ntiles) {
+            cp_async_wait<0>();  // tile j + 1
+            fence_proxy_async_smem();
+            __syncthreads();
+            if (cos_t != nullptr) {
+              rotate_k_tile<D, BN, THREADS, true>(sK + ((j + 1) & 1) * TILE, (j + 1) * BN, L, cos_t, sin_t, max_pos, tid);
+              fence_proxy_async_smem();
+              __syncthreads();
+            }
+            if (j + 2 < ntiles)  // K slot j % 2 (S of tile j: waited), V slot (j + 2) % 4 (P V of tile j - 2: waited)
+              load_kv_tile_sw<D, BN, THREADS>(sK_u + (j & 1) * TILE * 2, sV_u + ((j + 2) & 3) * TILE * 2, k_cache,
+                                              v_cache, s_off[(j + 2) & 3], kvh, tid);
+            cp_async_commit();
+            tile_scores_wg<D, BN>(qf, sK_u + ((j + 1) & 1) * TILE * 2, sn);
+          }
+          if (j > 0) tile_pv_wg<D, BN>(pa, sV_u + ((j - 1) & 3) * TILE * 2, o[0]);
+          int lim[1][2];
+          float m2[1][2], l2[1][2], alphas[1][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            lim[0][h] = s_lim[row0 + (lane >> 2) + 8 * h];
+            m2[0][h] = s_m[0][h][tid];
+            l2[0][h] = s_l[0][h][tid];
+          }
+          online_softmax<D, BN / 8, 1, true>(s, j * BN, lim, sl2, lane, m2, l2, o, alphas);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s_m[0][h][tid] = m2[0][h];
+            s_l[0][h][tid] = l2[0][h];
+          }
+          wg_wait<0>();  // S of tile j + 1 and P V of tile j - 1 have landed
+          wg_fence_regs(o[0]);
+          wg_fence_regs(sn);
+          rescale_o<D, 1>(alphas, o);
+          pack_p<BN>(s[0], pa);
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[0][nt][i] = sn[nt][i];
+          if (tid < BN && j + 3 < ntiles)  // row tid of tile j + 3 -> s_off[(j + 3) % 4] (tile j - 1's, spent)
+            s_off[(j + 3) & 3][tid] =
+                slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), L, n_kv, D, block_size);
+        }
+        tile_pv_wg<D, BN>(pa, sV_u + ((ntiles - 1) & 3) * TILE * 2, o[0]);  // the last tile's P V
+        wg_wait<0>();
+        wg_fence_regs(o[0]);
+        __syncthreads();  // every warpgroup is done with the slots before the next pass's copies
+      }
+#endif
+    } else if constexpr (C::WG) {
+#ifdef TK_WGMMA
+      // The wgmma kernels' key loop. Tile j's K sits in ring slot j % 2, its V in slot j % 3: P V of
+      // tile j - 1 is issued behind S of tile j and runs on the tensor cores while this warpgroup does
+      // tile j's softmax; O waits for it only at its rescale. (The slot a tile's copies overwrite was
+      // last read by MMAs waited for in the iteration before, ahead of its closing barrier.)
+      if (ntiles > 0) {
+        load_kv_tile_sw<D, BN, THREADS>(sK_u, sV_u, k_cache, v_cache, s_off[0], kvh, tid);
+        cp_async_commit();
+        u32 pa[BN / 16][4];  // P of the tile before, as A fragments: its P V may be in flight
+        for (int j = 0; j < ntiles; ++j) {
+          const int ks = j & 1;
+          const int ahead = (j + 2) * BN + tid;  // row tid of tile j + 2 (its table entry: end of the iteration)
+          const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
+          if (j + 1 < ntiles)
+            load_kv_tile_sw<D, BN, THREADS>(sK_u + (ks ^ 1) * TILE * 2, sV_u + ((j + 1) % 3) * TILE * 2, k_cache,
+                                            v_cache, s_off[ks ^ 1], kvh, tid);
+          cp_async_commit();
+          cp_async_wait<1>();
+          fence_proxy_async_smem();  // the landed tile, to wgmma's (async) proxy
+          __syncthreads();
+          if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+            rotate_k_tile<D, BN, THREADS, true>(sK + ks * TILE, j * BN, L, cos_t, sin_t, max_pos, tid);
+            fence_proxy_async_smem();
+            __syncthreads();
+          }
+          if (!q_in_regs) {  // the first tile's wait covered Q's commit group (committed before it)
+            load_q_frags<D>(qf, sQ_u, row0, lane);
+            q_in_regs = true;
+          }
+          float s[1][BN / 8][4];
+          tile_scores_wg<D, BN>(qf, sK_u + ks * TILE * 2, s[0]);
+          if (j > 0) {
+            tile_pv_wg<D, BN>(pa, sV_u + ((j + 2) % 3) * TILE * 2, o[0]);  // tile j - 1's P V, behind S
+            wg_wait<1>();                                                  // S has landed
+          } else {
+            wg_wait<0>();
+          }
+          wg_fence_regs(s[0]);
+          int lim[1][2];
+          float m2[1][2], l2[1][2], alphas[1][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            lim[0][h] = s_lim[row0 + (lane >> 2) + 8 * h];
+            m2[0][h] = s_m[0][h][tid];
+            l2[0][h] = s_l[0][h][tid];
+          }
+          online_softmax<D, BN / 8, 1, true>(s, j * BN, lim, sl2, lane, m2, l2, o, alphas);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            s_m[0][h][tid] = m2[0][h];
+            s_l[0][h][tid] = l2[0][h];
+          }
+          wg_wait<0>();  // tile j - 1's P V has landed in O
+          wg_fence_regs(o[0]);
+          rescale_o<D, 1>(alphas, o);
+          pack_p<BN>(s[0], pa);
+          if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[ks], for the next iteration's copies
+            s_off[ks][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), L, n_kv, D, block_size);
+          __syncthreads();
+        }
+        tile_pv_wg<D, BN>(pa, sV_u + ((ntiles - 1) % 3) * TILE * 2, o[0]);  // the last tile's P V
+        wg_wait<0>();
+        wg_fence_regs(o[0]);
+      }
+#endif
+    } else if (ntiles > 0) {
       load_kv_tile<D, BN, THREADS>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
       cp_async_commit();
       for (int j = 0; j < ntiles; ++j) {
@@ -588,7 +878,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
         // (the two-tile kernel, at its register limit, reads it at the end: one live register less)
         const int ahead = (j + 2) * BN + tid;
         const int ahead_page =
-            (!C::Q_OWN && tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
+            (C::MT == 1 && tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
         if (j + 1 < ntiles)
           load_kv_tile<D, BN, THREADS>(sK + (st ^ 1) * STAGE, sV + (st ^ 1) * STAGE, k_cache, v_cache,
                                        s_off[st ^ 1], kvh, tid);
@@ -600,10 +890,11 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
           __syncthreads();
         }
         float s[MT][BN / 8][4];
-        if constexpr (C::Q_OWN)
+        if constexpr (C::Q_OWN) {
           tile_scores_sq<D, BN / 8, MT>(sQ_u, row0, sK_u + st * STAGE * 2, lane, s);
-        else
+        } else {
           tile_scores<D, BN / 8>(qf, sK_u + st * STAGE * 2, lane, s[0]);
+        }
         int lim[MT][2];
         float m2[MT][2], l2[MT][2];
 #pragma unroll
@@ -615,7 +906,8 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
             l2[mt][h] = s_l[mt][h][tid];
           }
         }
-        online_softmax<D, BN / 8, MT>(s, j * BN, lim, sl2, lane, m2, l2, o);
+        float unused[MT][2];
+        online_softmax<D, BN / 8, MT>(s, j * BN, lim, sl2, lane, m2, l2, o, unused);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -626,7 +918,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
         }
         tile_pv_mt<D, BN / 8, MT>(s, sV_u + st * STAGE * 2, lane, o);
         if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
-          s_off[st][tid] = C::Q_OWN ? row_offset(bt, ahead, L, n_kv, D, block_size, bs_log2)
+          s_off[st][tid] = C::MT > 1 ? row_offset(bt, ahead, L, n_kv, D, block_size, bs_log2)
                                     : slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), L, n_kv, D,
                                                  block_size);
         __syncthreads();
@@ -1147,6 +1439,30 @@ TK_PREFILL(paged_prefill_d64, 64, 64, 64, 1, 1)
 TK_PREFILL(paged_prefill_d128, 128, 64, 64, 1, 1)
 TK_PREFILL(paged_prefill_d64_x2, 64, 64, 128, 2, 2)
 TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
+// The wgmma kernels exist only in an sm_90a build (optimized/kernels/__init__.py builds this file so on a
+// compute-capability-9.0 device; ops.PREFILL_VARIANTS lists them as "wg64" and "wg128", and ops launches
+// them only on such a build). Elsewhere each symbol stays, with a body that traps, so that every build
+// has the same kernel names and signatures.
+#ifdef TK_WGMMA
+#define TK_PREFILL_WG_BODY(BMV)                                                                                 \
+  paged_prefill_impl<128, 64, BMV, 1, true>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,  \
+                                            q_seq_idx, q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t,   \
+                                            sin_t, max_pos);
+#else
+#define TK_PREFILL_WG_BODY(BMV) __trap();  // not an sm_90a build: ops never launches it
+#endif
+// NAME, query rows per CTA (one warpgroup per 64), min CTAs per multiprocessor; head dim 128, 64 keys a tile
+#define TK_PREFILL_WG(NAME, BMV, MINB)                                                                        \
+  extern "C" __global__ void __launch_bounds__(2 * BMV, MINB) NAME(                                             \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,           \
+      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,         \
+      const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,      \
+      __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale,          \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) { pdl_entry();           \
+    TK_PREFILL_WG_BODY(BMV)                                                                                     \
+  }
+TK_PREFILL_WG(paged_prefill_d128_wg64, 64, 2)
+TK_PREFILL_WG(paged_prefill_d128_wg128, 128, 1)
 
 // head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
 // otherwise chose at ~70 registers)

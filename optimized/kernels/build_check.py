@@ -2,7 +2,8 @@
 
     python -m optimized.kernels.build_check [--out DIR] [--arch sm_90] [--nvcc PATH]
 
-Compiles each ``optimized/kernels/*.cu`` to a cubin with ``nvcc -arch=sm_90 --cubin -std=c++17
+Compiles each ``optimized/kernels/*.cu`` to a cubin (``<stem>_<arch>.cubin``; a source of ``ARCH_TARGETS``
+also for its architecture-specific target, e.g. attention.cu for sm_90a) with ``nvcc -arch=sm_90 --cubin -std=c++17
 -ftz=true -Xptxas -v`` (``-ftz=true`` as CuPy's NVRTC compiles them at run time) and prints, per
 kernel, the registers, static shared memory, stack frame and spill bytes that ptxas reports (dynamic
 shared memory is set at launch: see ``optimized.ops``). Exits non-zero on any compile error, on any
@@ -87,7 +88,7 @@ def parse_ptxas(text: str) -> dict[str, KernelInfo]:
 
 def compile_one(nvcc: str, src: Path, out_dir: Path, arch: str) -> tuple[int, str]:
     cmd = [nvcc, f"-arch={arch}", "--cubin", "-std=c++17", "-ftz=true", "-Xptxas", "-v", "-o",
-           str(out_dir / (src.stem + ".cubin")), str(src)]
+           str(out_dir / f"{src.stem}_{arch}.cubin"), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -95,11 +96,20 @@ def compile_one(nvcc: str, src: Path, out_dir: Path, arch: str) -> tuple[int, st
 def _inventory() -> dict:
     """``SOURCES`` of ``optimized/kernels/__init__.py``, read without importing the ``optimized`` package
     (which needs torch): the compile check needs only nvcc."""
+    return _kernels_module().SOURCES
+
+
+def _arch_targets() -> dict:
+    """``ARCH_TARGETS`` of ``optimized/kernels/__init__.py`` (read as ``_inventory`` reads SOURCES)."""
+    return _kernels_module().ARCH_TARGETS
+
+
+def _kernels_module():
     import importlib.util
     spec = importlib.util.spec_from_file_location("_turnkv_kernel_inventory", Path(__file__).with_name("__init__.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.SOURCES
+    return mod
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,11 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     missing_src = sorted(set(SOURCES) - {s.stem for s in sources})
     failures += [f"{n}.cu is not listed in optimized.kernels.SOURCES" for n in unknown]
     failures += [f"{n}.cu is listed in SOURCES but missing" for n in missing_src]
-    for src in sources:
-        rc, log = compile_one(args.nvcc, src, out_dir, args.arch)
+    # the architecture-specific builds of --arch's compute capability (attention.cu for sm_90a at sm_90)
+    digits = args.arch.removeprefix("sm_")
+    cap = (int(digits[:-1]), int(digits[-1])) if digits.isdigit() else None
+    builds = [(src, args.arch) for src in sources]
+    builds += [(src, target) for src in sources for (name, c), target in sorted(_arch_targets().items())
+               if name == src.stem and c == cap]
+    for src, arch in builds:
+        rc, log = compile_one(args.nvcc, src, out_dir, arch)
         warnings = [ln for ln in log.splitlines() if "warning" in ln.lower()]
         if rc != 0:
-            failures.append(f"{src.name}: nvcc exited with {rc}")
+            failures.append(f"{src.name} ({arch}): nvcc exited with {rc}")
             print(log)
             continue
         for w in warnings:
@@ -143,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             if kname not in infos:
                 failures.append(f"{src.name}: kernel {kname} not found in the cubin")
         for info in infos.values():
-            rows.append((src.name, info))
+            rows.append((src.name if arch == args.arch else f"{src.name}:{arch}", info))
             st_ok, ld_ok, _ = SPILL_ALLOWANCE.get(info.name, (0, 0, ""))
             if info.spill_stores > st_ok or info.spill_loads > ld_ok:
                 failures.append(f"{src.name}:{info.name} spills ({info.spill_stores} B stores, {info.spill_loads} B loads;"
@@ -165,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in failures:
             print(f"  {f}")
         return 1
-    print(f"\nOK: {len(sources)} sources, {len(rows)} kernels, arch {args.arch}, no spills beyond SPILL_ALLOWANCE")
+    extra = "".join(f" + {src.name} for {arch}" for src, arch in builds if arch != args.arch)
+    print(f"\nOK: {len(sources)} sources, {len(rows)} kernels, arch {args.arch}{extra}, no spills beyond SPILL_ALLOWANCE")
     return 0
 
 
