@@ -584,7 +584,13 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
     kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
     tt = block_m // G
-    grid = (-(-T // tt), n_kv, 1)
+    tiles = -(-T // tt)
+    if variant in PREFILL_WGMMA:   # a KV head's tiles together (attention.cu: the CTAs' order)
+        grid = (tiles, n_kv, 1)
+    else:                          # every KV head of the heaviest tile first
+        _need(tiles <= 65535, f"{T} query tokens make {tiles} tiles of {tt}: more than the grid's 65535; "
+                              f"prefill them in chunks")
+        grid = (n_kv, tiles, 1)
     smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=variant in PREFILL_WGMMA)
     _launch(q, "attention", kname, grid, (2 * block_m // mt, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),

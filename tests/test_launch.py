@@ -318,3 +318,7 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
         assert launch_log[-1][1] == "paged_prefill_d128_wg128"
         ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=100.0)
         assert launch_log[-1][1] == "paged_prefill_d128_x2"
+        # the mma.sync kernels take every KV head of the heaviest tile first: grid (n_kv, tiles)
+        assert launch_log[-1][2] == (n_kv, T // (128 // 4), 1) and launch_log[-1][3] == (128, 1, 1)
+        ops.paged_prefill(q[:64], kc, kc, tables, lens, qidx[:64], pos[:64])
+        assert launch_log[-1][1:4] == ("paged_prefill_d128", (n_kv, 64 // (64 // 4), 1), (128, 1, 1))

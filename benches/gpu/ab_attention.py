@@ -41,7 +41,8 @@ from optimized import kernels, ops  # noqa: E402
 from reference.attention import split_size_for  # noqa: E402
 
 N_Q, N_KV, D, BS = 32, 8, 128, 16
-PREFILL = [(8, 1024, 4096), (32, 256, 0), (2, 4096, 0), (32, 256, 16384), (8, 1024, 16384), (2, 4096, 16384)]
+PREFILL = [(8, 1024, 4096), (32, 256, 0), (2, 4096, 0), (32, 256, 16384), (8, 1024, 16384), (2, 4096, 16384),
+           (8, 1024, 0), (32, 256, 1024), (8, 1024, 1024)]
 DECODE = [(1, 300), (1, 4096), (1, 16384), (8, 300), (8, 4096), (8, 16384), (32, 1024), (32, 4096), (64, 2048),
           (128, 16384), (1, 1024), (8, 1024), (32, 16384), (128, 1024), (128, 4096)]
 
@@ -54,7 +55,13 @@ def build(text: str, defines: tuple[str, ...] | list[str] = ()):
 
     opts = tuple(kernels.OPTIONS) + tuple(f"-D{d}" for d in defines)
     mod = cupy.RawModule(code=kernels.with_headers(text), options=opts)
-    mod.compile()
+    cc = cupy.cuda.Device().compute_capability
+    target = kernels.arch_target("attention", (int(cc[:-1]), int(cc[-1])))   # as kernels.load builds it
+    if target is not None:
+        with kernels._nvrtc_target(target):
+            mod.compile()
+    else:
+        mod.compile()
     return mod
 
 

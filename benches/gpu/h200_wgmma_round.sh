@@ -6,6 +6,14 @@
 #           twelve problems of the prefill lab (probe_kernels.py). The session ran it four times: the kernels with
 #           unswizzled (interleaved) K/V tiles, then 128-byte-swizzled tiles, then P V deferred behind the next
 #           S, then (the tree) the two-warpgroup kernel's S of the next tile during the softmax
+#   ncu:    Nsight Compute (speed of light, warp states, compute workload) on the first launch of x2, wg64 and
+#           wg128 at 8 x 1024 over 4096 and at 32 x 256 over 16384 (probe_kernels.py)
+#   order:  the prefill CTAs' launch order in one process: the tree of that call (a KV head's tiles, heaviest
+#           first, then the next head's) against the same file built with -DTK_PREFILL_HEAVY_FIRST (every head
+#           of the heaviest tile first, from the same grid by a division in the kernel), ab_attention.py --only
+#           prefill over its nine problems, every variant. (The switch left the tree after the call: the mma.sync
+#           kernels now take that order from a grid of (n_kv, tiles), built by ops.paged_prefill.)
+#   final2: the same as final after the order change, then the agentic workload (its own tarball)
 #   final:  check_kernels' prefill and fused-RoPE sections (every variant bitwise equal within its tile size),
 #           the engine smoke test, then the prefill lab (benches/run_gpu.sh -k kernel_prefill: the engine's
 #           choice with the problem's mean keys, the mma.sync kernels forced, SDPA flash and cuDNN)
@@ -35,5 +43,29 @@ if [ "$mode" = final ]; then
   smoke 240
   run_benches 420 "kernel_prefill"
   grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
+  pack_bench
+fi
+if [ "$mode" = ncu ]; then
+  for p in 8,1024,4096 32,256,16384; do
+    for k in x2 wg64 wg128; do
+      f="$OUT/ncu_prefill_${k}_${p//,/x}.txt"
+      timeout 120 ncu --clock-control none -k "regex:paged_prefill_d128_${k}\$" --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats \
+        --section Occupancy python3 benches/gpu/probe_kernels.py --only prefill --reps 1 --prefill-problems $p \
+        > "$f" 2>&1
+      echo "ncu $k $p rc=$?"
+      grep -E "Duration|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers Per|Pipe|Stall" \
+        "$f" | cut -c1-130 | head -14
+    done
+  done
+fi
+if [ "$mode" = final2 ]; then
+  checks 240 check_kernels_order.log prefill fused_rope
+  smoke 240
+  run_benches 300 "kernel_prefill"
+  grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
+  pack_bench
+  mv "$OUT/bench.tgz" "$OUT/bench_prefill.tgz"
+  run_benches 300 "agentic"
   pack_bench
 fi

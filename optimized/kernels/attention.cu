@@ -533,7 +533,7 @@ __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv
 // sequence (in increasing index order), rows of other sequences fully masked in that pass, so no
 // layout of q_seq_idx can make a row read another sequence. A sequence's rows need not be
 // contiguous for correctness; contiguous rows (a chunk per sequence) keep passes to ~1 per CTA.
-// Heavy tiles (late in T) are scheduled first.
+// Heavy tiles (late in T) are scheduled first (the kernel's first lines: in which order across KV heads).
 // ------------------------------------------------------------------------------------------------
 // (r / G, r % G) for r = r0, r0 + step, r0 + 2 * step, ...: two divisions at the start, then an add and
 // a compare per step (the row -> (token, query head) map of a token-major tile; G is a runtime value).
@@ -623,8 +623,15 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   const int G = n_q / n_kv;
   const int TT = BM / G;  // tokens per CTA (host guarantees 1 <= G <= BM)
   const int rows_used = TT * G;
-  const int tile = gridDim.x - 1 - blockIdx.x;
-  const int kvh = blockIdx.y;
+  // The CTAs' order (the launch's block order: blockIdx.x fastest). The mma.sync kernels get the grid
+  // (n_kv, tiles) and take every KV head of the last (heaviest) tile first, then of the tile before:
+  // the longest CTAs of a causal prefill all start in the first wave. The wgmma kernels get (tiles,
+  // n_kv) and keep a KV head's tiles together, heaviest first, then the next head's: CTAs running
+  // together share that head's keys in L2. Measured on the H200 in one process (docs/performance.md,
+  // "The CTAs' order"); ops.paged_prefill builds the grid to match (PREFILL_WGMMA).
+  constexpr bool heavy_first = !C::WG;
+  const int tile = heavy_first ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
+  const int kvh = heavy_first ? blockIdx.x : blockIdx.y;
   const int t0 = tile * TT;
   const int bs_log2 = block_shift(block_size);
 
