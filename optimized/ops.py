@@ -32,7 +32,7 @@ from . import kernels, launch
 __all__ = [
     "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
-    "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants", "PREFILL_WG_MIN_KEYS",
+    "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "FUSED_DECODE_MAX_B",
@@ -544,7 +544,7 @@ def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, q_seq_idx: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None,
                   *, out: torch.Tensor | None = None, variant: str | None = None,
-                  rope: tuple[torch.Tensor, torch.Tensor] | None = None, mean_keys: float | None = None) -> torch.Tensor:
+                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention by absolute position over each sequence's pages (twin: ``reference.attention.paged_prefill``).
 
     ``q [T, n_q, D]`` bf16 (token-row stride allowed); caches bf16 ``[N, bs, n_kv, D]``;
@@ -554,9 +554,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     contiguous in ``T`` (one chunk per sequence, padding anywhere): the kernel stays correct
     otherwise but a CTA then makes one pass over the KV per sequence it holds.
     ``rope=(cos, sin)`` (fp32 ``[max_pos, D/2]``): the caches hold pre-RoPE keys, rotated in the
-    kernel at their absolute positions (fused RoPE). ``mean_keys``: the mean number of keys a query
-    row sees (known on the host to a caller that built the positions; ``prefill_variant`` uses it).
-    Returns bf16 ``[T, n_q, D]``.
+    kernel at their absolute positions (fused RoPE). Returns bf16 ``[T, n_q, D]``.
     """
     T, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
@@ -574,9 +572,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out
     _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
     if variant is None:
-        dev = _device_index(q)
-        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(dev), mean_keys,
-                                  wgmma=lambda: "wg128" in prefill_variants(D, dev))
+        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(_device_index(q)))
     _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
     if variant in PREFILL_WGMMA:
         _need(variant in prefill_variants(D, _device_index(q)),
@@ -599,33 +595,20 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out
 
 
-#: mean keys per query row from which a big prefill grid takes the two-warpgroup wgmma kernel
-#: (``wg128``) where the device has it: measured on the H200 (docs/performance.md, "wgmma"): 1.7-8.6%
-#: faster than ``x2`` over cached prefixes of 4096 and 16384 keys, from 16% slower to 6% faster below.
-PREFILL_WG_MIN_KEYS = 4096
-
-
-def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int, mean_keys: float | None = None,
-                    wgmma=False) -> str:
+def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int) -> str:
     """The paged-prefill kernel ``paged_prefill(variant=None)`` launches: the two-tiles-per-warp
     kernel (``x2``: 128 query rows per CTA, each K/V fragment read from shared memory once for 32
     rows) when its grid still gives every multiprocessor its two resident CTAs, the 64-row kernel
-    otherwise (short prefills keep more, smaller CTAs in flight). On such a big grid whose query rows
-    see ``mean_keys >= PREFILL_WG_MIN_KEYS`` keys on average, the two-warpgroup wgmma kernel
-    (``wg128``) instead, when ``wgmma`` (a bool, or a callable asked only then) says the device has
-    it. All of them give the same bits. Measured on the H200 in docs/performance.md (paged prefill
-    section)."""
+    otherwise (short prefills keep more, smaller CTAs in flight). Never the wgmma kernels: on the
+    H200 they give the same bits and, since the mma.sync kernels take the heaviest tiles first, no
+    more speed (docs/performance.md, "Warpgroup MMAs"); a caller may name them. Measured on the H200
+    in docs/performance.md (paged prefill section)."""
     if "x2" not in PREFILL_VARIANTS.get(D, {}):
         return "default"
     block_m = PREFILL_VARIANTS[D]["x2"][2]
     G = max(1, n_q // max(1, n_kv))
     ctas = -(-T // max(1, block_m // G)) * n_kv
-    if ctas < 2 * num_sms:
-        return "default"
-    if ("wg128" in PREFILL_VARIANTS[D] and mean_keys is not None and mean_keys >= PREFILL_WG_MIN_KEYS
-            and (wgmma() if callable(wgmma) else wgmma)):
-        return "wg128"
-    return "x2"
+    return "x2" if ctas >= 2 * num_sms else "default"
 
 
 def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size: int) -> int:

@@ -145,7 +145,6 @@ class CudaRunner:
         self.graphs: dict[tuple[int, int], dict] = {}
         self.pool = None
         self.invariant = ecfg.batch_invariant
-        self._prefill_keys: float | None = None  # set by each eager prefill step (_prefill)
         self.rope = (self.cos, self.sin) if ecfg.rope_in_attention else None   # fused RoPE tables
         self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV (pinned)
         self.record_logits = False
@@ -236,7 +235,7 @@ class CudaRunner:
         and takes the split-KV path like a decode step."""
         if qidx is not None and not self.invariant:
             return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale,
-                                     rope=self.rope, mean_keys=self._prefill_keys)
+                                     rope=self.rope)
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
                                    max_splits=max_splits, row_seq=qidx, rope=self.rope)
 
@@ -370,10 +369,8 @@ class CudaRunner:
         longest row -- splits past a row's end fold in as the identity, so the count is free."""
         up = self._upload
         lens, qidx, split, max_splits = seq_lens, q_seq_idx, None, 1
-        live = positions >= 0
-        # the mean keys a query row sees (ops.prefill_variant's choice of kernel; known here, not on the GPU)
-        self._prefill_keys = float((positions[live] + 1).mean()) if live.any() else 0.0
         if self.invariant:
+            live = positions >= 0
             lens = np.where(live, positions + 1, 0).astype(np.int32)                      # [T] row lengths
             qidx = np.where(live, q_seq_idx, 0).astype(np.int32)                          # [T] table rows
             split = self.decode_split(self.max_model_len, 1)[0] or self.max_model_len     # a decode graph's split

@@ -71,10 +71,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         i = x.shape[1] // 2
         return (torch.nn.functional.silu(x[:, :i].float()) * x[:, i:].float()).to(x.dtype)
 
-    def paged_prefill(q, kc, vc, bt, lens, qidx, qpos, scale=None, *, rope=None, mean_keys=None):
+    def paged_prefill(q, kc, vc, bt, lens, qidx, qpos, scale=None, *, rope=None):
         log.append(("paged_prefill", rope is not None))
-        live = qpos >= 0
-        log.append(("prefill_keys", (mean_keys, float((qpos[live] + 1).double().mean()) if live.any() else 0.0)))
         kc = _rotated_cache(kc, bt, lens, rope)
         return attention.paged_prefill(q, kc, vc, bt.long(), lens.long(), qidx.long(), qpos.long(), scale)
 

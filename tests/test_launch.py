@@ -283,7 +283,7 @@ def test_attention_rejects_a_cache_past_int32_chunk_offsets(launch_log, monkeypa
 def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log, monkeypatch):
     """``variant="wg128"`` (or ``wg64``) launches its kernel with 128 (64) rows a CTA, two (one) warpgroups
     and the swizzled tiles' shared memory where the attention module is built for sm_90a, and is a
-    ValueError elsewhere, before any launch; the engine's choice (``mean_keys`` over a big grid) follows."""
+    ValueError elsewhere, before any launch; the engine's own choice is x2 on both builds."""
     import torch
 
     from optimized import kernels, ops
@@ -305,7 +305,7 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
                 with pytest.raises(ValueError, match="sm_90a"):
                     ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant=v)
             assert launch_log == [] and ops.prefill_variants(D, 0) == ["default", "x2"]
-            ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=8192.0)
+            ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos)
             assert launch_log[-1][1] == "paged_prefill_d128_x2"
             continue
         assert ops.prefill_variants(D, 0) == ["default", "x2", "wg64", "wg128"]
@@ -314,9 +314,7 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
             module, name, grid, block, *_ = launch_log[-1]
             assert (module, name) == ("attention", f"paged_prefill_d128_{v}")
             assert grid == (T // (rows // 4), n_kv, 1) and block == (2 * rows, 1, 1)
-        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=float(ops.PREFILL_WG_MIN_KEYS))
-        assert launch_log[-1][1] == "paged_prefill_d128_wg128"
-        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=100.0)
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos)
         assert launch_log[-1][1] == "paged_prefill_d128_x2"
         # the mma.sync kernels take every KV head of the heaviest tile first: grid (n_kv, tiles)
         assert launch_log[-1][2] == (n_kv, T // (128 // 4), 1) and launch_log[-1][3] == (128, 1, 1)

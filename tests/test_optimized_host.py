@@ -113,18 +113,6 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     assert torch.equal(torch.stack(single.logit_log[0]), alone[5:]), "INVARIANT: resume differs from single-shot"
 
 
-def test_prefill_passes_the_mean_keys_of_its_rows(opt_engine, launches):
-    """Each eager prefill step tells ``paged_prefill`` how many keys its query rows see on average
-    (``mean_keys``, from the host's positions: ``ops.prefill_variant`` picks the wgmma kernel for long
-    prefixes by it), the mean of ``position + 1`` over the step's live rows, at every layer."""
-    eng = opt_engine()
-    _rollout(eng, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
-    keys = [d for k, d in launches if k == "prefill_keys"]
-    assert keys and len(keys) == sum(k == "paged_prefill" for k, _ in launches)
-    assert all(given == pytest.approx(expect) for given, expect in keys), keys
-    assert max(e for _, e in keys) > min(e for _, e in keys), "a resumed turn's rows see the cached prefix too"
-
-
 def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, launches):
     """Default mode: GEMMs of <= 8 rows (decode steps, short prefills) go to the skinny kernels -- qkv,
     o_proj, down_proj and the LM head (fp32 output) to skinny_gemm, gate/up with the SwiGLU epilogue
