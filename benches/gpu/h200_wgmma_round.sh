@@ -14,6 +14,7 @@
 #           prefill over its nine problems, every variant. (The switch left the tree after the call: the mma.sync
 #           kernels now take that order from a grid of (n_kv, tiles), built by ops.paged_prefill.)
 #   final2: the same as final after the order change, then the agentic workload (its own tarball)
+#   conf:   conformance at CI scale on the optimized engine (every prefill now on the (n_kv, tiles) grid)
 #   lab:    the prefill lab again after ops.prefill_variant went back to the mma.sync kernels everywhere
 #           (the lab's rows: the engine's choice, the 64-row kernel and wg128 forced, SDPA flash and cuDNN)
 #   final:  check_kernels' prefill and fused-RoPE sections (every variant bitwise equal within its tile size),
@@ -75,4 +76,7 @@ if [ "$mode" = lab ]; then
   run_benches 300 "kernel_prefill"
   grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
   pack_bench
+fi
+if [ "$mode" = conf ]; then
+  conformance_ci 330
 fi
