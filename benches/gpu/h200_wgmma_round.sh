@@ -15,6 +15,9 @@
 #           kernels now take that order from a grid of (n_kv, tiles), built by ops.paged_prefill.)
 #   final2: the same as final after the order change, then the agentic workload (its own tarball)
 #   conf:   conformance at CI scale on the optimized engine (every prefill now on the (n_kv, tiles) grid)
+#   recheck: after a refactor that re-scheduled the wgmma kernels' SASS (the tile's softmax as a helper; the
+#           same instruction count): check_kernels' prefill section and the wgmma variants beside x2 on three
+#           lab problems (probe_kernels.py)
 #   lab:    the prefill lab again after ops.prefill_variant went back to the mma.sync kernels everywhere
 #           (the lab's rows: the engine's choice, the 64-row kernel and wg128 forced, SDPA flash and cuDNN)
 #   final:  check_kernels' prefill and fused-RoPE sections (every variant bitwise equal within its tile size),
@@ -24,6 +27,11 @@ source benches/gpu/_env.sh
 mode=${1:-first}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
+# prefill_lab SECONDS: the prefill lab (its reports under $OUT/bench) and its rows of ours and of SDPA flash
+prefill_lab() {
+  run_benches "$1" "kernel_prefill"
+  grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
+}
 LAB="32,256,0 32,256,1024 32,256,4096 32,256,16384 8,1024,0 8,1024,1024 8,1024,4096 8,1024,16384 2,4096,0 2,4096,1024 2,4096,4096 2,4096,16384"
 if [ "$mode" = first ]; then
   python3 - <<'PY' 2>&1 | tee "$OUT/wg_build.log"
@@ -44,8 +52,7 @@ fi
 if [ "$mode" = final ]; then
   checks 240 check_kernels_wg_final.log prefill fused_rope
   smoke 240
-  run_benches 420 "kernel_prefill"
-  grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
+  prefill_lab 420
   pack_bench
 fi
 if [ "$mode" = ncu ]; then
@@ -65,18 +72,22 @@ fi
 if [ "$mode" = final2 ]; then
   checks 240 check_kernels_order.log prefill fused_rope
   smoke 240
-  run_benches 300 "kernel_prefill"
-  grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
+  prefill_lab 300
   pack_bench
   mv "$OUT/bench.tgz" "$OUT/bench_prefill.tgz"
   run_benches 300 "agentic"
   pack_bench
 fi
 if [ "$mode" = lab ]; then
-  run_benches 300 "kernel_prefill"
-  grep -E "paged prefill: speed|[|] (turnkv|sdpa flash)" "$OUT/bench/kernel_prefill.md" | cut -d"|" -f2-10 | head -70
+  prefill_lab 300
   pack_bench
 fi
 if [ "$mode" = conf ]; then
   conformance_ci 330
+fi
+if [ "$mode" = recheck ]; then
+  checks 100 check_kernels_recheck.log prefill
+  timeout 60 python3 benches/gpu/probe_kernels.py --only prefill --reps 20 --prefill-problems 8,1024,0 32,256,16384 \
+    2,4096,16384 > "$OUT/probe_prefill_recheck.log" 2>&1
+  echo "probe rc=$?"; cat "$OUT/probe_prefill_recheck.log"
 fi

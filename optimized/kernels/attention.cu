@@ -207,6 +207,29 @@ __device__ __forceinline__ float tree_fold(float (&x)[N], Op op) {
   return x[0];
 }
 
+// O *= alpha per row: the rescale of an online-softmax step. Skipped unless some row of the warp changed
+// its maximum (alpha == 1 everywhere: the products would be the identity, so skipping them changes no
+// bit; on long rows most tiles skip; for the same reason a tile whose alphas are all 1 may be rescaled
+// with the others).
+template <int D, int MT>
+__device__ __forceinline__ void rescale_o(const float (&alphas)[MT][2], float (&o)[MT][D / 8][4]) {
+  bool moved = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) moved |= alphas[mt][0] != 1.f || alphas[mt][1] != 1.f;
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        o[mt][nt][0] *= alphas[mt][0];
+        o[mt][nt][1] *= alphas[mt][0];
+        o[mt][nt][2] *= alphas[mt][1];
+        o[mt][nt][3] *= alphas[mt][1];
+      }
+    }
+  }
+}
+
 // One online-softmax step for the rows this thread holds in MT row tiles (h = 0: row g, h = 1: row
 // g+8 of tile mt). s: raw scores of NKT*8 keys starting at absolute key position kv0 (+ the thread's
 // column offset), visible iff key <= lim[mt][h] (lim < 0: nothing visible). On return s holds
@@ -268,44 +291,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[MT][NKT][4], int 
     for (int mt = 0; mt < MT; ++mt) alphas_out[mt][0] = alphas[mt][0], alphas_out[mt][1] = alphas[mt][1];
     return;
   }
-  // Rescale the accumulators, unless no row of the warp changed its maximum (alpha == 1 everywhere:
-  // the products would be the identity, so skipping them changes no bit; on long rows most tiles skip;
-  // for the same reason a tile whose alphas are all 1 may be rescaled with the others).
-  bool moved = false;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) moved |= alphas[mt][0] != 1.f || alphas[mt][1] != 1.f;
-  if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        o[mt][nt][0] *= alphas[mt][0];
-        o[mt][nt][1] *= alphas[mt][0];
-        o[mt][nt][2] *= alphas[mt][1];
-        o[mt][nt][3] *= alphas[mt][1];
-      }
-    }
-  }
-}
-
-// The deferred rescale (DEFER above): the same products, under the same skip rule.
-template <int D, int MT>
-__device__ __forceinline__ void rescale_o(const float (&alphas)[MT][2], float (&o)[MT][D / 8][4]) {
-  bool moved = false;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) moved |= alphas[mt][0] != 1.f || alphas[mt][1] != 1.f;
-  if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        o[mt][nt][0] *= alphas[mt][0];
-        o[mt][nt][1] *= alphas[mt][0];
-        o[mt][nt][2] *= alphas[mt][1];
-        o[mt][nt][3] *= alphas[mt][1];
-      }
-    }
-  }
+  rescale_o<D, MT>(alphas, o);
 }
 
 // online_softmax_step, the unmasked code when no key of the tile is hidden from any row of the warp
@@ -486,6 +472,29 @@ __device__ __forceinline__ void tile_pv_wg(const u32 (&a)[BN / 16][4], u32 sV, f
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, a[kk], wg_desc_sw128(sV + kk * 2048, BN * 128, 1024));
   wg_commit();
+}
+
+// The wgmma kernels' softmax of one tile: this thread's rows' limits and running state from shared
+// memory, the online-softmax step with O's rescale left to the caller (alphas), the state back.
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void softmax_tile_deferred(float (&s)[1][BN / 8][4], int kv0, const int* s_lim,
+                                                      float (&s_m)[1][2][THREADS], float (&s_l)[1][2][THREADS],
+                                                      int row0, int lane, int tid, float sl2, float (&o)[1][D / 8][4],
+                                                      float (&alphas)[1][2]) {
+  int lim[1][2];
+  float m2[1][2], l2[1][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lim[0][h] = s_lim[row0 + (lane >> 2) + 8 * h];
+    m2[0][h] = s_m[0][h][tid];
+    l2[0][h] = s_l[0][h][tid];
+  }
+  online_softmax<D, BN / 8, 1, true>(s, kv0, lim, sl2, lane, m2, l2, o, alphas);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    s_m[0][h][tid] = m2[0][h];
+    s_l[0][h][tid] = l2[0][h];
+  }
 }
 #endif  // TK_WGMMA
 
@@ -776,20 +785,8 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
             tile_scores_wg<D, BN>(qf, sK_u + ((j + 1) & 1) * TILE * 2, sn);
           }
           if (j > 0) tile_pv_wg<D, BN>(pa, sV_u + ((j - 1) & 3) * TILE * 2, o[0]);
-          int lim[1][2];
-          float m2[1][2], l2[1][2], alphas[1][2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            lim[0][h] = s_lim[row0 + (lane >> 2) + 8 * h];
-            m2[0][h] = s_m[0][h][tid];
-            l2[0][h] = s_l[0][h][tid];
-          }
-          online_softmax<D, BN / 8, 1, true>(s, j * BN, lim, sl2, lane, m2, l2, o, alphas);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            s_m[0][h][tid] = m2[0][h];
-            s_l[0][h][tid] = l2[0][h];
-          }
+          float alphas[1][2];
+          softmax_tile_deferred<D, BN, THREADS>(s, j * BN, s_lim, s_m, s_l, row0, lane, tid, sl2, o, alphas);
           wg_wait<0>();  // S of tile j + 1 and P V of tile j - 1 have landed
           wg_fence_regs(o[0]);
           wg_fence_regs(sn);
@@ -848,20 +845,8 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
             wg_wait<0>();
           }
           wg_fence_regs(s[0]);
-          int lim[1][2];
-          float m2[1][2], l2[1][2], alphas[1][2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            lim[0][h] = s_lim[row0 + (lane >> 2) + 8 * h];
-            m2[0][h] = s_m[0][h][tid];
-            l2[0][h] = s_l[0][h][tid];
-          }
-          online_softmax<D, BN / 8, 1, true>(s, j * BN, lim, sl2, lane, m2, l2, o, alphas);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            s_m[0][h][tid] = m2[0][h];
-            s_l[0][h][tid] = l2[0][h];
-          }
+          float alphas[1][2];
+          softmax_tile_deferred<D, BN, THREADS>(s, j * BN, s_lim, s_m, s_l, row0, lane, tid, sl2, o, alphas);
           wg_wait<0>();  // tile j - 1's P V has landed in O
           wg_fence_regs(o[0]);
           rescale_o<D, 1>(alphas, o);
