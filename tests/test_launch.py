@@ -320,3 +320,30 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
         assert launch_log[-1][2] == (n_kv, T // (128 // 4), 1) and launch_log[-1][3] == (128, 1, 1)
         ops.paged_prefill(q[:64], kc, kc, tables, lens, qidx[:64], pos[:64])
         assert launch_log[-1][1:4] == ("paged_prefill_d128", (n_kv, 64 // (64 // 4), 1), (128, 1, 1))
+
+
+def test_paged_prefill_refuses_more_tiles_than_the_grid_holds_before_any_launch(launch_log, monkeypatch):
+    """The mma.sync kernels run on the grid (n_kv, tiles): more than 65535 tiles of query tokens is a
+    ValueError naming the fix (chunks), raised before a launch ("meta" tensors: no memory)."""
+    import torch
+
+    from optimized import ops
+
+    monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu", "meta"))
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    n_q, n_kv, D, bs = 64, 1, 128, 16               # a GQA group of 64: one token a 64-row tile
+    kc = torch.empty(8, bs, n_kv, D, dtype=torch.bfloat16, device="meta")
+    tables = torch.zeros(1, 8, dtype=torch.int32, device="meta")
+    lens = torch.zeros(1, dtype=torch.int32, device="meta")
+    for T, ok in ((65535, True), (65536, False)):
+        q = torch.empty(T, n_q, D, dtype=torch.bfloat16, device="meta")
+        qidx = torch.empty(T, dtype=torch.int32, device="meta")
+        if ok:
+            ops.paged_prefill(q, kc, kc, tables, lens, qidx, qidx, variant="default")
+            assert launch_log[-1][2] == (n_kv, T, 1)
+            continue
+        n = len(launch_log)
+        with pytest.raises(ValueError, match="prefill them in chunks"):
+            ops.paged_prefill(q, kc, kc, tables, lens, qidx, qidx, variant="default")
+        assert len(launch_log) == n
