@@ -1,7 +1,7 @@
 // attention.cu -- paged attention kernels of the optimized engine.
 //
 // Reference twins: reference/attention.py
-//   paged_prefill_d{16,32,64,128}, _d{64,128}_x2 <-> paged_prefill
+//   paged_prefill_d{16,32,64,128}, _d{64,128}_x2, _d128_wg{64,128} (wgmma, sm_90a) <-> paged_prefill
 //   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
 //   split_kv_reduce                   <-> reduce_splits
 //   merge_states                      <-> merge_states / merge_two (sorting and duplicate checks stay in Python)
