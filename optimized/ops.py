@@ -91,7 +91,8 @@ def prefill_variants(head_dim: int, dev: int) -> list[str]:
     return list(variants)
 
 
-#: CTAs of ``split_kv_partials`` a multiprocessor holds. Its K/V copies go through L1 (``cp.async.ca``), and
+#: CTAs of ``split_kv_partials`` a multiprocessor holds (the one wave of the ``auto`` split rule,
+#: ``reference.attention.AUTO_CTAS_PER_SM``, counts on it). Its K/V copies go through L1 (``cp.async.ca``), and
 #: they want that L1: at 166 registers the kernel fits three CTAs, for which the driver picks the largest
 #: shared-memory configuration (about 28 KB of L1 left), and there it ran 8-33% slower than at two
 #: CTAs with 88 KB of L1 (H200; docs/performance.md). So it asks for the configuration that holds two.
@@ -574,20 +575,21 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if variant is None:
         variant = prefill_variant(T, n_q, n_kv, D, _num_sms(_device_index(q)))
     _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
-    if variant in PREFILL_WGMMA:
+    wgmma = variant in PREFILL_WGMMA
+    if wgmma:
         _need(variant in prefill_variants(D, _device_index(q)),
               f"prefill variant {variant!r} needs the attention kernels built for {PREFILL_WGMMA[variant]} "
               f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
     kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
     tt = block_m // G
     tiles = -(-T // tt)
-    if variant in PREFILL_WGMMA:   # a KV head's tiles together (attention.cu: the CTAs' order)
+    if wgmma:                      # a KV head's tiles together (attention.cu: the CTAs' order)
         grid = (tiles, n_kv, 1)
     else:                          # every KV head of the heaviest tile first
         _need(tiles <= 65535, f"{T} query tokens make {tiles} tiles of {tt}: more than the grid's 65535; "
                               f"prefill them in chunks")
         grid = (n_kv, tiles, 1)
-    smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=variant in PREFILL_WGMMA)
+    smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=wgmma)
     _launch(q, "attention", kname, grid, (2 * block_m // mt, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),
              _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D)),

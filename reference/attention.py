@@ -320,10 +320,9 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 #: ``auto``'s rule, fitted to split-KV decode timings on an H200 (docs/performance.md, "Split size of a
 #: decode step"): one wave of work items (sequence x KV head x split), this many per multiprocessor --
-#: the optimized decode kernel's occupancy at head dim 128 (its 172-218 registers a thread over the last
-#: sessions' versions -- 190 now -- and its shared memory under the default carveout, each hold it to two
-#: 128-thread CTAs per multiprocessor); a second,
-#: partial wave costs nearly as much as a full one ...
+#: the optimized decode kernel's occupancy at head dim 128 (two 128-thread CTAs per multiprocessor, the
+#: shared-memory configuration its launch asks for: ``optimized.ops.DECODE_CTAS_PER_SM``, kept equal to
+#: this by a test); a second, partial wave costs nearly as much as a full one ...
 AUTO_CTAS_PER_SM = 2
 #: ... but at most this many splits per sequence (the fold's sums over the partial states are serial in their number),
 AUTO_MAX_SPLITS = 16

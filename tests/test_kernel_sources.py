@@ -244,6 +244,7 @@ def test_auto_split_fills_one_wave_of_decode_ctas():
     the decode kernel's occupancy) and, within it, the smallest split size in whole tiles that is at least
     the minimum size and needs no more splits than fit (at most ``AUTO_MAX_SPLITS``)."""
     from reference import attention
+    assert attention.AUTO_CTAS_PER_SM == ops.DECODE_CTAS_PER_SM      # the occupancy the decode launch asks for
     tile = attention.AUTO_TILE
     for sms in (132, 78):
         slots = attention.AUTO_CTAS_PER_SM * sms
