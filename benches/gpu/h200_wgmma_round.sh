@@ -18,8 +18,6 @@
 #   recheck: after a refactor that re-scheduled the wgmma kernels' SASS (the tile's softmax as a helper; the
 #           same instruction count): check_kernels' prefill section and the wgmma variants beside x2 on three
 #           lab problems (probe_kernels.py)
-#   landed: check_kernels' prefill section after the wgmma loops' tile hand-over became one helper
-#           (wg_tile_landed; wg128's SASS re-scheduled at the same instruction count, wg64's unchanged)
 #   lab:    the prefill lab again after ops.prefill_variant went back to the mma.sync kernels everywhere
 #           (the lab's rows: the engine's choice, the 64-row kernel and wg128 forced, SDPA flash and cuDNN)
 #   final:  check_kernels' prefill and fused-RoPE sections (every variant bitwise equal within its tile size),
@@ -92,7 +90,4 @@ if [ "$mode" = recheck ]; then
   timeout 60 python3 benches/gpu/probe_kernels.py --only prefill --reps 20 --prefill-problems 8,1024,0 32,256,16384 \
     2,4096,16384 > "$OUT/probe_prefill_recheck.log" 2>&1
   echo "probe rc=$?"; cat "$OUT/probe_prefill_recheck.log"
-fi
-if [ "$mode" = landed ]; then
-  checks 70 check_kernels_landed.log prefill
 fi

@@ -525,22 +525,6 @@ __device__ __forceinline__ void rotate_k_tile(__nv_bfloat16* sK, int kv0, int kv
   }
 }
 
-#ifdef TK_WGMMA
-// The wgmma kernels: a K/V tile's copies have landed (the caller waited for their commit group); hand
-// the tile to wgmma's (async) proxy and to the whole CTA, its K rotated first under fused RoPE.
-template <int D, int BN, int THREADS>
-__device__ __forceinline__ void wg_tile_landed(__nv_bfloat16* sK, int kv0, int kv_end, const float* __restrict__ cos_t,
-                                               const float* __restrict__ sin_t, int max_pos, int tid) {
-  fence_proxy_async_smem();
-  __syncthreads();
-  if (cos_t != nullptr) {  // fused RoPE (uniform branch)
-    rotate_k_tile<D, BN, THREADS, true>(sK, kv0, kv_end, cos_t, sin_t, max_pos, tid);
-    fence_proxy_async_smem();
-    __syncthreads();
-  }
-}
-#endif  // TK_WGMMA
-
 // ------------------------------------------------------------------------------------------------
 // paged_prefill
 //
@@ -766,7 +750,13 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
         if (ntiles > 1) load_kv_tile_sw<D, BN, THREADS>(sK_u + TILE * 2, sV_u + TILE * 2, k_cache, v_cache, s_off[1], kvh, tid);
         cp_async_commit();
         cp_async_wait<1>();  // tile 0 (and Q, committed before it)
-        wg_tile_landed<D, BN, THREADS>(sK, 0, L, cos_t, sin_t, max_pos, tid);
+        fence_proxy_async_smem();
+        __syncthreads();
+        if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+          rotate_k_tile<D, BN, THREADS, true>(sK, 0, L, cos_t, sin_t, max_pos, tid);
+          fence_proxy_async_smem();
+          __syncthreads();
+        }
         if (!q_in_regs) {
           load_q_frags<D>(qf, sQ_u, row0, lane);
           q_in_regs = true;
@@ -781,7 +771,13 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
           const int ahead_page = (tid < BN && j + 3 < ntiles) ? row_page(bt, ahead, L, block_size, bs_log2) : -1;
           if (j + 1 < ntiles) {
             cp_async_wait<0>();  // tile j + 1
-            wg_tile_landed<D, BN, THREADS>(sK + ((j + 1) & 1) * TILE, (j + 1) * BN, L, cos_t, sin_t, max_pos, tid);
+            fence_proxy_async_smem();
+            __syncthreads();
+            if (cos_t != nullptr) {
+              rotate_k_tile<D, BN, THREADS, true>(sK + ((j + 1) & 1) * TILE, (j + 1) * BN, L, cos_t, sin_t, max_pos, tid);
+              fence_proxy_async_smem();
+              __syncthreads();
+            }
             if (j + 2 < ntiles)  // K slot j % 2 (S of tile j: waited), V slot (j + 2) % 4 (P V of tile j - 2: waited)
               load_kv_tile_sw<D, BN, THREADS>(sK_u + (j & 1) * TILE * 2, sV_u + ((j + 2) & 3) * TILE * 2, k_cache,
                                               v_cache, s_off[(j + 2) & 3], kvh, tid);
@@ -828,8 +824,14 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
             load_kv_tile_sw<D, BN, THREADS>(sK_u + (ks ^ 1) * TILE * 2, sV_u + ((j + 1) % 3) * TILE * 2, k_cache,
                                             v_cache, s_off[ks ^ 1], kvh, tid);
           cp_async_commit();
-          cp_async_wait<1>();  // tile j
-          wg_tile_landed<D, BN, THREADS>(sK + ks * TILE, j * BN, L, cos_t, sin_t, max_pos, tid);
+          cp_async_wait<1>();
+          fence_proxy_async_smem();  // the landed tile, to wgmma's (async) proxy
+          __syncthreads();
+          if (cos_t != nullptr) {  // fused RoPE (uniform branch)
+            rotate_k_tile<D, BN, THREADS, true>(sK + ks * TILE, j * BN, L, cos_t, sin_t, max_pos, tid);
+            fence_proxy_async_smem();
+            __syncthreads();
+          }
           if (!q_in_regs) {  // the first tile's wait covered Q's commit group (committed before it)
             load_q_frags<D>(qf, sQ_u, row0, lane);
             q_in_regs = true;
