@@ -347,3 +347,40 @@ def test_paged_prefill_refuses_more_tiles_than_the_grid_holds_before_any_launch(
         with pytest.raises(ValueError, match="prefill them in chunks"):
             ops.paged_prefill(q, kc, kc, tables, lens, qidx, qidx, variant="default")
         assert len(launch_log) == n
+
+
+def test_l2_prefetch_grid_arguments_and_bad_input(launch_log, monkeypatch):
+    """``ops.l2_prefetch`` on the CPU with ``_launch`` recorded: the kernel of each kind, one CTA per
+    multiprocessor (fewer only for fewer pieces: bulk chunks or 128-byte lines), the pointer, byte count and
+    chunk as the kernel takes them; 0 bytes launch nothing; bad input is a ValueError that launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    log = launch_log
+    w = torch.zeros(4096, 4096, dtype=torch.bfloat16)                     # 32 MiB
+    ops.l2_prefetch(w)
+    (module, name, grid, block, args, _), = log
+    assert (module, name, block) == ("prefetch", "l2_prefetch_bulk", (ops.L2_PREFETCH_THREADS, 1, 1))
+    assert grid == (132, 1, 1) == (ops.l2_prefetch_grid(32 << 20, "bulk", 16384, 132), 1, 1)  # 2048 chunks, spread
+    assert int(args[0]) == w.data_ptr() and int(args[1]) == 32 << 20 and int(args[2]) == ops.L2_PREFETCH_CHUNK
+    ops.l2_prefetch(w, 1 << 20, kind="lines")
+    assert log[-1][1] == "l2_prefetch_lines" and log[-1][2] == (132, 1, 1) and int(log[-1][4][1]) == 1 << 20
+    ops.l2_prefetch(w, 64 * 16384)
+    assert log[-1][2] == (64, 1, 1), "no more CTAs than pieces"
+    ops.l2_prefetch(w, 48, chunk=16, ctas=3)
+    assert log[-1][2] == (3, 1, 1) and int(log[-1][4][2]) == 16
+    assert ops.l2_prefetch_grid(16, "bulk", 16384, 132) == 1
+    n = len(log)
+    ops.l2_prefetch(w, 0)
+    assert len(log) == n, "0 bytes: no launch"
+    for bad in (dict(nbytes=17), dict(nbytes=-16), dict(nbytes=w.numel() * 2 + 16), dict(kind="tma"),
+                dict(chunk=8), dict(chunk=24), dict(ctas=0)):
+        with pytest.raises(ValueError):
+            ops.l2_prefetch(w, **bad)
+    for bad_w in (w[:, ::2], w.view(-1)[1:], w.float().numpy()):
+        with pytest.raises(ValueError):
+            ops.l2_prefetch(bad_w)
+    assert len(log) == n
