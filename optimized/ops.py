@@ -35,8 +35,7 @@ __all__ = [
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
-    "FUSED_DECODE_MAX_B", "l2_prefetch", "l2_prefetch_grid", "L2_PREFETCH_KINDS", "L2_PREFETCH_CHUNK",
-    "L2_PREFETCH_THREADS",
+    "FUSED_DECODE_MAX_B",
 ]
 
 #: head dims the attention kernels are instantiated for
@@ -957,58 +956,6 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (I // 8, 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K)))
     return out
-
-
-# --------------------------------------------------------------------------------------
-# L2 prefetch (prefetch.cu): no value moves, only lines into L2
-# --------------------------------------------------------------------------------------
-
-#: the L2 prefetch kernels of ``prefetch.cu``: kind -> kernel name. ``bulk``: ``cp.async.bulk.prefetch.L2``
-#: of ``chunk``-byte pieces; ``lines``: ``prefetch.global.L2`` of each 128-byte line
-L2_PREFETCH_KINDS: dict[str, str] = {"bulk": "l2_prefetch_bulk", "lines": "l2_prefetch_lines"}
-#: bytes of one bulk prefetch instruction (a multiple of 16)
-L2_PREFETCH_CHUNK = 16384
-#: threads of an L2 prefetch CTA (``__launch_bounds__`` of both kernels)
-L2_PREFETCH_THREADS = 128
-
-
-def l2_prefetch_grid(nbytes: int, kind: str, chunk: int, num_sms: int, ctas: int | None = None) -> int:
-    """CTAs of an L2 prefetch launch: ``ctas`` if given, else one per multiprocessor (fewer only when there
-    are fewer pieces -- ``chunk`` bytes for ``bulk``, 128-byte lines for ``lines`` -- than multiprocessors),
-    the pieces dealt out grid-stride. Spread, not packed: on the H200 a multiprocessor issued bulk
-    prefetches at only ~0.2 TB/s (16 CTAs of 2 MiB each took 12 us for 32 MiB; probe_prefetch.py)."""
-    if ctas is not None:
-        return ctas
-    piece = chunk if kind == "bulk" else 128
-    return max(1, min(num_sms, -(-nbytes // piece)))
-
-
-def l2_prefetch(w: torch.Tensor, nbytes: int | None = None, *, kind: str = "bulk", chunk: int = L2_PREFETCH_CHUNK,
-                ctas: int | None = None) -> None:
-    """Ask L2 for the first ``nbytes`` bytes of ``w``'s storage (all of it by default), for a GEMM a
-    few launches later (``prefetch.cu``). Reads nothing into the SMs and writes nothing: no result of any
-    kernel depends on it. The runner launches it on a side stream (``CudaRunner._fork_prefetch``).
-
-    ``w`` contiguous, 16-byte aligned; ``nbytes`` and ``chunk`` (bytes per bulk prefetch) multiples of 16,
-    ``0 <= nbytes <= `` the tensor's bytes (0 launches nothing); ``kind`` one of ``L2_PREFETCH_KINDS``;
-    ``ctas`` (a probe's override) a positive CTA count."""
-    _need(isinstance(w, torch.Tensor), f"w must be a torch.Tensor, got {type(w).__name__}")
-    _need(w.device.type in _DEVICE_TYPES, f"w must be a CUDA tensor, got device {w.device}")
-    _contig("w", w)
-    _aligned16("w", w)
-    _need(kind in L2_PREFETCH_KINDS, f"kind must be one of {sorted(L2_PREFETCH_KINDS)}, got {kind!r}")
-    total = w.numel() * w.element_size()
-    nbytes = total if nbytes is None else nbytes
-    _need(isinstance(nbytes, int) and 0 <= nbytes <= total and nbytes % 16 == 0,
-          f"nbytes must be a multiple of 16 in [0, {total}] (the tensor's bytes), got {nbytes!r}")
-    _need(isinstance(chunk, int) and 16 <= chunk <= 1 << 30 and chunk % 16 == 0,
-          f"chunk must be a multiple of 16 in [16, 2**30], got {chunk!r}")
-    _need(ctas is None or (isinstance(ctas, int) and 1 <= ctas <= 65535), f"ctas must be in [1, 65535], got {ctas!r}")
-    if nbytes == 0:
-        return
-    grid = l2_prefetch_grid(nbytes, kind, chunk, _num_sms(_device_index(w)), ctas)
-    _launch(w, "prefetch", L2_PREFETCH_KINDS[kind], (grid, 1, 1), (L2_PREFETCH_THREADS, 1, 1),
-            (_p(w), np.uint64(nbytes), _i(chunk)))   # chunk <= 2**30: int32 bits = unsigned
 
 
 # --------------------------------------------------------------------------------------

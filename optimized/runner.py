@@ -37,13 +37,6 @@ from .lookahead import same_step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)   # decode batch sizes with a graph
 LEN_BUCKETS = (256, 1024, 4096, 16384, 65536)                         # longest context a graph serves
-#: bytes of the head of each cuBLAS GEMM's weights that a small decode step asks of L2 on a side stream
-#: while the latency-bound kernels before that GEMM run (``CudaRunner.l2_prefetch_bytes``, keyed by the
-#: weight's name in a layer's dict, or ``lm_head``; a key not here: nothing). o_proj's whole weight
-#: (33.5 MB at qwen3-8b) during RoPE and the attention (~11 us at batch 1). The heads of the others, in
-#: the ~3 us of one norm or the activation before them, made every one of those GEMMs slower on the H200
-#: (docs/performance.md, "L2 prefetch on a side stream")
-L2_PREFETCH_BYTES: dict[str, int] = {"wo": 48 << 20}
 
 
 def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> None:
@@ -168,14 +161,6 @@ class CudaRunner:
         #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
-        #: L2 prefetch on a side stream (ops.l2_prefetch): in a decode step of at most this many rows, the head
-        #: of every cuBLAS GEMM's weights (``l2_prefetch_bytes``, by weight) is asked of L2 from the end of the
-        #: GEMM before it on, while the latency-bound kernels in between run; 0: off. It moves no value, so
-        #: the step's results are the same bits either way
-        self.l2_prefetch_max_m = 16
-        self.l2_prefetch_bytes = dict(L2_PREFETCH_BYTES)
-        self.l2_prefetch_kind = "bulk"                 # ops.L2_PREFETCH_KINDS
-        self._side: torch.cuda.Stream | None = None    # the prefetches' stream (made on first use)
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -263,40 +248,13 @@ class CudaRunner:
         fixed-order GEMM in batch-invariant mode."""
         if self.invariant:
             return ops.gemm(x, w)
-        if self._skinny(x.shape[0], w):
+        if self._skinny(x, w):
             return ops.skinny_gemm(x, w)
         return torch.matmul(x, w.t())
 
-    def _skinny(self, rows: int, w: torch.Tensor) -> bool:
-        """Whether ``x @ w.T`` of ``rows`` rows (default mode) goes to ``ops.skinny_gemm``: few rows, a small weight."""
-        return rows <= self.skinny_max_m and w.shape[1] % 8 == 0 and w.numel() <= self.skinny_max_elems
-
-    def _fork_prefetch(self, on: bool, rows: int, w: torch.Tensor, key: str) -> torch.cuda.Stream | None:
-        """Ask L2 for the head of ``w`` (``l2_prefetch_bytes[key]``, at most its size) on the side stream,
-        after everything launched so far, when ``on`` (a small decode step) and ``x @ w.T`` of ``rows`` rows
-        goes to cuBLAS: our own GEMMs start early by programmatic dependent launch and fetch their first
-        weights before waiting, a join would take that from them. Returns what ``_join`` waits for (None:
-        nothing to wait for). Off the GPU (the CPU stand-ins) the launch goes in stream order."""
-        if not on or self.invariant or self._skinny(rows, w):
-            return None
-        nbytes = min(self.l2_prefetch_bytes.get(key, 0), w.numel() * w.element_size()) // 16 * 16
-        if nbytes <= 0:
-            return None
-        if self.dev.type != "cuda":
-            ops.l2_prefetch(w, nbytes, kind=self.l2_prefetch_kind)
-            return None
-        main = torch.cuda.current_stream(self.dev)
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.dev)
-        self._side.wait_stream(main)                  # after the GEMM before (and all else launched so far)
-        with torch.cuda.stream(self._side):
-            ops.l2_prefetch(w, nbytes, kind=self.l2_prefetch_kind)
-        return self._side
-
-    def _join(self, side: torch.cuda.Stream | None) -> None:
-        """The current stream waits for the side stream's prefetch (``_fork_prefetch``) before its GEMM."""
-        if side is not None:
-            torch.cuda.current_stream(self.dev).wait_stream(side)
+    def _skinny(self, x: torch.Tensor, w: torch.Tensor) -> bool:
+        """Whether ``x @ w.T`` (default mode) goes to ``ops.skinny_gemm``: few rows, a small weight."""
+        return x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0 and w.numel() <= self.skinny_max_elems
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
@@ -306,7 +264,7 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self.invariant:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
-        if self._skinny(hidden.shape[0], self.lm_head):
+        if self._skinny(hidden, self.lm_head):
             return ops.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
             return torch.mm(hidden, self.lm_head.t(), out_dtype=torch.float32)
@@ -314,56 +272,36 @@ class CudaRunner:
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
                 lens: torch.Tensor, qidx: torch.Tensor | None, decode_split: int | None, max_splits: int) -> torch.Tensor:
-        """Final-normed hidden states ``[T, H]`` (bf16). ``qidx is None`` marks a decode step.
-
-        In a decode step of at most ``l2_prefetch_max_m`` rows each cuBLAS GEMM's weights are asked of L2
-        from the end of the GEMM before it on (``_fork_prefetch`` right after that GEMM, ``_join`` right
-        before this one; the LM head's before the last norm, joined on return)."""
+        """Final-normed hidden states ``[T, H]`` (bf16). ``qidx is None`` marks a decode step."""
         cfg = self.cfg
         T = ids.shape[0]
         nq, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
-        pf = qidx is None and T <= self.l2_prefetch_max_m                             # prefetch on a side stream
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
-        ahead = self._fork_prefetch(pf, T, self.layers[0]["wqkv"], "wqkv")
         residual = self._embed(ids)                                                   # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
-            self._join(ahead)
             qkv = self._mm(h, L["wqkv"])                                              # [T, (n_q + 2 n_kv) D]
-            ahead = self._fork_prefetch(pf, T, L["wo"], "wo")                          # while RoPE and attention run
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
             ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None,
                              store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
-            self._join(ahead)
             attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"]))                  # [T, H]
-            ahead = self._fork_prefetch(pf, T, L["wgu"], "wgu")                        # while the norm runs
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
-            self._join(ahead)
-            a, ahead = self._mlp_act(h, L["wgu"], L["wd"], pf)                        # [T, I]
-            self._join(ahead)
+            a = self._mlp_act(h, L["wgu"])                                            # [T, I]
             m = self._reduce(self._mm(a, L["wd"]))                                    # [T, H]
-            last = i + 1 == len(self.layers)
-            ahead = self._fork_prefetch(pf, T, self.lm_head if last else self.layers[i + 1]["wqkv"],
-                                        "lm_head" if last else "wqkv")                # while the norm runs
-            nxt = self.final_norm if last else self.layers[i + 1]["in_norm"]
+            nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
-        self._join(ahead)                                                             # before the LM head
         return h
 
-    def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
-                 pf: bool) -> tuple[torch.Tensor, torch.cuda.Stream | None]:
+    def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
-        (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on.
-        Unfused, the down projection's weights ``wd`` are asked of L2 while the activation runs (``pf``:
-        ``_fork_prefetch``); returns the activation and what to ``_join`` before the down projection."""
-        if not self.invariant and self._skinny(h.shape[0], wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
-            return ops.skinny_swiglu(h, wgu), None            # no launch between it and the down GEMM
-        g = self._mm(h, wgu)                                                          # [T, 2I]
-        return ops.silu_mul(g), self._fork_prefetch(pf, h.shape[0], wd, "wd")
+        (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
+        if not self.invariant and self._skinny(h, wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+            return ops.skinny_swiglu(h, wgu)
+        return ops.silu_mul(self._mm(h, wgu))
 
     # ---------------------------------------------------------------- steps
     def _upload(self, arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -95,9 +95,6 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("skinny_swiglu", x.shape[0]))
         return silu_mul(linear(x, w))
 
-    def l2_prefetch(w, nbytes=None, *, kind="bulk"):    # moves no value: only logged
-        log.append(("l2_prefetch", (w.data_ptr(), nbytes, kind)))
-
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -114,7 +111,6 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, SKINNY_MAX_M=16,
-                                 l2_prefetch=l2_prefetch,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 

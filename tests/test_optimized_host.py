@@ -178,45 +178,6 @@ def test_swiglu_epilogue_switch(opt_engine, launches):
     assert not {"skinny_swiglu", "skinny_gemm"} & {k for k, _ in launches}
 
 
-def test_l2_prefetch_of_cublas_weights_in_small_decode_steps(opt_engine, launches):
-    """``l2_prefetch_max_m``: a decode step of at most that many rows asks L2 for the head of every weight
-    whose GEMM goes to cuBLAS -- per layer qkv, o_proj, gate/up and down, then the LM head -- in that
-    order, each ``min(l2_prefetch_bytes[key], its bytes)`` rounded down to 16; prefill steps, larger
-    decode steps, skinny GEMMs and batch-invariant mode ask for nothing; the tokens never change."""
-    sp = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3
-    eng = opt_engine()
-    r = eng.runner
-    r.skinny_max_m = 0                                 # every GEMM to cuBLAS (the qwen3-8b case)
-    r.l2_prefetch_bytes = {"wqkv": 1000, "wo": 1 << 30, "wgu": 64, "wd": 0, "lm_head": 4096}
-    on = _rollout(eng, PROMPTS[:3], sp, turns=2)
-    events = [k for k, _ in launches if k in ("l2_prefetch", "paged_prefill", "split_kv_decode")]
-    asked = [d for k, d in launches if k == "l2_prefetch"]
-    L0 = r.layers[0]
-    per_step = [(w.data_ptr(), n, "bulk") for L in r.layers
-                for w, n in ((L["wqkv"], 992), (L["wo"], L["wo"].numel() * 2), (L["wgu"], 64))]
-    per_step.append((r.lm_head.data_ptr(), 4096, "bulk"))      # "wd": 0 bytes, nothing asked
-    steps = events.count("split_kv_decode") // TINY.num_hidden_layers
-    assert steps >= 2 and asked == per_step * steps, (asked[:6], per_step[:6])
-    first_decode = events.index("split_kv_decode")
-    assert "l2_prefetch" not in events[:events.index("paged_prefill") + 1], "a prefill step must ask for nothing"
-    assert events[first_decode - 2:first_decode] == ["l2_prefetch", "l2_prefetch"], "qkv's, then o_proj's before attention"
-    assert L0["wqkv"].data_ptr() != L0["wo"].data_ptr()
-    off_runs = []
-    for setup in ({"l2_prefetch_max_m": 0}, {"l2_prefetch_max_m": 2}, {"skinny_max_m": 8}):
-        launches.clear()
-        e = opt_engine(batch_invariant=False)
-        e.runner.skinny_max_m = 0
-        for k, v in setup.items():
-            setattr(e.runner, k, v)
-        off_runs.append(_rollout(e, PROMPTS[:3], sp, turns=2))   # 3 rows > 2: none; skinny: none
-        assert not [k for k, _ in launches if k == "l2_prefetch"], setup
-    assert all(run == on for run in off_runs), "the prefetch must change no token"
-    launches.clear()
-    inv = opt_engine(batch_invariant=True)
-    _rollout(inv, PROMPTS[:2], sp[:2], turns=2)
-    assert not [k for k, _ in launches if k == "l2_prefetch"], "batch-invariant GEMMs are ours: no prefetch"
-
-
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

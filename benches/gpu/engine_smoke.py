@@ -161,37 +161,6 @@ def lookahead_changes_nothing():
 
 
 @section
-def l2_prefetch_changes_nothing():
-    """The L2 prefetch of cuBLAS GEMMs' weights on a side stream (CudaRunner.l2_prefetch_max_m) on the GPU,
-    graphs and lookahead on: every GEMM sent to cuBLAS (skinny_max_m = 0, as at qwen3-8b), sampled
-    multi-turn rollouts give the same tokens and logprobs, bitwise, with the prefetch on (each kind) and off,
-    and the prefetch kernels did run (the side stream exists)."""
-    sps = [reference.SamplingParams(temperature=1.0, seed=i, max_tokens=20, stop_token_ids=()) for i in range(4)]
-
-    def run(max_m: int, kind: str = "bulk"):
-        eng = optimized.Engine.from_state_dict(CFG, W, **KW)
-        eng.runner.skinny_max_m = 0
-        eng.runner.l2_prefetch_max_m, eng.runner.l2_prefetch_kind = max_m, kind
-        sids = [eng.rollout_add(p, sp) for p, sp in zip(PROMPTS, sps)]
-        got = []
-        for t in range(3):
-            outs = eng.rollout_run_turns()
-            got.append([(outs[s].token_ids, outs[s].logprobs) for s in sids])
-            for s in sids:
-                if t < 2:
-                    eng.rollout_continue(s, [(s * 7 + t + i) % CFG.vocab_size for i in range(1 + (s + t) % 5)])
-        for s in sids:
-            eng.rollout_finish(s)
-        return got, eng.runner._side is not None
-
-    off, side_off = run(0)
-    for kind in ("bulk", "lines"):
-        on, side_on = run(16, kind)
-        assert on == off, f"the {kind} prefetch changed a token or a logprob"
-        assert side_on and not side_off
-
-
-@section
 def pressure_swap_and_groups():
     small = optimized.Engine.from_state_dict(CFG, W, **{**KW, "num_blocks": 20, "swap_space": 8})
     big = optimized.Engine.from_state_dict(CFG, W, **KW)

@@ -16,8 +16,7 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   epilogue on), ``w4`` (and 4-warp CTAs for GEMMs of many tiles), ``cuBLAS+pdl`` (every GEMM through
   ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
   (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
-  ``default`` the ``PREFETCH_VARIANTS`` (the L2 prefetch of cuBLAS GEMMs' weights off or changed) and
-  the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling;
+  ``default`` the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
   session's ``auto`` split rule instead of ``reference.attention.split_size_for``'s),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
@@ -95,19 +94,6 @@ def seventh_session_split(policy_kind: str, fixed_size: int, seq_lens: list[int]
 
 #: variants on top of "default" that swap the runner's split-size rule: (rule)
 SPLIT_RULES = {"auto-7": seventh_session_split}
-#: variants on top of "default" with another L2 prefetch of the cuBLAS GEMMs' weights (the runner's
-#: ``l2_prefetch_max_m``, ``l2_prefetch_bytes`` (None: the engine's ``L2_PREFETCH_BYTES``), ``l2_prefetch_kind``):
-#: ``pf-off`` none, ``pf-lines`` the per-line kernel, ``pf-heads`` / ``pf-heads2`` also 12 / 24 MiB of
-#: the head of qkv's, gate/up's, down's and the LM head's weights (the first call's default, before the bulk
-#: kernel's CTAs were spread), ``pf-b8`` only up to batch 8. Every other variant runs the engine's.
-_HEADS = {"wqkv": 12 << 20, "wo": 48 << 20, "wgu": 12 << 20, "wd": 12 << 20, "lm_head": 12 << 20}
-PREFETCH_VARIANTS: dict[str, tuple[int, dict | None, str]] = {
-    "pf-off": (0, None, "bulk"),
-    "pf-lines": (16, None, "lines"),
-    "pf-heads": (16, _HEADS, "bulk"),
-    "pf-heads2": (16, {k: (v if k == "wo" else 2 * v) for k, v in _HEADS.items()}, "bulk"),
-    "pf-b8": (8, None, "bulk"),
-}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -211,8 +197,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
     ap.add_argument("--variants", nargs="*",
-                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
-                    + tuple(PREFETCH_VARIANTS),
+                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -229,7 +214,6 @@ def main() -> int:
         del w
         default_split, default_mm = str(eng.policy), eng.runner.skinny_max_m
         default_elems = eng.runner.skinny_max_elems
-        default_pf = (eng.runner.l2_prefetch_max_m, dict(eng.runner.l2_prefetch_bytes), eng.runner.l2_prefetch_kind)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -240,13 +224,10 @@ def main() -> int:
             graph_sets: dict[str, dict] = {}
             pools: dict[str, object] = {}
 
-            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm, default_pf=default_pf) -> None:
+            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
-                engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in PREFETCH_VARIANTS
-                pf_max, pf_bytes, pf_kind = PREFETCH_VARIANTS.get(variant, default_pf)
-                eng.runner.l2_prefetch_max_m, eng.runner.l2_prefetch_kind = pf_max, pf_kind
-                eng.runner.l2_prefetch_bytes = dict(pf_bytes if pf_bytes is not None else opt_runner.L2_PREFETCH_BYTES)
+                engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES
                 eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if engine_variant else variant, 1 << 62)
                 eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, {}))[0]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
@@ -299,8 +280,6 @@ def main() -> int:
             ops.SKINNY_W4_TILES = W4_TILES
             eng.runner.skinny_max_elems = default_elems
             eng.runner.lookahead = True
-            eng.runner.l2_prefetch_max_m, eng.runner.l2_prefetch_bytes, eng.runner.l2_prefetch_kind = \
-                default_pf[0], dict(default_pf[1]), default_pf[2]
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

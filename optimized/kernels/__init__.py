@@ -1,8 +1,7 @@
 """CUDA kernels of the optimized engine, compiled at run time through CuPy's ``RawModule`` (NVRTC).
 
 One ``.cu`` file per reference twin lives next to this module (``attention.cu``, ``gemm.cu``,
-``skinny_gemm.cu``, ``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``;
-``prefetch.cu`` has none: its L2 prefetch of a GEMM's weights moves no value).
+``skinny_gemm.cu``, ``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``).
 Each exposes plain ``extern "C" __global__`` kernels (templated internals are instantiated under
 explicit names such as ``paged_prefill_d128``) and includes ``<cuda_bf16.h>`` and, for the
 tensor-core kernels, the local header ``mma.cuh``. nvcc finds that header beside the source (see
@@ -47,7 +46,6 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "activation": ("silu_mul",),
     "embedding": ("embedding",),
     "kv_cache": ("store_kvcache",),
-    "prefetch": ("l2_prefetch_bulk", "l2_prefetch_lines"),
 }
 
 #: fixed NVRTC options. The target architecture is not listed: CuPy appends ``-arch=sm_XY`` of
