@@ -915,13 +915,15 @@ def _skinny_warps_arg(warps: int | None, N: int, K: int) -> int:
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                out: torch.Tensor | None = None, warps: int | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, warps: int | None = None, prefetch: bool = True) -> torch.Tensor:
     """``y = x @ w.T`` for ``M <= 16`` rows, streaming the weights (``skinny_gemm.cu``; default mode).
 
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, both
     16-byte aligned; fp32 accumulation, output bf16 or fp32 ``[M, N]``. The reduction order differs
     from cuBLAS's and from ``gemm``'s (not for batch-invariant mode); a row's result does not depend
-    on the other rows (any ``M <= 16``), and one launch is deterministic.
+    on the other rows (any ``M <= 16``), and one launch is deterministic. ``prefetch``: each CTA asks L2
+    for its first round of weights before the programmatic-dependent-launch wait, while the kernel
+    before it runs (no effect on the result).
     """
     M, N, K = _linear_shape(x, w)
     _need(M <= SKINNY_MAX_M, f"skinny_gemm takes at most {SKINNY_MAX_M} rows, got {M}")
@@ -933,17 +935,17 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = to
     kind = "f32" if out_dtype == torch.float32 else "bf16"
     warps = _skinny_warps_arg(warps, N, K)
     _launch(x, "skinny_gemm", f"skinny_m{mt}_w{warps}_{kind}", (-(-N // 16), 1, 1), (32 * warps, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)))
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K), _i(int(bool(prefetch)))))
     return out
 
 
 def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
-                  warps: int | None = None) -> torch.Tensor:
+                  warps: int | None = None, prefetch: bool = True) -> torch.Tensor:
     """``silu_mul(skinny_gemm(x, w))`` in one launch, bitwise: ``w = [gate | up]`` bf16 ``[2I, K]``
     (``I % 8 == 0``), ``x [M, K]`` as in ``skinny_gemm`` (``M <= 16``); returns bf16 ``[M, I]``.
 
     Each CTA streams 8 gate rows and the 8 matching up rows, so the activation is formed from the
-    bf16-rounded gate and up in the GEMM's epilogue (``skinny_gemm.cu``)."""
+    bf16-rounded gate and up in the GEMM's epilogue (``skinny_gemm.cu``). ``prefetch``: as in ``skinny_gemm``."""
     M, N2, K = _linear_shape(x, w)
     _need(M <= SKINNY_MAX_M, f"skinny_swiglu takes at most {SKINNY_MAX_M} rows, got {M}")
     _need(N2 % 16 == 0 and 0 < N2 <= 65535 * 16, f"w must have 2*I rows with I a multiple of 8 (and I <= {65535 * 8}), got {N2}")
@@ -954,7 +956,7 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     mt = 8 if M <= 8 else 16
     warps = _skinny_warps_arg(warps, N2, K)
     _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (I // 8, 1, 1), (32 * warps, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K)))
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K), _i(int(bool(prefetch)))))
     return out
 
 

@@ -158,6 +158,16 @@ class CudaRunner:
         #: 5.25 ms all skinny) and the skinny kernel every qwen3-0.6b layer GEMM, while the 0.6b LM head
         #: (156M elements) was faster on cuBLAS (docs/performance.md, "Which GEMM a decode step uses")
         self.skinny_max_elems = 8 << 20
+        #: ... or whose weights have at most this many rows (output features), whatever their size (0: none).
+        #: 4096: qwen3-8b's o_proj and down, where cuBLAS splits K (a second, reducing kernel) and the
+        #: skinny kernel's 256 CTAs stream without one: the 8B batch-1 step 4.876 -> 4.669 ms with the
+        #: prefetch rule below, batch 8 5.205 -> 5.044 ms (docs/performance.md, "Which GEMM a decode step uses")
+        self.skinny_max_n = 4096
+        #: a skinny o_proj asks L2 for its first round of weights before its PDL wait -- while the attention
+        #: runs -- only if its weight has at most this many elements: at qwen3-8b that round is 16 MiB, and
+        #: asking for it held the attention up by 3 us a layer (4.761 ms a step with it, 4.669 without); at
+        #: qwen3-0.6b it is the whole 4 MiB weight, and the step is faster with it (1.033 against 1.040 ms)
+        self.skinny_prefetch_o_max_elems = 8 << 20
         #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
@@ -243,18 +253,20 @@ class CudaRunner:
         """The slots this rank writes each token's K/V to (``-1``: none); context-parallel hook."""
         return slots
 
-    def _mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step, or our
-        fixed-order GEMM in batch-invariant mode."""
+    def _mm(self, x: torch.Tensor, w: torch.Tensor, prefetch: bool = True) -> torch.Tensor:
+        """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step (``prefetch``: its
+        L2 prefetch of the first weights before it waits for the kernel before it), or our fixed-order
+        GEMM in batch-invariant mode."""
         if self.invariant:
             return ops.gemm(x, w)
         if self._skinny(x, w):
-            return ops.skinny_gemm(x, w)
+            return ops.skinny_gemm(x, w, prefetch=prefetch)
         return torch.matmul(x, w.t())
 
     def _skinny(self, x: torch.Tensor, w: torch.Tensor) -> bool:
         """Whether ``x @ w.T`` (default mode) goes to ``ops.skinny_gemm``: few rows, a small weight."""
-        return x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0 and w.numel() <= self.skinny_max_elems
+        return x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0 and \
+            (w.numel() <= self.skinny_max_elems or w.shape[0] <= self.skinny_max_n)
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The row-parallel sum after ``o_proj`` / ``down_proj``: identity on one GPU (TP hook)."""
@@ -288,7 +300,8 @@ class CudaRunner:
             ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None,
                              store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
-            attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"]))                  # [T, H]
+            attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"],                    # [T, H]
+                                         prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
             a = self._mlp_act(h, L["wgu"])                                            # [T, I]
             m = self._reduce(self._mm(a, L["wd"]))                                    # [T, H]

@@ -87,8 +87,10 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("gemm", x.shape[0]))
         return linear(x, w, batch_invariant=True).to(out_dtype)
 
-    def skinny_gemm(x, w, *, out_dtype=torch.bfloat16):
+    def skinny_gemm(x, w, *, out_dtype=torch.bfloat16, prefetch=True):
         log.append(("skinny_gemm", (x.shape[0], out_dtype)))
+        if not prefetch:                 # the L2 prefetch before the PDL wait turned off
+            log.append(("skinny_no_prefetch", tuple(w.shape)))
         return linear(x, w).to(out_dtype)
 
     def skinny_swiglu(x, w):         # the fused epilogue: the gate/up GEMM, then the activation

@@ -203,7 +203,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
     """Programmatic dependent launch (optimized/launch.py) lets a kernel start before the previous one
     ends; pdl.cuh's griddepcontrol.wait is what keeps the order. So the first statement of every kernel
     is ``pdl_entry()`` -- except skinny_gemm's, which first prefetches its weights (written by no kernel)
-    into L2 and then waits -- and nothing of a kernel touches global memory before it."""
+    into L2 when its ``prefetch`` argument asks, and then waits -- and nothing of a kernel touches global
+    memory before it."""
     header = (kernels.KERNEL_DIR / "pdl.cuh").read_text()
     assert "griddepcontrol.wait" in header and "griddepcontrol.launch_dependents" in header
     seen = 0
@@ -215,8 +216,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
         for kname, stmts in entries:
             seen += 1
             if name == "skinny_gemm":
-                assert stmts[0].startswith("skinny_prefetch<") and stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], \
-                    (kname, stmts)
+                assert stmts[0].startswith("if (prefetch) skinny_prefetch<") and \
+                    stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], (kname, stmts)
             else:
                 assert stmts[0] == "pdl_entry()", f"{name}.cu {kname}: first statement {stmts[0]!r}, not pdl_entry()"
     assert seen >= len(kernels.SOURCES)

@@ -145,6 +145,7 @@ def test_skinny_max_elems_sends_large_weights_to_cublas(opt_engine, launches):
     whatever its row count -- gate/up then runs unfused, the LM head too -- and smaller ones stay skinny."""
     eng = opt_engine()
     r = eng.runner
+    r.skinny_max_n = 0                                 # by size alone (skinny_max_n: the next test)
     wgu, wo = r.layers[0]["wgu"], r.layers[0]["wo"]
     assert r.lm_head.numel() > wgu.numel() > wo.numel(), "TINY's shapes no longer order as this test needs"
     r.skinny_max_elems = wgu.numel() - 1              # gate/up, qkv (as large in TINY) and the head: cuBLAS
@@ -158,6 +159,37 @@ def test_skinny_max_elems_sends_large_weights_to_cublas(opt_engine, launches):
     _rollout(eng, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
     assert "skinny_swiglu" in {k for k, _ in launches}
     assert any(dt == torch.float32 for k, (_, dt) in ((k, d) for k, d in launches if k == "skinny_gemm"))
+
+
+def test_skinny_max_n_sends_few_row_weights_to_skinny_and_o_proj_prefetch_rule(opt_engine, launches):
+    """``skinny_max_n``: a decode GEMM whose weight has at most that many rows goes to the skinny kernel
+    whatever its size (qwen3-8b's o_proj and down); ``skinny_prefetch_o_max_elems``: o_proj's skinny GEMM
+    keeps its L2 prefetch before the PDL wait only up to that many weight elements, no other GEMM loses it;
+    the tokens are those of the all-cuBLAS engine (the stand-ins compute one product)."""
+    sp = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 2
+    base = opt_engine()
+    base.runner.skinny_max_m = 0
+    want = _rollout(base, PROMPTS[:2], sp, turns=2)
+    launches.clear()
+    eng = opt_engine()
+    r = eng.runner
+    L0 = r.layers[0]
+    H = L0["wo"].shape[0]
+    assert L0["wd"].shape[0] == H < min(L0["wqkv"].shape[0], L0["wgu"].shape[0], r.lm_head.shape[0]), \
+        "TINY's shapes no longer order as this test needs"
+    r.skinny_max_elems, r.skinny_max_n = 0, H          # by size nothing is skinny; by rows o_proj and down
+    assert _rollout(eng, PROMPTS[:2], sp, turns=2) == want
+    skinny = [d for k, d in launches if k == "skinny_gemm"]
+    assert skinny and len(skinny) % (2 * TINY.num_hidden_layers) == 0, "o_proj and down of each layer pass"
+    assert all(m <= r.skinny_max_m and dt == torch.bfloat16 for m, dt in skinny), "no LM head, no large step"
+    assert "skinny_swiglu" not in {k for k, _ in launches}
+    assert not [k for k, _ in launches if k == "skinny_no_prefetch"], "small enough: o_proj keeps its prefetch"
+    launches.clear()
+    r.skinny_prefetch_o_max_elems = L0["wo"].numel() - 1
+    _rollout(eng, PROMPTS[:2], sp, turns=2)
+    off = [d for k, d in launches if k == "skinny_no_prefetch"]
+    n_skinny = sum(k == "skinny_gemm" for k, _ in launches)
+    assert off and set(off) == {tuple(L0["wo"].shape)} and 2 * len(off) == n_skinny, (off, n_skinny)
 
 
 def test_swiglu_epilogue_switch(opt_engine, launches):

@@ -869,7 +869,8 @@ def check_fused_rope(C: Checks, dev, gen) -> None:
 def check_skinny(C: Checks, dev, gen) -> None:
     """``ops.skinny_gemm`` (default-mode GEMM, M <= 16): the flash rule vs a float64 product (torch's
     bf16 matmul is the low-precision run), bf16 out == rounded fp32 out, a strided x, two launches
-    bitwise equal, and rows independent of M (every M <= 16 takes the same per-element mma chain)."""
+    bitwise equal (and one without the L2 prefetch before the PDL wait), and rows independent of M (every
+    M <= 16 takes the same per-element mma chain)."""
     shapes = [(1, 6144, 4096), (1, 4096, 12288), (4, 24576, 4096), (8, 1024, 3072), (9, 4096, 4096),
               (16, 6144, 1024), (1, 151936, 1024), (13, 40, 40), (2, 24, 8), (7, 100, 1544), (16, 17, 4104)]
     for M, N, K in shapes:
@@ -879,6 +880,7 @@ def check_skinny(C: Checks, dev, gen) -> None:
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
             y32, res = linear_accuracy(ops.skinny_gemm, x, w)
             res += exact("second launch", ops.skinny_gemm(x, w, out_dtype=torch.float32), y32)
+            res += exact("without the L2 prefetch", ops.skinny_gemm(x, w, out_dtype=torch.float32, prefetch=False), y32)
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_gemm(x[r:r + 1].contiguous(), w,
                                                                                out_dtype=torch.float32), y32[r:r + 1])
@@ -901,12 +903,14 @@ def check_skinny_epilogues(C: Checks, dev, gen) -> None:
             w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
             fused = ops.skinny_swiglu(x, w)
             unfused = ops.silu_mul(ops.skinny_gemm(x, w))
+            no_prefetch = ops.skinny_swiglu(x, w, prefetch=False)
             torch.cuda.synchronize()
             gu = x.double() @ w.double().t()
             ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
             gbf = torch.matmul(x, w.t())
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
-            return exact("fused == silu_mul(skinny_gemm)", fused, unfused) + fa_rule("vs float64", fused, ref32, refbf)
+            return exact("fused == silu_mul(skinny_gemm)", fused, unfused) + exact("without the L2 prefetch", no_prefetch, fused) \
+                + fa_rule("vs float64", fused, ref32, refbf)
         C.run("epilogue", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 

@@ -16,7 +16,9 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   epilogue on), ``w4`` (and 4-warp CTAs for GEMMs of many tiles), ``cuBLAS+pdl`` (every GEMM through
   ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
   (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
-  ``default`` the ``ENGINE_VARIANTS`` (``sync``: the lookahead step off; ``t=1``: temperature-1 sampling;
+  ``default`` the ``BLAS_VARIANTS`` (``lt``: torch's cuBLASLt path), the ``SKINNY_N`` variants (the runner's
+  choice of skinny GEMMs by weight rows, and of o_proj's L2 prefetch before its PDL wait) and the ``ENGINE_VARIANTS`` (``sync``:
+  the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
   session's ``auto`` split rule instead of ``reference.attention.split_size_for``'s),
   with the memory floor (weight + KV bytes over the copy ceiling measured here) and the % of it;
@@ -94,6 +96,17 @@ def seventh_session_split(policy_kind: str, fixed_size: int, seq_lens: list[int]
 
 #: variants on top of "default" that swap the runner's split-size rule: (rule)
 SPLIT_RULES = {"auto-7": seventh_session_split}
+#: variants on top of "default" with torch's BLAS library preference changed while their graphs are captured
+#: and their prefills run (``torch.backends.cuda.preferred_blas_library``): ``lt``, torch's own cuBLASLt call
+BLAS_VARIANTS: dict[str, str] = {"lt": "cublaslt"}
+#: variants on top of "default" with another ``skinny_max_n`` (decode GEMMs whose weights have at most N rows
+#: go to skinny_gemm whatever their size) and ``skinny_prefetch_o_max_elems`` (o_proj's skinny GEMM prefetches
+#: its first weights during the attention only up to this size): ``sn-off`` as before the fourteenth session
+#: (qwen3-8b's o_proj and down on cuBLAS), ``n6144`` qkv on the skinny kernel too, ``pf-o`` o_proj's prefetch
+#: at any size, ``np-o`` o_proj's prefetch at none (the fourteenth session's first A/B: "skinny-n4096" was
+#: ``pf-o``, "sn-np-o" the default, "skinny-np-o" qwen3-0.6b's ``np-o``)
+SKINNY_N: dict[str, tuple[int, int]] = {"sn-off": (0, 8 << 20), "n6144": (6144, 8 << 20), "pf-o": (4096, 1 << 62),
+                                        "np-o": (4096, -1)}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -197,11 +210,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
     ap.add_argument("--variants", nargs="*",
-                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES),
+                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
+                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = GPU.device
+    blas0 = torch.backends.cuda.preferred_blas_library()
     ceiling = measure_ceilings(GPU)["copy_GBps"]
     print(f"device {torch.cuda.get_device_name()}, copy ceiling {ceiling:.0f} GB/s")
     report: dict = {"copy_GBps": ceiling, "runs": []}
@@ -214,6 +229,7 @@ def main() -> int:
         del w
         default_split, default_mm = str(eng.policy), eng.runner.skinny_max_m
         default_elems = eng.runner.skinny_max_elems
+        default_n = (eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -224,10 +240,14 @@ def main() -> int:
             graph_sets: dict[str, dict] = {}
             pools: dict[str, object] = {}
 
-            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm) -> None:
+            def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
+                    default_n=default_n) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
-                engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES
+                engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
+                    or variant in SKINNY_N
+                eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = SKINNY_N.get(variant, default_n)
+                torch.backends.cuda.preferred_blas_library(BLAS_VARIANTS.get(variant, blas0))
                 eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if engine_variant else variant, 1 << 62)
                 eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, {}))[0]
                 eng.runner.skinny_max_m = mm if mm >= 0 else mm0
@@ -273,12 +293,14 @@ def main() -> int:
             pools.clear()
             torch.cuda.synchronize()
             launch.set_pdl(None)
+            torch.backends.cuda.preferred_blas_library(blas0)
             eng.runner.policy = SplitKVPolicy.parse(default_split)
             opt_runner.split_size_for = split_size_for
             eng.runner.skinny_max_m = default_mm
             eng.runner.fuse_swiglu = True
             ops.SKINNY_W4_TILES = W4_TILES
             eng.runner.skinny_max_elems = default_elems
+            eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = default_n
             eng.runner.lookahead = True
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)

@@ -219,14 +219,15 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 }  // namespace
 
 // skinny_m{8,16}_w{4,8,16}_{bf16,f32}: MT = M-tile count (M <= 8: one, M <= 16: two), WARPS per CTA,
-// output bf16 / fp32. Grid: ceil(N / 16) CTAs. The "1" of __launch_bounds__ matters: without a
+// output bf16 / fp32. Grid: ceil(N / 16) CTAs. `prefetch` (0 / 1): the first round's L2 prefetch before
+// the PDL wait (skinny_prefetch) or none. The "1" of __launch_bounds__ matters: without a
 // minimum-blocks figure ptxas kept ~46 registers and interleaved the loads of a round with its mma
 // (one round of loads in flight at a time); with it, all kU rounds' loads are in flight (114-150 regs).
 #define TK_SKINNY(MTV, MV, WV, SUF, F32V)                                                                    \
   extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_m##MV##_w##WV##_##SUF(                       \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
-      int M, int N, int K) {                                                                                 \
-    skinny_prefetch<WV, kPlain>(w, N, K); /* the weights depend on no kernel: fetched before the wait */     \
+      int M, int N, int K, int prefetch) {                                                                   \
+    if (prefetch) skinny_prefetch<WV, kPlain>(w, N, K); /* the weights depend on no kernel: before the wait */ \
     pdl_wait();                                                                                              \
     pdl_launch_dependents();                                                                                 \
     skinny_impl<MTV, WV, F32V>(x, ldx, w, y, M, N, K);                                                       \
@@ -236,8 +237,8 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 #define TK_SWIGLU(MTV, MV, WV)                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * WV, 1) skinny_swiglu_m##MV##_w##WV(                        \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
-      int M, int I, int K) {                                                                                 \
-    skinny_prefetch<WV, kSwiGLU>(w, I, K);                                                                   \
+      int M, int I, int K, int prefetch) {                                                                   \
+    if (prefetch) skinny_prefetch<WV, kSwiGLU>(w, I, K);                                                     \
     pdl_wait();                                                                                              \
     pdl_launch_dependents();                                                                                 \
     skinny_impl<MTV, WV, false, kSwiGLU>(x, ldx, w, y, M, I, K);                                             \

@@ -1,0 +1,118 @@
+"""Which call of cuBLAS is fastest for a decode step's GEMMs?
+
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--out DIR]
+
+Diagnostic. For the qwen3-8b decode GEMMs (and the LM head in fp32) at M rows it times, each from a
+CUDA graph of ``--reps`` calls that cycles over copies of the weight that together exceed the L2
+(so every call reads its weight from DRAM), best of 3 replays, in one process:
+
+* ``matmul``: ``torch.matmul(x, w.t())``, the engine's call (torch's cuBLAS path);
+* ``lt``: the same with ``torch.backends.cuda.preferred_blas_library("cublaslt")`` (torch's own
+  cuBLASLt call and heuristic request);
+* ``w@xT``: ``torch.matmul(w, x.t())``, the transposed problem (N rows of weights on the M side of the
+  library's GEMM; at M = 1 its [N, 1] output read as [1, N] is the same memory);
+* ``skinny``: ``ops.skinny_gemm`` (our decode GEMM, M <= 16).
+
+Every variant's output is compared with ``matmul``'s (max abs difference printed: the variants may sum
+in another order). Prints µs per call and GB/s of weight bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT)]
+
+from optimized import ops  # noqa: E402
+
+#: (name, N, K, fp32 output)
+GEMMS = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up", 24576, 4096, False),
+         ("down", 4096, 12288, False), ("lm_head", 151936, 4096, True))
+
+
+def timed(fn, reps: int) -> float:
+    """µs per call: a CUDA graph of ``reps`` calls of ``fn(i)``, best of 3 replays after one warm replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(reps):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fn(i)
+    g.replay()
+    best = float("inf")
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b) * 1e3 / reps)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--ms", nargs="*", type=int, default=[1, 8])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    lib0 = torch.backends.cuda.preferred_blas_library()
+    print(f"device {torch.cuda.get_device_name()}, default BLAS {lib0}; µs per call (GB/s of weights), "
+          f"weights from DRAM, best of 3 replays of {args.reps} calls")
+    rows = []
+    for name, N, K, f32 in GEMMS:
+        wbytes = N * K * 2
+        copies = max(2, -(-3 * l2 // wbytes))
+        ws = [torch.randn(N, K, device=dev).to(torch.bfloat16) for _ in range(copies)]
+        for M in args.ms:
+            x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+
+            def mm(i, x=x, ws=ws, f32=f32):
+                w = ws[i % len(ws)]
+                return torch.mm(x, w.t(), out_dtype=torch.float32) if f32 else torch.matmul(x, w.t())
+
+            def wxt(i, x=x, ws=ws, f32=f32):
+                y = torch.matmul(ws[i % len(ws)], x.t())
+                return y.float() if f32 else y
+
+            def skinny(i, x=x, ws=ws, f32=f32):
+                return ops.skinny_gemm(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16)
+
+            ref = mm(0)
+            variants = {"matmul": mm, "lt": mm, "w@xT": wxt, "skinny": skinny}
+            line = f"{name:>8} M={M:<3}"
+            for v, fn in variants.items():
+                torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else lib0)
+                try:
+                    out = fn(0)
+                    out = out.t() if v == "w@xT" else out
+                    diff = (out.float() - ref.float()).abs().max().item()
+                    us = timed(fn, args.reps)
+                finally:
+                    torch.backends.cuda.preferred_blas_library(lib0)
+                line += f"  {v} {us:7.1f} ({wbytes / us / 1e3:5.0f}, d={diff:.2g})"
+                rows.append(dict(gemm=name, M=M, variant=v, us=us, GBps=wbytes / us / 1e3, max_diff=diff))
+            print(line, flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "probe_blas.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
