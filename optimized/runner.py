@@ -153,10 +153,10 @@ class CudaRunner:
         #: 8, not the kernel's 16: on the H200 its two-tile variant was slower than cuBLAS at M = 16
         #: (docs/performance.md, "Skinny GEMM")
         self.skinny_max_m = 8
-        #: ... and whose weights have at most this many elements (larger ones: cuBLAS at any M). With PDL
-        #: on, cuBLAS won every qwen3-8b GEMM of a decode step (the 8B batch-1 step: 4.90 ms all cuBLAS,
-        #: 5.25 ms all skinny) and the skinny kernel every qwen3-0.6b layer GEMM, while the 0.6b LM head
-        #: (156M elements) was faster on cuBLAS (docs/performance.md, "Which GEMM a decode step uses")
+        #: ... and whose weights have at most this many elements (larger ones: cuBLAS at any M, unless
+        #: ``skinny_max_n`` takes them). With PDL on, the skinny kernel won every qwen3-0.6b layer GEMM,
+        #: while the 0.6b LM head (156M elements) was faster on cuBLAS, and so were qwen3-8b's qkv, gate/up
+        #: and LM head (docs/performance.md, "Which GEMM a decode step uses")
         self.skinny_max_elems = 8 << 20
         #: ... or whose weights have at most this many rows (output features), whatever their size (0: none).
         #: 4096: qwen3-8b's o_proj and down, where cuBLAS splits K (a second, reducing kernel) and the
