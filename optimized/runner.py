@@ -264,7 +264,8 @@ class CudaRunner:
         return torch.matmul(x, w.t())
 
     def _skinny(self, x: torch.Tensor, w: torch.Tensor) -> bool:
-        """Whether ``x @ w.T`` (default mode) goes to ``ops.skinny_gemm``: few rows, a small weight."""
+        """Whether ``x @ w.T`` (default mode) goes to ``ops.skinny_gemm``: few rows, and a small weight or
+        one of few rows (``skinny_max_elems``, ``skinny_max_n``)."""
         return x.shape[0] <= self.skinny_max_m and w.shape[1] % 8 == 0 and \
             (w.numel() <= self.skinny_max_elems or w.shape[0] <= self.skinny_max_n)
 
