@@ -247,6 +247,8 @@ def main() -> int:
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
                     or variant in SKINNY_N
                 eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = SKINNY_N.get(variant, default_n)
+                if variant in MAX_ELEMS and variant != "default":   # by size alone, as the sixth session measured
+                    eng.runner.skinny_max_n = 0
                 torch.backends.cuda.preferred_blas_library(BLAS_VARIANTS.get(variant, blas0))
                 eng.runner.skinny_max_elems = MAX_ELEMS.get("default" if engine_variant else variant, 1 << 62)
                 eng.runner.lookahead = ENGINE_VARIANTS.get(variant, (True, {}))[0]
