@@ -35,6 +35,7 @@ __all__ = [
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
+    "skinny_staged", "SKINNY_STAGED_STAGES",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -957,6 +958,86 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     warps = _skinny_warps_arg(warps, N2, K)
     _launch(x, "skinny_gemm", f"skinny_swiglu_m{mt}_w{warps}", (I // 8, 1, 1), (32 * warps, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(I), _i(K), _i(int(bool(prefetch)))))
+    return out
+
+
+#: stage counts the staged skinny kernels are built for (``skinny_staged{S}_*`` in skinny_gemm.cu)
+SKINNY_STAGED_STAGES = (4, 6, 8)
+#: columns of one work unit of the staged kernels (``kStKC``): a chunk of 16 weight rows
+SKINNY_STAGED_KC = 512
+#: bytes of one stage (``kStStage``: 16 rows of ``SKINNY_STAGED_KC`` bf16, rows 64 bytes apart past 1 KB)
+SKINNY_STAGED_STAGE_BYTES = 16 * (SKINNY_STAGED_KC * 2 + 64)
+_SKINNY_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp
+
+
+def skinny_staged_grid(tiles: int, K: int, ctas_per_sm: int, sms: int) -> int:
+    """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per work unit
+    (a 16-row tile's chunk of ``SKINNY_STAGED_KC`` columns)."""
+    units = tiles * -(-K // SKINNY_STAGED_KC)
+    return max(1, min(units, sms * ctas_per_sm))
+
+
+def skinny_staged_plan(tiles: int, K: int, grid: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+    """What each CTA of a staged launch does, in the kernel's own integer arithmetic (``skinny_gemm.cu``,
+    ``skinny_staged_impl``; for tests and for reading): per CTA ``(u0, u1, [(tile, first chunk, end chunk),
+    ...])`` over its units ``[u0, u1)``, units numbered tile-major with ``ceil(K / SKINNY_STAGED_KC)``
+    chunks a tile, CTA ``c`` taking ``[c U / G, (c + 1) U / G)``."""
+    kch = -(-K // SKINNY_STAGED_KC)
+    U = tiles * kch
+    plan = []
+    for c in range(grid):
+        u0, u1 = c * U // grid, (c + 1) * U // grid
+        parts = []
+        u = u0
+        while u < u1:
+            t = u // kch
+            end = min(u1, (t + 1) * kch)
+            parts.append((t, u - t * kch, end - t * kch))
+            u = end
+        plan.append((u0, u1, parts))
+    return plan
+
+
+def skinny_staged_owner(u: int, U: int, grid: int) -> int:
+    """The CTA whose range holds unit ``u`` (``staged_owner`` in skinny_gemm.cu): the largest ``c`` with
+    ``c U / G <= u``."""
+    return ((u + 1) * grid - 1) // U
+
+
+def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                  out: torch.Tensor | None = None, swiglu: bool = False, stages: int = 4, ctas_per_sm: int = 2,
+                  pre: int | None = None) -> torch.Tensor:
+    """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
+    stream into shared memory by bulk copies, ``stages`` deep, over a persistent grid of
+    ``ctas_per_sm`` CTAs a multiprocessor that share the work units evenly (``skinny_gemm.cu``,
+    "The staged kernel"). ``M <= 8``. ``pre``: stages each CTA may fetch before the
+    programmatic-dependent-launch wait (default ``stages``; 0: none). Deterministic for a given device
+    (the sums' order depends on N, K and the grid); not the bits of ``skinny_gemm``."""
+    M, N, K = _linear_shape(x, w)
+    _need(M <= 8, f"skinny_staged takes at most 8 rows, got {M}")
+    _need(stages in SKINNY_STAGED_STAGES, f"stages must be one of {SKINNY_STAGED_STAGES}, got {stages!r}")
+    _need(isinstance(ctas_per_sm, int) and ctas_per_sm >= 1, f"ctas_per_sm must be a positive int, got {ctas_per_sm!r}")
+    pre = stages if pre is None else pre
+    _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
+    if swiglu:
+        _need(out_dtype == torch.bfloat16, "skinny_staged(swiglu=True) writes bf16")
+        _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
+        width, tiles = N // 2, N // 16
+    else:
+        _need(0 < N, f"N = {N} must be positive")
+        width, tiles = N, -(-N // 16)
+    _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    out, ldx = _linear_out(x, w, out_dtype, out, width=width)
+    if M == 0:
+        return out
+    dev = _device_index(x)
+    grid = skinny_staged_grid(tiles, K, ctas_per_sm, _num_sms(dev))
+    _need(grid <= _TICKETS, f"skinny_staged: {grid} CTAs exceed the ticket array")
+    ws = torch.empty(grid * 256, dtype=torch.float32, device=x.device)
+    kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
+    smem = stages * SKINNY_STAGED_STAGE_BYTES
+    _launch(x, "skinny_gemm", f"skinny_staged{stages}_{kind}", (grid, 1, 1), (_SKINNY_STAGED_THREADS, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(ws), _p(_kernel_tickets(x)), _i(pre)), smem)
     return out
 
 

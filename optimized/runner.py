@@ -171,6 +171,10 @@ class CudaRunner:
         #: a skinny gate/up GEMM forms the SwiGLU activation in its epilogue (the bits of the unfused
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
+        #: decode GEMMs (default mode, at most ``min(8, skinny_max_m)`` rows) that take the staged skinny kernel
+        #: (``ops.skinny_staged``), by role -- "qkv", "o_proj", "gate_up", "down", "lm_head" -> (stages, CTAs
+        #: per multiprocessor, stages fetched before the PDL wait); a role not named takes the rules above
+        self.staged: dict[str, tuple[int, int, int]] = {}
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -253,15 +257,24 @@ class CudaRunner:
         """The slots this rank writes each token's K/V to (``-1``: none); context-parallel hook."""
         return slots
 
-    def _mm(self, x: torch.Tensor, w: torch.Tensor, prefetch: bool = True) -> torch.Tensor:
+    def _mm(self, x: torch.Tensor, w: torch.Tensor, prefetch: bool = True, role: str = "") -> torch.Tensor:
         """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step (``prefetch``: its
-        L2 prefetch of the first weights before it waits for the kernel before it), or our fixed-order
-        GEMM in batch-invariant mode."""
+        L2 prefetch of the first weights before it waits for the kernel before it), the staged skinny
+        kernel where ``staged`` names the GEMM's ``role``, or our fixed-order GEMM in batch-invariant mode."""
         if self.invariant:
             return ops.gemm(x, w)
+        st = self._staged_cfg(x, w, role)
+        if st is not None:
+            return ops.skinny_staged(x, w, stages=st[0], ctas_per_sm=st[1], pre=st[2])
         if self._skinny(x, w):
             return ops.skinny_gemm(x, w, prefetch=prefetch)
         return torch.matmul(x, w.t())
+
+    def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int] | None:
+        """The staged kernel's (stages, CTAs per SM, early stages) for this GEMM, or None (default mode)."""
+        if self.invariant or role not in self.staged or w.shape[1] % 8:
+            return None
+        return self.staged[role] if x.shape[0] <= min(8, self.skinny_max_m) else None
 
     def _skinny(self, x: torch.Tensor, w: torch.Tensor) -> bool:
         """Whether ``x @ w.T`` (default mode) goes to ``ops.skinny_gemm``: few rows, and a small weight or
@@ -277,6 +290,10 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self.invariant:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
+        st = self._staged_cfg(hidden, self.lm_head, "lm_head")
+        if st is not None:
+            return ops.skinny_staged(hidden, self.lm_head, out_dtype=torch.float32, stages=st[0], ctas_per_sm=st[1],
+                                     pre=st[2])
         if self._skinny(hidden, self.lm_head):
             return ops.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
@@ -294,18 +311,18 @@ class CudaRunner:
         residual = self._embed(ids)                                                   # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
         for i, L in enumerate(self.layers):
-            qkv = self._mm(h, L["wqkv"])                                              # [T, (n_q + 2 n_kv) D]
+            qkv = self._mm(h, L["wqkv"], role="qkv")                                  # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
             ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None,
                              store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
-            attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"],                    # [T, H]
+            attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",     # [T, H]
                                          prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
             a = self._mlp_act(h, L["wgu"])                                            # [T, I]
-            m = self._reduce(self._mm(a, L["wd"]))                                    # [T, H]
+            m = self._reduce(self._mm(a, L["wd"], role="down"))                       # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
@@ -313,9 +330,12 @@ class CudaRunner:
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
-        if not self.invariant and self._skinny(h, wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+        st = self._staged_cfg(h, wgu, "gate_up")
+        if st is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+            return ops.skinny_staged(h, wgu, swiglu=True, stages=st[0], ctas_per_sm=st[1], pre=st[2])
+        if st is None and not self.invariant and self._skinny(h, wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_swiglu(h, wgu)
-        return ops.silu_mul(self._mm(h, wgu))
+        return ops.silu_mul(self._mm(h, wgu, role="gate_up"))
 
     # ---------------------------------------------------------------- steps
     def _upload(self, arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -97,6 +97,11 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("skinny_swiglu", x.shape[0]))
         return silu_mul(linear(x, w))
 
+    def skinny_staged(x, w, *, out_dtype=torch.bfloat16, swiglu=False, stages=4, ctas_per_sm=2, pre=None):
+        log.append(("skinny_staged", (x.shape[0], w.data_ptr(), out_dtype, swiglu, stages, ctas_per_sm, pre)))
+        y = linear(x, w)
+        return silu_mul(y) if swiglu else y.to(out_dtype)
+
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -112,7 +117,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
-                                 gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, SKINNY_MAX_M=16,
+                                 gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,
+                                 SKINNY_MAX_M=16,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 

@@ -203,8 +203,9 @@ def test_every_kernel_waits_for_its_predecessor_first():
     """Programmatic dependent launch (optimized/launch.py) lets a kernel start before the previous one
     ends; pdl.cuh's griddepcontrol.wait is what keeps the order. So the first statement of every kernel
     is ``pdl_entry()`` -- except skinny_gemm's, which first prefetches its weights (written by no kernel)
-    into L2 when its ``prefetch`` argument asks, and then waits -- and nothing of a kernel touches global
-    memory before it."""
+    into L2 when its ``prefetch`` argument asks, and then waits, and its staged kernels, whose producer
+    may copy the first ``pre`` stages of weights before its wait and whose consumers wait before anything
+    else -- and nothing of a kernel touches global memory before it."""
     header = (kernels.KERNEL_DIR / "pdl.cuh").read_text()
     assert "griddepcontrol.wait" in header and "griddepcontrol.launch_dependents" in header
     seen = 0
@@ -215,7 +216,9 @@ def test_every_kernel_waits_for_its_predecessor_first():
         assert entries, name
         for kname, stmts in entries:
             seen += 1
-            if name == "skinny_gemm":
+            if kname.startswith("skinny_staged"):
+                assert stmts[0].startswith("skinny_staged_impl<"), (kname, stmts)
+            elif name == "skinny_gemm":
                 assert stmts[0].startswith("if (prefetch) skinny_prefetch<") and \
                     stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], (kname, stmts)
             else:
@@ -225,6 +228,15 @@ def test_every_kernel_waits_for_its_predecessor_first():
     params = " ".join(params.split())
     assert params == "const __nv_bfloat16* __restrict__ w, int N, int K)"   # it sees the weights only
     assert "prefetch.global.L2" in body.split("\n}\n")[0]
+    # the staged kernel: the producer (before "---- consumers") reads the weights only, by bulk copies that
+    # follow its wait from stage `pre` on; the consumers' first statements are the wait and the trigger
+    impl = kernels.source("skinny_gemm").split("void skinny_staged_impl(")[1].split("\n}\n")[0]
+    producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]
+    consumers = impl.split("// ---- consumers")[1]
+    assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
+    assert "if (i == pre) {" in producer and "pdl_wait();" in producer.split("if (i == pre) {")[1].split("}")[0]
+    assert producer.index("if (i == pre) {") < producer.index("bulk_copy(")
+    assert not re.search(r"\b(x|y|ws|tickets|ldx)\b", producer), "the producer touches nothing but the weights"
 
 
 def test_auto_split_is_whole_decode_tiles():

@@ -148,6 +148,79 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(launch_log)
     assert len(log) == n
 
 
+def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (stages, output kind), a
+    persistent grid of CTAs-per-SM x SMs capped at the work units, 160 threads, the stages' dynamic
+    shared memory, the kernel's N (I with SwiGLU), a workspace of two 128-float slots a CTA and the
+    early-stage count; bad input is a ValueError that launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    log = launch_log
+    bf = torch.bfloat16
+    x = torch.randn(3, 4096).to(bf)
+    out = ops.skinny_staged(x, torch.randn(6144, 4096).to(bf))
+    mod, name, grid, block, args, _ = log[-1]
+    assert out.shape == (3, 6144) and out.dtype == bf
+    assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged4_bf16", (264, 1, 1), (160, 1, 1))
+    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[9]) == 4        # M, N, K; pre = stages
+    out = ops.skinny_staged(x, torch.randn(48, 4096).to(bf), swiglu=True, stages=8, ctas_per_sm=1, pre=0)
+    mod, name, grid, block, args, _ = log[-1]
+    assert out.shape == (3, 24) and name == "skinny_staged8_swiglu"
+    assert grid == (3 * 8, 1, 1) and int(args[5]) == 24 and int(args[9]) == 0        # 3 tiles x 8 chunks; I
+    out = ops.skinny_staged(x[:1], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, stages=6)
+    assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged6_f32" and log[-1][2] == (7 * 8, 1, 1)
+    n = len(log)
+    for kw, bx, bw in ((dict(), torch.randn(9, 64).to(bf), torch.randn(32, 64).to(bf)),       # more than 8 rows
+                       (dict(stages=5), x, torch.randn(32, 4096).to(bf)),                      # no such kernel
+                       (dict(ctas_per_sm=0), x, torch.randn(32, 4096).to(bf)),
+                       (dict(pre=-1), x, torch.randn(32, 4096).to(bf)),
+                       (dict(swiglu=True), x, torch.randn(40, 4096).to(bf)),                   # I not a multiple of 8
+                       (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 4096).to(bf)),
+                       (dict(), x, torch.randn(48, 2048).to(bf)),                              # K differs
+                       (dict(), torch.randn(3, 60).to(bf), torch.randn(48, 60).to(bf))):       # K % 8
+        with pytest.raises(ValueError):
+            ops.skinny_staged(bx, bw, **kw)
+    assert len(log) == n
+
+
+def test_skinny_staged_plan_covers_every_unit_once_and_splits_few_tiles():
+    """The staged kernel's partition (``ops.skinny_staged_plan``, the kernel's arithmetic): every
+    (tile, chunk) unit belongs to exactly one CTA, the ranges differ in length by at most one unit, a
+    range's whole tiles are stored at once and only its first and last tile can be split (at most two
+    workspace slots a CTA), each split tile has exactly one first contributor (the ticket's index), and
+    ``skinny_staged_owner`` names the CTA that holds a unit."""
+    from optimized import ops
+
+    for tiles, K, grid in ((1536, 4096, 264), (384, 4096, 132), (256, 12288, 264), (9496, 4096, 264), (3, 40, 264),
+                           (7, 1544, 5), (1, 512, 3), (16, 4104, 7), (25, 3072, 264)):
+        kch = -(-K // ops.SKINNY_STAGED_KC)
+        U = tiles * kch
+        g = min(grid, U)
+        plan = ops.skinny_staged_plan(tiles, K, g)
+        seen = {}
+        lengths = []
+        firsts: dict[int, int] = {}
+        for c, (u0, u1, parts) in enumerate(plan):
+            lengths.append(u1 - u0)
+            split = [p for p in parts if (p[1], p[2]) != (0, kch)]
+            assert all(p in (parts[0], parts[-1]) for p in split) and len(split) <= 2, (c, parts)
+            for t, a, b in parts:
+                for k in range(a, b):
+                    assert (t, k) not in seen
+                    seen[(t, k)] = c
+                    assert ops.skinny_staged_owner(t * kch + k, U, g) == c
+            for t, a, _ in split:
+                if a == 0:                                        # c holds the tile's first unit
+                    assert ops.skinny_staged_owner(t * kch, U, g) == c
+                    assert firsts.setdefault(c, t) == t, "a CTA is the first contributor of one split tile at most"
+        assert len(seen) == U and max(lengths) - min(lengths) <= 1, (tiles, K, grid)
+
+
 def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
     """``ops.sample`` on the CPU with ``_launch`` recorded: ``sample_partial`` over (chunks, rows), then
     ``sample`` over the rows with the same partials buffer and its chunk count; bad input launches nothing."""

@@ -210,6 +210,43 @@ def test_swiglu_epilogue_switch(opt_engine, launches):
     assert not {"skinny_swiglu", "skinny_gemm"} & {k for k, _ in launches}
 
 
+def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
+    """``staged``: the decode GEMMs of the roles it names -- and only those, only at <= 8 rows -- go to
+    ``skinny_staged`` with the role's (stages, CTAs per SM, early stages): gate/up with the SwiGLU
+    epilogue (or, with ``fuse_swiglu`` off, unfused then ``silu_mul``), the LM head with fp32 out; the
+    rollout is the one of the engine without it (the stand-ins compute the same product); batch-invariant
+    mode ignores it."""
+    sps = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3
+    base = _rollout(opt_engine(), PROMPTS[:3], sps, turns=2)
+    roles = {"qkv": (4, 2, 4), "o_proj": (6, 1, 0), "gate_up": (8, 1, 8), "down": (4, 1, 2), "lm_head": (6, 2, 6)}
+    for picked in (("gate_up",), ("qkv", "lm_head"), tuple(roles)):
+        for fuse in (True, False):
+            launches.clear()
+            eng = opt_engine()
+            eng.runner.fuse_swiglu = fuse
+            eng.runner.staged = {r: roles[r] for r in picked}
+            assert _rollout(eng, PROMPTS[:3], sps, turns=2) == base, (picked, fuse)
+            staged = [d for k, d in launches if k == "skinny_staged"]
+            assert staged and all(m <= 8 for m, *_ in staged), staged
+            role_of = {eng.runner.lm_head.data_ptr(): "lm_head"}       # weight -> role, over every layer
+            for L in eng.runner.layers:
+                role_of.update({L["wqkv"].data_ptr(): "qkv", L["wo"].data_ptr(): "o_proj",
+                                L["wgu"].data_ptr(): "gate_up", L["wd"].data_ptr(): "down"})
+            seen = {role_of[ptr]: (dt, sw, cfg) for _, ptr, dt, sw, *cfg in staged}
+            assert set(seen) == set(picked), (seen, picked)
+            for r, (dt, sw, cfg) in seen.items():
+                assert tuple(cfg) == roles[r], (r, cfg)
+                assert sw == (r == "gate_up" and fuse), (r, sw, fuse)
+                assert dt == (torch.float32 if r == "lm_head" else torch.bfloat16), (r, dt)
+            if "gate_up" in picked:
+                assert "skinny_swiglu" not in {k for k, _ in launches}
+    launches.clear()
+    eng = opt_engine(batch_invariant=True)
+    eng.runner.staged = dict(roles)
+    _rollout(eng, PROMPTS[:2], sps[:2], turns=2)
+    assert "skinny_staged" not in {k for k, _ in launches}
+
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

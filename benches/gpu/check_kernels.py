@@ -914,6 +914,51 @@ def check_skinny_epilogues(C: Checks, dev, gen) -> None:
         C.run("epilogue", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
+def check_skinny_staged(C: Checks, dev, gen) -> None:
+    """``ops.skinny_staged`` (the staged decode GEMM, M <= 8): the flash rule vs a float64 product for bf16
+    and fp32 out and for each stage / CTA configuration, bf16 out == rounded fp32 out, a strided x, two
+    launches bitwise equal (the tickets of the split tiles reset), the same bits with no stage fetched
+    before the PDL wait, a row's result independent of M; the SwiGLU epilogue against a float64 run of
+    the whole step. Shapes with a ragged last chunk, a partial last tile, more CTAs than work units."""
+    shapes = [(1, 6144, 4096), (8, 4096, 12288), (1, 24576, 4096), (5, 151936, 1024), (3, 40, 40), (2, 24, 8),
+              (7, 100, 1544), (8, 17, 4104), (1, 4096, 4096), (4, 1024, 3072)]
+    configs = [(4, 2), (4, 1), (6, 1), (6, 2), (8, 1)]
+    for M, N, K in shapes:
+        def run(M=M, N=N, K=K):
+            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+            x = xw[:, :K]                                          # row stride K + 8
+            w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
+            y32, res = linear_accuracy(ops.skinny_staged, x, w)
+            res += exact("second launch", ops.skinny_staged(x, w, out_dtype=torch.float32), y32)
+            res += exact("no stage before the PDL wait", ops.skinny_staged(x, w, out_dtype=torch.float32, pre=0), y32)
+            r = M - 1
+            res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_staged(x[r:r + 1].contiguous(), w,
+                                                                                 out_dtype=torch.float32), y32[r:r + 1])
+            ref32 = x.double() @ w.double().t()
+            refbf = torch.matmul(x, w.t())
+            for S, Cs in configs[1:]:
+                y = ops.skinny_staged(x, w, out_dtype=torch.float32, stages=S, ctas_per_sm=Cs)
+                res += fa_rule(f"{S} stages, {Cs} CTAs/SM", y, ref32, refbf)
+                res += exact(f"{S} stages, {Cs} CTAs/SM, second launch",
+                             ops.skinny_staged(x, w, out_dtype=torch.float32, stages=S, ctas_per_sm=Cs), y)
+            return res
+        C.run("staged", f"M={M} N={N} K={K}", run)
+    for M, I, K in ((1, 12288, 4096), (8, 3072, 1024), (5, 24, 40), (3, 1536, 2056)):
+        def run_swiglu(M=M, I=I, K=K):
+            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+            x = xw[:, :K]
+            w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
+            fused = ops.skinny_staged(x, w, swiglu=True)
+            again = ops.skinny_staged(x, w, swiglu=True, pre=0)
+            torch.cuda.synchronize()
+            gu = x.double() @ w.double().t()
+            ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+            gbf = torch.matmul(x, w.t())
+            refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
+            return fa_rule("vs float64", fused, ref32, refbf) + exact("second launch, no stage before the wait", again, fused)
+        C.run("staged", f"swiglu M={M} I={I} K={K}", run_swiglu)
+
+
 def check_fused_decode(C: Checks, dev, gen) -> None:
     """The two launch fusions of a decode layer. (1) ``qk_norm_rope(store=...)``: q, k and both caches
     bitwise those of ``qk_norm_rope`` then ``store_kvcache`` (strided k/v, -1 slots, NaN pages).
@@ -986,6 +1031,7 @@ SECTIONS = {
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
+    "staged": check_skinny_staged,
 }
 
 

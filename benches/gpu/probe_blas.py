@@ -1,6 +1,6 @@
 """Which call of cuBLAS is fastest for a decode step's GEMMs?
 
-    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--out DIR]
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 4:2 8:1] [--swiglu] [--no-lt] [--out DIR]
 
 Diagnostic. For the qwen3-8b decode GEMMs (and the LM head in fp32) at M rows it times, each from a
 CUDA graph of ``--reps`` calls that cycles over copies of the weight that together exceed the L2
@@ -11,7 +11,12 @@ CUDA graph of ``--reps`` calls that cycles over copies of the weight that togeth
   cuBLASLt call and heuristic request);
 * ``w@xT``: ``torch.matmul(w, x.t())``, the transposed problem (N rows of weights on the M side of the
   library's GEMM; at M = 1 its [N, 1] output read as [1, N] is the same memory);
-* ``skinny``: ``ops.skinny_gemm`` (our decode GEMM, M <= 16).
+* ``skinny``: ``ops.skinny_gemm`` (our decode GEMM, M <= 16);
+* ``st{S}x{C}``: ``ops.skinny_staged`` with S stages and C CTAs a multiprocessor (``--staged S:C ...``;
+  M <= 8), the weights through shared memory by bulk copies.
+
+``--swiglu`` adds the gate/up GEMM with its activation (``gate_up+act``): ``torch.matmul`` then
+``ops.silu_mul``, ``ops.skinny_swiglu``, and the staged kernel's SwiGLU epilogue.
 
 Every variant's output is compared with ``matmul``'s (max abs difference printed: the variants may sum
 in another order). Prints µs per call and GB/s of weight bytes.
@@ -64,8 +69,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ms", nargs="*", type=int, default=[1, 8])
+    ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations STAGES:CTAS_PER_SM")
+    ap.add_argument("--swiglu", action="store_true", help="also gate/up with its activation")
+    ap.add_argument("--no-lt", action="store_true", help="leave out the cuBLASLt and transposed calls")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    staged = [tuple(int(v) for v in c.split(":")) for c in args.staged]
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -73,27 +82,40 @@ def main() -> int:
     print(f"device {torch.cuda.get_device_name()}, default BLAS {lib0}; µs per call (GB/s of weights), "
           f"weights from DRAM, best of 3 replays of {args.reps} calls")
     rows = []
-    for name, N, K, f32 in GEMMS:
+    gemms = GEMMS + ((("gate_up+act", 24576, 4096, False),) if args.swiglu else ())
+    for name, N, K, f32 in gemms:
         wbytes = N * K * 2
         copies = max(2, -(-3 * l2 // wbytes))
         ws = [torch.randn(N, K, device=dev).to(torch.bfloat16) for _ in range(copies)]
         for M in args.ms:
             x = torch.randn(M, K, device=dev).to(torch.bfloat16)
 
-            def mm(i, x=x, ws=ws, f32=f32):
+            act = name.endswith("+act")
+
+            def mm(i, x=x, ws=ws, f32=f32, act=act):
                 w = ws[i % len(ws)]
+                if act:
+                    return ops.silu_mul(torch.matmul(x, w.t()))
                 return torch.mm(x, w.t(), out_dtype=torch.float32) if f32 else torch.matmul(x, w.t())
 
             def wxt(i, x=x, ws=ws, f32=f32):
                 y = torch.matmul(ws[i % len(ws)], x.t())
                 return y.float() if f32 else y
 
-            def skinny(i, x=x, ws=ws, f32=f32):
+            def skinny(i, x=x, ws=ws, f32=f32, act=act):
+                if act:
+                    return ops.skinny_swiglu(x, ws[i % len(ws)])
                 return ops.skinny_gemm(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16)
 
             ref = mm(0)
-            variants = {"matmul": mm, "lt": mm, "w@xT": wxt, "skinny": skinny}
-            line = f"{name:>8} M={M:<3}"
+            variants = {"matmul": mm} if args.no_lt or act else {"matmul": mm, "lt": mm, "w@xT": wxt}
+            variants["skinny"] = skinny
+            for S, C in staged if M <= 8 else ():
+                def st(i, x=x, ws=ws, f32=f32, act=act, S=S, C=C):
+                    return ops.skinny_staged(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
+                                             swiglu=act, stages=S, ctas_per_sm=C)
+                variants[f"st{S}x{C}"] = st
+            line = f"{name:>11} M={M:<3}"
             for v, fn in variants.items():
                 torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else lib0)
                 try:

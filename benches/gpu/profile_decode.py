@@ -17,7 +17,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``torch.matmul``, our kernels with PDL and ``auto``), and on top of ``w4`` the ``MAX_ELEMS`` variants
   (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
   ``default`` the ``BLAS_VARIANTS`` (``lt``: torch's cuBLASLt path), the ``SKINNY_N`` variants (the runner's
-  choice of skinny GEMMs by weight rows, and of o_proj's L2 prefetch before its PDL wait) and the ``ENGINE_VARIANTS`` (``sync``:
+  choice of skinny GEMMs by weight rows, and of o_proj's L2 prefetch before its PDL wait), the ``STAGED`` variants
+  (decode GEMMs on the staged skinny kernel, by role) and the ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
   session's ``auto`` split rule instead of ``reference.attention.split_size_for``'s),
@@ -107,6 +108,20 @@ BLAS_VARIANTS: dict[str, str] = {"lt": "cublaslt"}
 #: ``pf-o``, "sn-np-o" the default, "skinny-np-o" qwen3-0.6b's ``np-o``)
 SKINNY_N: dict[str, tuple[int, int]] = {"sn-off": (0, 8 << 20), "n6144": (6144, 8 << 20), "pf-o": (4096, 1 << 62),
                                         "np-o": (4096, -1)}
+_ALL = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+#: variants on top of "default" that send decode GEMMs to the staged skinny kernel (the runner's ``staged``:
+#: role -> (stages, CTAs per SM, stages fetched before the PDL wait)); o_proj fetches nothing before its wait
+#: (the attention before it is latency-bound) unless the name says ``pf``
+STAGED: dict[str, dict[str, tuple[int, int, int]]] = {
+    "st-gu": {"gate_up": (4, 2, 4)},
+    "st-qkv-gu": {"qkv": (4, 2, 4), "gate_up": (4, 2, 4)},
+    "st-big": {"qkv": (4, 2, 4), "gate_up": (4, 2, 4), "lm_head": (4, 2, 4)},
+    "st-all": {r: (4, 2, 0 if r == "o_proj" else 4) for r in _ALL},
+    "st-all-pf": {r: (4, 2, 4) for r in _ALL},
+    "st6-all": {r: (6, 1, 0 if r == "o_proj" else 6) for r in _ALL},
+    "st8-all": {r: (8, 1, 0 if r == "o_proj" else 8) for r in _ALL},
+    "st6x2-all": {r: (6, 2, 0 if r == "o_proj" else 6) for r in _ALL},
+}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -211,7 +226,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
     ap.add_argument("--variants", nargs="*",
                     choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
-                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N),
+                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -245,7 +260,8 @@ def main() -> int:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
-                    or variant in SKINNY_N
+                    or variant in SKINNY_N or variant in STAGED
+                eng.runner.staged = dict(STAGED.get(variant, {}))
                 eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = SKINNY_N.get(variant, default_n)
                 if variant in MAX_ELEMS and variant != "default":   # by size alone, as the sixth session measured
                     eng.runner.skinny_max_n = 0
@@ -304,6 +320,7 @@ def main() -> int:
             eng.runner.skinny_max_elems = default_elems
             eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = default_n
             eng.runner.lookahead = True
+            eng.runner.staged = {}
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

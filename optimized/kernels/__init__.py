@@ -39,7 +39,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")
                   for out in ("bf16", "f32")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
-                         for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}")),
+                         for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}"))
+    + tuple(f"skinny_staged{s}_{kind}" for s in (4, 6, 8) for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm"),
     "rope": ("qk_norm_rope",),

@@ -55,12 +55,12 @@ enum Epilogue { kPlain = 0, kSwiGLU = 1 };
 // L2 prefetch, was measured and dropped: at the 8B shapes 132-528 CTAs were at best 1-2% faster than
 // one CTA per tile (at M = 1), and up to 22% slower -- docs/performance.md, "Skinny GEMM".)
 template <int EPI>
-__device__ __forceinline__ int weight_row(int r, int N) {
+__device__ __forceinline__ int weight_row(int tile, int r, int N) {
   if constexpr (EPI == kSwiGLU) {
-    const int i = blockIdx.x * 8 + (r & 7);  // output column
+    const int i = tile * 8 + (r & 7);  // output column
     return i < N ? (r < 8 ? i : N + i) : -1;
   } else {
-    const int n = blockIdx.x * 16 + r;
+    const int n = tile * 16 + r;
     return n < N ? n : -1;
   }
 }
@@ -104,13 +104,47 @@ __device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, in
 template <int WARPS, int EPI>
 __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int row = weight_row<EPI>(lane & 15, N);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
+  const int row = weight_row<EPI>(blockIdx.x, lane & 15, N);  // lanes 0-15 and 16-31: the 16 rows, two blocks each
   if (row < 0) return;
   const int nkb = (K + 31) >> 5;
 #pragma unroll
   for (int u = 0; u < kU; u += 2) {  // blocks kb and kb + WARPS of the first round: 2 x 64 bytes
     const int kb = warp + (u + (lane >> 4)) * WARPS;
     if (kb < nkb) asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(w + (long long)row * K + (kb << 5))));
+  }
+}
+
+// The epilogue's store of one C fragment (lane l of the n8 tile of x rows m0 .. m0+7), summed in
+// fp32: tile `tile` of 16 weight rows (plain: output columns 16 tile .. +15; SwiGLU: 8 gate and 8 up
+// rows, output columns 8 tile .. +7). C fragment: c0, c1 -> (row gg, x rows 2tt, 2tt+1); c2, c3 -> row
+// gg + 8, the same x rows.
+template <bool F32, int EPI>
+__device__ __forceinline__ void skinny_store(void* __restrict__ y, const float (&sum)[4], int tile, int m0, int l,
+                                             int M, int N) {
+  const int gg = l >> 2, tt = l & 3;
+  if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8 tile + gg
+    const int n = tile * 8 + gg;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int m = m0 + 2 * tt + c;
+      if (n < N && m < M) {
+        const float gt = __bfloat162float(__float2bfloat16_rn(sum[c]));
+        const float up = __bfloat162float(__float2bfloat16_rn(sum[c + 2]));
+        reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(silu_mul1(gt, up));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int n = tile * 16 + gg + 8 * (c >> 1);
+      const int m = m0 + 2 * tt + (c & 1);
+      if (n < N && m < M) {
+        if constexpr (F32)
+          reinterpret_cast<float*>(y)[(long long)m * N + n] = sum[c];
+        else
+          reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(sum[c]);
+      }
+    }
   }
 }
 
@@ -124,7 +158,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
   // Loads are never skipped, only their results zeroed: out-of-range rows read weight row 0 (or x
   // row 0) and out-of-range columns column 0, so every load of a round is unconditional and can be
   // in flight at once (a branch around each load would let the compiler serialise them).
-  const int row_a = weight_row<EPI>(g, N), row_b = weight_row<EPI>(g + 8, N);
+  const int row_a = weight_row<EPI>(blockIdx.x, g, N), row_b = weight_row<EPI>(blockIdx.x, g + 8, N);
   const bool ra = row_a >= 0, rb = row_b >= 0;
   const __nv_bfloat16* wa_p = w + (long long)max(row_a, 0) * K;
   const __nv_bfloat16* wb_p = w + (long long)max(row_b, 0) * K;
@@ -179,7 +213,6 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
   __syncthreads();
   if (tid < 32 * MT) {  // one thread per (n8 tile of x rows, lane of the fragment): sum warps in order
     const int mt = tid >> 5, l = tid & 31;
-    const int gg = l >> 2, tt = l & 3;
     float sum[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -188,31 +221,213 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
       for (int ww = 1; ww < WARPS; ++ww) v += red[ww][mt][c][l];
       sum[c] = v;
     }
-    // C fragment: c0, c1 -> (row gg, x rows 2tt, 2tt+1); c2, c3 -> row gg + 8, the same x rows
-    if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8b + gg
-      const int n = blockIdx.x * 8 + gg;
+    skinny_store<F32, EPI>(y, sum, blockIdx.x, 8 * mt, l, M, N);
+  }
+}
+
+// ---- The staged kernel (skinny_staged_*): the weight stream through shared memory by bulk copies ----
+//
+// Why a second kernel: the one above loads its weights straight into registers, one 16-byte load per
+// lane and row, and a CTA's 16 rows are its whole life. On the large 8B weights that stream reached
+// 3.6-3.8 TB/s where cuBLAS reached 4.2 (docs/performance.md, "Skinny GEMM"), and a CTA's last wave and
+// its start are not covered. Here the weights come into shared memory by cp.async.bulk (the 1-D form of
+// the tensor memory accelerator: one instruction copies one row's chunk, completion counted in bytes
+// on an mbarrier), S stages deep, and the grid is persistent:
+//   * work unit = (tile of 16 weight rows, chunk of kStKC columns). The tiles' units are numbered
+//     tile-major, and CTA c of G takes the units [c U / G, (c+1) U / G): every CTA streams the same
+//     number of bytes (to one chunk), whatever the tile count ("stream-K");
+//   * warp kStCW is the producer: its lane 0 waits for a stage to be empty, announces the stage's bytes
+//     on the stage's "full" barrier and issues one bulk copy per weight row. Before the PDL wait it may
+//     issue the first `pre` stages: the weights are written by no kernel of a step, so they may stream
+//     in while the kernel before this one finishes;
+//   * warps 0 .. kStCW-1 consume: per stage, warp w takes the 32-column blocks w, w + kStCW, .. of the
+//     chunk, reads its A fragments from shared memory in the register kernel's permuted layout (lane
+//     (g, t): row g and g + 8, columns 8t .. 8t+7 of the block) and x from global memory (cached), two
+//     mma each, then arrives on the stage's "empty" barrier;
+//   * a tile's end: the consumer warps' partials are summed in warp order through shared memory. A tile
+//     that lies wholly inside the CTA's range is stored at once; a tile split between CTAs (at most the
+//     first and the last of a range) leaves its fp32 partial in a workspace slot, and the CTA that takes
+//     the last ticket of the tile sums the contributors' partials in CTA order and stores. The order of
+//     every sum is fixed by (N, K, G): one launch configuration gives the same bits every time.
+// Rows in a stage lie kStRS bytes apart, 64 (mod 128) past a multiple of the bank width, so that the 8
+// lanes of a quarter-warp's 16-byte loads (rows g, g + 1: 64 bytes each) fall on distinct banks.
+constexpr int kStKC = 512;                 // columns of a chunk: 1 KB of each row
+constexpr int kStRS = kStKC * 2 + 64;      // bytes from one row of a stage to the next
+constexpr int kStStage = 16 * kStRS;       // bytes of a stage
+constexpr int kStCW = 4;                   // consumer warps (the producer is warp kStCW)
+constexpr int kStBlocks = kStKC / 32;      // 32-column blocks of a chunk
+
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// spin until the barrier's phase of the given parity has completed
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+// bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned); completion counted on bar
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// the CTA whose range holds unit u: the largest c with c U / G <= u
+__device__ __forceinline__ int staged_owner(long long u, long long U, int G) {
+  return (int)(((u + 1) * G - 1) / U);
+}
+
+template <int S, bool F32, int EPI>
+__device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                                   const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
+                                                   int M, int N, int K, float* __restrict__ ws,
+                                                   int* __restrict__ tickets, int pre) {
+  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kStRS bytes
+  __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
+  __shared__ float red[2][kStCW][4][32];                     // per-warp C fragments, two tiles' worth
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int G = gridDim.x, cta = blockIdx.x;
+  const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
+  const int kch = (K + kStKC - 1) / kStKC;  // chunks of a tile
+  const long long U = (long long)tiles * kch;
+  const long long u0 = cta * U / G, u1 = (cta + 1) * U / G;
+  const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  if (tid == 0) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int m = 8 * mt + 2 * tt + c;
-        if (n < N && m < M) {
-          const float gt = __bfloat162float(__float2bfloat16_rn(sum[c]));
-          const float up = __bfloat162float(__float2bfloat16_rn(sum[c + 2]));
-          reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(silu_mul1(gt, up));
-        }
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, kStCW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kStCW) {  // ---- producer
+    if (lane != 0) return;
+    for (long long u = u0, i = 0; u < u1; ++u, ++i) {
+      const int s = (int)(i % S);
+      if (i == pre) {  // stages from `pre` on wait for the kernel before (a thread that exits counts as triggered)
+        pdl_wait();
+        pdl_launch_dependents();
       }
-    } else {
+      if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
+      const int t = (int)(u / kch), k0 = (int)(u % kch) * kStKC;
+      const u32 bytes = (u32)min(kStKC, K - k0) * 2u;
+      int rows = 0;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int n = blockIdx.x * 16 + gg + 8 * (c >> 1);
-        const int m = 8 * mt + 2 * tt + (c & 1);
-        if (n < N && m < M) {
-          if constexpr (F32)
-            reinterpret_cast<float*>(y)[(long long)m * N + n] = sum[c];
-          else
-            reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(sum[c]);
-        }
+      for (int r = 0; r < 16; ++r) rows += weight_row<EPI>(t, r, N) >= 0;
+      mbar_expect_tx(bar_full + 8 * s, bytes * rows);
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const int row = weight_row<EPI>(t, r, N);
+        if (row >= 0) bulk_copy(base + s * kStStage + r * kStRS, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
       }
     }
+    return;
+  }
+
+  // ---- consumers
+  pdl_wait();
+  pdl_launch_dependents();
+  const int g = lane >> 2, t4 = lane & 3;
+  const bool xr = g < M;
+  const int xm = xr ? g : 0;
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int par = 0;  // which half of red this tile's partials go to
+  for (long long u = u0, i = 0; u < u1; ++u, ++i) {
+    const int s = (int)(i % S);
+    const int t = (int)(u / kch), kc = (int)(u % kch), k0 = kc * kStKC;
+    const int cols = min(kStKC, K - k0);
+    const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
+    uint4 xv[kStBlocks / kStCW];
+#pragma unroll
+    for (int j = 0; j < kStBlocks / kStCW; ++j) {  // x first: it does not wait for the stage
+      const int kk = (warp + j * kStCW) * 32 + 8 * t4;
+      xv[j] = load_x8(x, ldx, xm, kk < cols ? k0 + kk : 0);
+    }
+    mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+    const u32 st = base + s * kStStage;
+#pragma unroll
+    for (int j = 0; j < kStBlocks / kStCW; ++j) {
+      const int b = warp + j * kStCW;
+      if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
+        const int kk = b * 32 + 8 * t4;
+        const bool in = kk < cols;
+        uint4 wa = lds128(st + g * kStRS + kk * 2), wb = lds128(st + (g + 8) * kStRS + kk * 2);
+        if (!(in && ra)) wa = z;  // rows past N were not copied, columns past K belong to no row
+        if (!(in && rb)) wb = z;
+        const uint4 xx = in && xr ? xv[j] : z;
+        const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y};
+        const u32 a1[4] = {wa.z, wb.z, wa.w, wb.w};
+        mma_bf16(acc, a0, xx.x, xx.y);
+        mma_bf16(acc, a1, xx.z, xx.w);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+    if (kc != kch - 1 && u != u1 - 1) continue;
+
+    // ---- the end of tile t in this CTA's range
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      red[par][warp][c][lane] = acc[c];
+      acc[c] = 0.f;
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // the consumer warps only
+    if (warp == 0) {
+      float sum[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float v = red[par][0][c][lane];
+#pragma unroll
+        for (int ww = 1; ww < kStCW; ++ww) v += red[par][ww][c][lane];
+        sum[c] = v;
+      }
+      const long long tu0 = (long long)t * kch, tu1 = tu0 + kch;
+      bool store = true;
+      if (tu0 < u0 || tu1 > u1) {  // split between CTAs: slot 0 for the range's first tile, else 1
+        const int slot = t == (int)(u0 / kch) ? 0 : 1;
+        float* mine = ws + ((long long)cta * 2 + slot) * 128;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) mine[c * 32 + lane] = sum[c];
+        __threadfence();
+        __syncwarp();
+        const int first = staged_owner(tu0, U, G), last = staged_owner(tu1 - 1, U, G);
+        int mine_last = 0;
+        if (lane == 0) mine_last = atomicAdd(tickets + first, 1) == last - first;
+        store = __shfl_sync(0xffffffffu, mine_last, 0) != 0;
+        if (store) {  // every contributor's partial is in: sum them in CTA order
+          __threadfence();
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            float v = 0.f;
+            for (int q = first; q <= last; ++q) {
+              const int qs = t == (int)(((long long)q * U / G) / kch) ? 0 : 1;
+              const float pq = __ldcg(ws + ((long long)q * 2 + qs) * 128 + c * 32 + lane);
+              v = q == first ? pq : v + pq;
+            }
+            sum[c] = v;
+          }
+          if (lane == 0) tickets[first] = 0;  // every launch leaves the tickets zero
+        }
+      }
+      if (store) skinny_store<F32, EPI>(y, sum, t, 0, lane, M, N);
+    }
+    par ^= 1;
   }
 }
 
@@ -253,3 +468,20 @@ TK_SKINNY_W(1, 8, 16)
 TK_SKINNY_W(2, 16, 4)
 TK_SKINNY_W(2, 16, 8)
 TK_SKINNY_W(2, 16, 16)
+// skinny_staged{4,6,8}_{bf16,f32,swiglu}: the staged kernel with S stages (M <= 8; output bf16, fp32,
+// or the SwiGLU epilogue with N = I). Grid: G persistent CTAs (at most one per work unit) of 32 (kStCW
+// + 1) threads, S * kStStage bytes of dynamic shared memory; ws: fp32 [G, 2, 128], tickets: zeros, at
+// least G of them. pre: stages the producer may issue before its PDL wait.
+#define TK_STAGED_K(SV, SUF, F32V, EPIV)                                                                     \
+  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged##SV##_##SUF(                  \
+      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
+      int M, int N, int K, float* __restrict__ ws, int* __restrict__ tickets, int pre) {                     \
+    skinny_staged_impl<SV, F32V, EPIV>(x, ldx, w, y, M, N, K, ws, tickets, pre);                             \
+  }
+#define TK_STAGED(SV)                     \
+  TK_STAGED_K(SV, bf16, false, kPlain)    \
+  TK_STAGED_K(SV, f32, true, kPlain)      \
+  TK_STAGED_K(SV, swiglu, false, kSwiGLU)
+TK_STAGED(4)
+TK_STAGED(6)
+TK_STAGED(8)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Fifteenth session's device calls on the staged skinny GEMM (skinny_gemm.cu, "The staged kernel"; run from the
+# repository root):
+#   bash benches/gpu/h200_staged_round.sh MODE
+#   probe:  check_kernels.py --only staged skinny epilogue (the staged kernel against float64 and its own launches;
+#           the register kernel after its epilogue became a helper), then probe_blas.py at M = 1 and 8 for the
+#           qwen3-8b decode GEMMs, the LM head and gate/up with its activation: torch.matmul, the register kernel
+#           and the staged kernel in five (stages, CTAs per SM) configurations, weights from DRAM
+#   engine: the engine A/B in one process (profile_decode.py, the STAGED variants against the default) at
+#           qwen3-8b batch 1 and 8 with the batch-1 graph timeline, then qwen3-0.6b batch 1 and 8
+#   final:  the engine smoke test, the engine decode bench, the GPU-scale qwen3-8b conformance clauses beside
+#           conformance at CI scale on the optimized engine
+source benches/gpu/_env.sh
+mode=${1:-probe}
+shift
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = probe ]; then
+  checks 200 check_kernels_staged.log staged skinny epilogue
+  grep -E "^(PASS|FAIL)|max " "$OUT/check_kernels_staged.log" | grep -iE "staged|FAIL" | head -12
+  timeout 240 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu --staged 4:2 4:1 6:1 6:2 8:1 \
+    > "$OUT/probe_staged.log" 2>&1
+  echo "probe rc=$?"; cat "$OUT/probe_staged.log"
+fi
+if [ "$mode" = engine ]; then
+  variants=${*:-default st-gu st-big st-all st6-all}
+  timeout 420 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --timeline-batches 1 --rounds 3 --variants $variants > "$OUT/profile_staged_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_staged_8b.log"
+  grep -E "^\s+[0-9]+x" "$OUT/profile_staged_8b.log" | cut -c1-110
+fi
+if [ "$mode" = engine06 ]; then
+  variants=${*:-default st-all st-big}
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
+    --rounds 3 --variants $variants > "$OUT/profile_staged_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_staged_06b.log"
+fi
+if [ "$mode" = final ]; then
+  smoke 100
+  run_benches 240 "engine_decode"
+  pack_bench
+  conformance_gpu 280 qwen3-8b conformance_gpu_qwen3-8b_staged.log > "$OUT/c8.summary" &
+  conformance_ci 300
+  wait
+  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+fi
