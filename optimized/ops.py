@@ -35,7 +35,7 @@ __all__ = [
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
-    "skinny_staged", "SKINNY_STAGED_STAGES",
+    "skinny_staged", "SKINNY_STAGED_CONFIGS",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -961,28 +961,32 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     return out
 
 
-#: stage counts the staged skinny kernels are built for (``skinny_staged{S}_*`` in skinny_gemm.cu)
-SKINNY_STAGED_STAGES = (4, 6, 8)
-#: columns of one work unit of the staged kernels (``kStKC``): a chunk of 16 weight rows
-SKINNY_STAGED_KC = 512
-#: bytes of one stage (``kStStage``: 16 rows of ``SKINNY_STAGED_KC`` bf16, rows 64 bytes apart past 1 KB)
-SKINNY_STAGED_STAGE_BYTES = 16 * (SKINNY_STAGED_KC * 2 + 64)
+#: (chunk columns KC, stages S, producer lanes PL) the staged skinny kernels are built for
+#: (``skinny_staged_k{KC}s{S}p{PL}_*`` in skinny_gemm.cu)
+SKINNY_STAGED_CONFIGS = ((512, 4, 1), (512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 1), (2048, 2, 16),
+                         (2048, 3, 16))
 _SKINNY_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp
 
 
-def skinny_staged_grid(tiles: int, K: int, ctas_per_sm: int, sms: int) -> int:
+def skinny_staged_smem(kc: int, stages: int) -> int:
+    """Dynamic shared memory of a staged launch: ``stages`` x 16 rows of ``kc`` bf16, rows 64 bytes apart
+    past ``2 kc`` (``st_rs`` in skinny_gemm.cu)."""
+    return stages * 16 * (kc * 2 + 64)
+
+
+def skinny_staged_grid(tiles: int, K: int, kc: int, ctas_per_sm: int, sms: int) -> int:
     """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per work unit
-    (a 16-row tile's chunk of ``SKINNY_STAGED_KC`` columns)."""
-    units = tiles * -(-K // SKINNY_STAGED_KC)
+    (a 16-row tile's chunk of ``kc`` columns)."""
+    units = tiles * -(-K // kc)
     return max(1, min(units, sms * ctas_per_sm))
 
 
-def skinny_staged_plan(tiles: int, K: int, grid: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+def skinny_staged_plan(tiles: int, K: int, kc: int, grid: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
     """What each CTA of a staged launch does, in the kernel's own integer arithmetic (``skinny_gemm.cu``,
     ``skinny_staged_impl``; for tests and for reading): per CTA ``(u0, u1, [(tile, first chunk, end chunk),
-    ...])`` over its units ``[u0, u1)``, units numbered tile-major with ``ceil(K / SKINNY_STAGED_KC)``
-    chunks a tile, CTA ``c`` taking ``[c U / G, (c + 1) U / G)``."""
-    kch = -(-K // SKINNY_STAGED_KC)
+    ...])`` over its units ``[u0, u1)``, units numbered tile-major with ``ceil(K / kc)`` chunks a tile,
+    CTA ``c`` taking ``[c U / G, (c + 1) U / G)``."""
+    kch = -(-K // kc)
     U = tiles * kch
     plan = []
     for c in range(grid):
@@ -1005,17 +1009,20 @@ def skinny_staged_owner(u: int, U: int, grid: int) -> int:
 
 
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                  out: torch.Tensor | None = None, swiglu: bool = False, stages: int = 4, ctas_per_sm: int = 2,
-                  pre: int | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 2048, stages: int = 2, lanes: int = 16,
+                  ctas_per_sm: int = 1, pre: int | None = None) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
-    stream into shared memory by bulk copies, ``stages`` deep, over a persistent grid of
-    ``ctas_per_sm`` CTAs a multiprocessor that share the work units evenly (``skinny_gemm.cu``,
-    "The staged kernel"). ``M <= 8``. ``pre``: stages each CTA may fetch before the
-    programmatic-dependent-launch wait (default ``stages``; 0: none). Deterministic for a given device
-    (the sums' order depends on N, K and the grid); not the bits of ``skinny_gemm``."""
+    stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
+    ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
+    multiprocessor that share the work units evenly (``skinny_gemm.cu``, "The staged kernel");
+    ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS``. ``M <= 8``. ``pre``: stages each CTA may
+    fetch before the programmatic-dependent-launch wait (default ``stages``; 0: none). Deterministic
+    for a given device (the sums' order depends on N, K, ``kc`` and the grid); not the bits of
+    ``skinny_gemm``."""
     M, N, K = _linear_shape(x, w)
     _need(M <= 8, f"skinny_staged takes at most 8 rows, got {M}")
-    _need(stages in SKINNY_STAGED_STAGES, f"stages must be one of {SKINNY_STAGED_STAGES}, got {stages!r}")
+    _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,
+          f"(kc, stages, lanes) = {(kc, stages, lanes)} is not built; built: {SKINNY_STAGED_CONFIGS}")
     _need(isinstance(ctas_per_sm, int) and ctas_per_sm >= 1, f"ctas_per_sm must be a positive int, got {ctas_per_sm!r}")
     pre = stages if pre is None else pre
     _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
@@ -1031,13 +1038,14 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     if M == 0:
         return out
     dev = _device_index(x)
-    grid = skinny_staged_grid(tiles, K, ctas_per_sm, _num_sms(dev))
+    grid = skinny_staged_grid(tiles, K, kc, ctas_per_sm, _num_sms(dev))
     _need(grid <= _TICKETS, f"skinny_staged: {grid} CTAs exceed the ticket array")
     ws = torch.empty(grid * 256, dtype=torch.float32, device=x.device)
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
-    smem = stages * SKINNY_STAGED_STAGE_BYTES
-    _launch(x, "skinny_gemm", f"skinny_staged{stages}_{kind}", (grid, 1, 1), (_SKINNY_STAGED_THREADS, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(ws), _p(_kernel_tickets(x)), _i(pre)), smem)
+    _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (grid, 1, 1),
+            (_SKINNY_STAGED_THREADS, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(ws), _p(_kernel_tickets(x)), _i(pre)),
+            skinny_staged_smem(kc, stages))
     return out
 
 

@@ -172,9 +172,10 @@ class CudaRunner:
         #: skinny_gemm + silu_mul; ``False``: unfused, for A/B measurements)
         self.fuse_swiglu = True
         #: decode GEMMs (default mode, at most ``min(8, skinny_max_m)`` rows) that take the staged skinny kernel
-        #: (``ops.skinny_staged``), by role -- "qkv", "o_proj", "gate_up", "down", "lm_head" -> (stages, CTAs
-        #: per multiprocessor, stages fetched before the PDL wait); a role not named takes the rules above
-        self.staged: dict[str, tuple[int, int, int]] = {}
+        #: (``ops.skinny_staged``), by role -- "qkv", "o_proj", "gate_up", "down", "lm_head" -> (chunk columns,
+        #: stages, producer lanes, CTAs per multiprocessor, stages fetched before the PDL wait); a role not
+        #: named takes the rules above
+        self.staged: dict[str, tuple[int, int, int, int, int]] = {}
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -265,13 +266,17 @@ class CudaRunner:
             return ops.gemm(x, w)
         st = self._staged_cfg(x, w, role)
         if st is not None:
-            return ops.skinny_staged(x, w, stages=st[0], ctas_per_sm=st[1], pre=st[2])
+            return ops.skinny_staged(x, w, **self._staged_kw(st))
         if self._skinny(x, w):
             return ops.skinny_gemm(x, w, prefetch=prefetch)
         return torch.matmul(x, w.t())
 
-    def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int] | None:
-        """The staged kernel's (stages, CTAs per SM, early stages) for this GEMM, or None (default mode)."""
+    @staticmethod
+    def _staged_kw(st: tuple[int, int, int, int, int]) -> dict[str, int]:
+        return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4])
+
+    def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int, int, int] | None:
+        """The staged kernel's configuration (``staged``) for this GEMM, or None."""
         if self.invariant or role not in self.staged or w.shape[1] % 8:
             return None
         return self.staged[role] if x.shape[0] <= min(8, self.skinny_max_m) else None
@@ -292,8 +297,7 @@ class CudaRunner:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
         st = self._staged_cfg(hidden, self.lm_head, "lm_head")
         if st is not None:
-            return ops.skinny_staged(hidden, self.lm_head, out_dtype=torch.float32, stages=st[0], ctas_per_sm=st[1],
-                                     pre=st[2])
+            return ops.skinny_staged(hidden, self.lm_head, out_dtype=torch.float32, **self._staged_kw(st))
         if self._skinny(hidden, self.lm_head):
             return ops.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
@@ -332,7 +336,7 @@ class CudaRunner:
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
         st = self._staged_cfg(h, wgu, "gate_up")
         if st is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
-            return ops.skinny_staged(h, wgu, swiglu=True, stages=st[0], ctas_per_sm=st[1], pre=st[2])
+            return ops.skinny_staged(h, wgu, swiglu=True, **self._staged_kw(st))
         if st is None and not self.invariant and self._skinny(h, wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_swiglu(h, wgu)
         return ops.silu_mul(self._mm(h, wgu, role="gate_up"))

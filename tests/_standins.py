@@ -97,8 +97,9 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         log.append(("skinny_swiglu", x.shape[0]))
         return silu_mul(linear(x, w))
 
-    def skinny_staged(x, w, *, out_dtype=torch.bfloat16, swiglu=False, stages=4, ctas_per_sm=2, pre=None):
-        log.append(("skinny_staged", (x.shape[0], w.data_ptr(), out_dtype, swiglu, stages, ctas_per_sm, pre)))
+    def skinny_staged(x, w, *, out_dtype=torch.bfloat16, swiglu=False, kc=2048, stages=2, lanes=16, ctas_per_sm=1,
+                      pre=None):
+        log.append(("skinny_staged", (x.shape[0], w.data_ptr(), out_dtype, swiglu, kc, stages, lanes, ctas_per_sm, pre)))
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 

@@ -149,34 +149,44 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(launch_log)
 
 
 def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
-    """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (stages, output kind), a
-    persistent grid of CTAs-per-SM x SMs capped at the work units, 160 threads, the stages' dynamic
-    shared memory, the kernel's N (I with SwiGLU), a workspace of two 128-float slots a CTA and the
-    early-stage count; bad input is a ValueError that launches nothing."""
+    """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, producer lanes,
+    output kind), a persistent grid of CTAs-per-SM x SMs capped at the work units, 160 threads, the stages'
+    dynamic shared memory, the kernel's N (I with SwiGLU) and the early-stage count; every built
+    configuration has its kernels; bad input is a ValueError that launches nothing."""
     import torch
 
-    from optimized import ops
+    from optimized import kernels, ops
 
     monkeypatch.setattr(ops, "_device_index", lambda t: 0)
     monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
     monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
+                        launch_log.append((module, name, grid, block, args, smem)))
     log = launch_log
     bf = torch.bfloat16
     x = torch.randn(3, 4096).to(bf)
     out = ops.skinny_staged(x, torch.randn(6144, 4096).to(bf))
-    mod, name, grid, block, args, _ = log[-1]
+    mod, name, grid, block, args, smem = log[-1]
     assert out.shape == (3, 6144) and out.dtype == bf
-    assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged4_bf16", (264, 1, 1), (160, 1, 1))
-    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[9]) == 4        # M, N, K; pre = stages
-    out = ops.skinny_staged(x, torch.randn(48, 4096).to(bf), swiglu=True, stages=8, ctas_per_sm=1, pre=0)
-    mod, name, grid, block, args, _ = log[-1]
-    assert out.shape == (3, 24) and name == "skinny_staged8_swiglu"
+    assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged_k2048s2p16_bf16", (132, 1, 1), (160, 1, 1))
+    assert smem == 2 * 16 * (2 * 2048 + 64) == ops.skinny_staged_smem(2048, 2)
+    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[9]) == 2        # M, N, K; pre = stages
+    out = ops.skinny_staged(x, torch.randn(48, 4096).to(bf), swiglu=True, kc=512, stages=4, lanes=1, ctas_per_sm=2,
+                            pre=0)
+    mod, name, grid, block, args, smem = log[-1]
+    assert out.shape == (3, 24) and name == "skinny_staged_k512s4p1_swiglu"
     assert grid == (3 * 8, 1, 1) and int(args[5]) == 24 and int(args[9]) == 0        # 3 tiles x 8 chunks; I
-    out = ops.skinny_staged(x[:1], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, stages=6)
-    assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged6_f32" and log[-1][2] == (7 * 8, 1, 1)
+    out = ops.skinny_staged(x[:1], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, kc=1024, stages=3,
+                            ctas_per_sm=2)
+    assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged_k1024s3p16_f32" and log[-1][2] == (7 * 4, 1, 1)
+    names = set(kernels.SOURCES["skinny_gemm"])
+    for kc, S, pl in ops.SKINNY_STAGED_CONFIGS:
+        assert {f"skinny_staged_k{kc}s{S}p{pl}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+    assert sum(n.startswith("skinny_staged") for n in names) == 3 * len(ops.SKINNY_STAGED_CONFIGS)
     n = len(log)
     for kw, bx, bw in ((dict(), torch.randn(9, 64).to(bf), torch.randn(32, 64).to(bf)),       # more than 8 rows
                        (dict(stages=5), x, torch.randn(32, 4096).to(bf)),                      # no such kernel
+                       (dict(kc=256), x, torch.randn(32, 4096).to(bf)),
                        (dict(ctas_per_sm=0), x, torch.randn(32, 4096).to(bf)),
                        (dict(pre=-1), x, torch.randn(32, 4096).to(bf)),
                        (dict(swiglu=True), x, torch.randn(40, 4096).to(bf)),                   # I not a multiple of 8
@@ -196,12 +206,13 @@ def test_skinny_staged_plan_covers_every_unit_once_and_splits_few_tiles():
     ``skinny_staged_owner`` names the CTA that holds a unit."""
     from optimized import ops
 
-    for tiles, K, grid in ((1536, 4096, 264), (384, 4096, 132), (256, 12288, 264), (9496, 4096, 264), (3, 40, 264),
-                           (7, 1544, 5), (1, 512, 3), (16, 4104, 7), (25, 3072, 264)):
-        kch = -(-K // ops.SKINNY_STAGED_KC)
+    for tiles, K, kc, grid in ((1536, 4096, 2048, 132), (384, 4096, 512, 264), (256, 12288, 1024, 264),
+                               (9496, 4096, 2048, 132), (3, 40, 512, 264), (7, 1544, 512, 5), (1, 512, 2048, 3),
+                               (16, 4104, 1024, 7), (25, 3072, 2048, 264)):
+        kch = -(-K // kc)
         U = tiles * kch
         g = min(grid, U)
-        plan = ops.skinny_staged_plan(tiles, K, g)
+        plan = ops.skinny_staged_plan(tiles, K, kc, g)
         seen = {}
         lengths = []
         firsts: dict[int, int] = {}

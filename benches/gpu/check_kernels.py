@@ -922,7 +922,8 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
     the whole step. Shapes with a ragged last chunk, a partial last tile, more CTAs than work units."""
     shapes = [(1, 6144, 4096), (8, 4096, 12288), (1, 24576, 4096), (5, 151936, 1024), (3, 40, 40), (2, 24, 8),
               (7, 100, 1544), (8, 17, 4104), (1, 4096, 4096), (4, 1024, 3072)]
-    configs = [(4, 2), (4, 1), (6, 1), (6, 2), (8, 1)]
+    configs = [(kc, S, pl, c) for kc, S, pl in ops.SKINNY_STAGED_CONFIGS for c in (1, 2)
+               if c * ops.skinny_staged_smem(kc, S) <= 200 * 1024]
     for M, N, K in shapes:
         def run(M=M, N=N, K=K):
             xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
@@ -936,11 +937,11 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
                                                                                  out_dtype=torch.float32), y32[r:r + 1])
             ref32 = x.double() @ w.double().t()
             refbf = torch.matmul(x, w.t())
-            for S, Cs in configs[1:]:
-                y = ops.skinny_staged(x, w, out_dtype=torch.float32, stages=S, ctas_per_sm=Cs)
-                res += fa_rule(f"{S} stages, {Cs} CTAs/SM", y, ref32, refbf)
-                res += exact(f"{S} stages, {Cs} CTAs/SM, second launch",
-                             ops.skinny_staged(x, w, out_dtype=torch.float32, stages=S, ctas_per_sm=Cs), y)
+            for kc, S, pl, Cs in configs:
+                kw = dict(out_dtype=torch.float32, kc=kc, stages=S, lanes=pl, ctas_per_sm=Cs)
+                y = ops.skinny_staged(x, w, **kw)
+                res += fa_rule(f"kc {kc}, {S} stages, {pl} lanes, {Cs} CTAs/SM", y, ref32, refbf)
+                res += exact(f"kc {kc}, {S} stages, {pl} lanes, {Cs} CTAs/SM, second launch", ops.skinny_staged(x, w, **kw), y)
             return res
         C.run("staged", f"M={M} N={N} K={K}", run)
     for M, I, K in ((1, 12288, 4096), (8, 3072, 1024), (5, 24, 40), (3, 1536, 2056)):
@@ -950,12 +951,14 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
             w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
             fused = ops.skinny_staged(x, w, swiglu=True)
             again = ops.skinny_staged(x, w, swiglu=True, pre=0)
+            other = ops.skinny_staged(x, w, swiglu=True, kc=512, stages=4, lanes=1, ctas_per_sm=2)
             torch.cuda.synchronize()
             gu = x.double() @ w.double().t()
             ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
             gbf = torch.matmul(x, w.t())
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
-            return fa_rule("vs float64", fused, ref32, refbf) + exact("second launch, no stage before the wait", again, fused)
+            return fa_rule("vs float64", fused, ref32, refbf) + exact("second launch, no stage before the wait", again, fused) \
+                + fa_rule("kc 512, 4 stages, 1 lane, 2 CTAs/SM vs float64", other, ref32, refbf)
         C.run("staged", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 

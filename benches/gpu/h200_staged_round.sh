@@ -2,10 +2,11 @@
 # Fifteenth session's device calls on the staged skinny GEMM (skinny_gemm.cu, "The staged kernel"; run from the
 # repository root):
 #   bash benches/gpu/h200_staged_round.sh MODE
-#   probe:  check_kernels.py --only staged skinny epilogue (the staged kernel against float64 and its own launches;
-#           the register kernel after its epilogue became a helper), then probe_blas.py at M = 1 and 8 for the
-#           qwen3-8b decode GEMMs, the LM head and gate/up with its activation: torch.matmul, the register kernel
-#           and the staged kernel in five (stages, CTAs per SM) configurations, weights from DRAM
+#   probe:  check_kernels.py --only staged skinny epilogue (CHECKS: other sections; the staged kernel against
+#           float64 and its own launches, the register kernel after its epilogue became a helper), then
+#           probe_blas.py at M = 1 and 8 for the qwen3-8b decode GEMMs, the LM head and gate/up with its
+#           activation: torch.matmul, the register kernel and the staged kernel in the STAGED configurations
+#           (KC:S:PL:C), weights from DRAM; with ENGINE set, then the engine mode with those variants
 #   engine: the engine A/B in one process (profile_decode.py, the STAGED variants against the default) at
 #           qwen3-8b batch 1 and 8 with the batch-1 graph timeline, then qwen3-0.6b batch 1 and 8
 #   final:  the engine smoke test, the engine decode bench, the GPU-scale qwen3-8b conformance clauses beside
@@ -16,11 +17,13 @@ shift
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 if [ "$mode" = probe ]; then
-  checks 200 check_kernels_staged.log staged skinny epilogue
-  grep -E "^(PASS|FAIL)|max " "$OUT/check_kernels_staged.log" | grep -iE "staged|FAIL" | head -12
-  timeout 240 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu --staged 4:2 4:1 6:1 6:2 8:1 \
+  checks 200 check_kernels_staged.log ${CHECKS:-staged skinny epilogue}
+  grep -E "FAIL" "$OUT/check_kernels_staged.log" | head -12
+  timeout 240 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu \
+    --staged ${STAGED:-512:4:1:2 512:4:16:2 1024:3:16:2 1024:4:16:1 2048:2:1:1 2048:2:16:1 2048:3:16:1} \
     > "$OUT/probe_staged.log" 2>&1
   echo "probe rc=$?"; cat "$OUT/probe_staged.log"
+  [ -n "$ENGINE" ] && mode=engine && set -- $ENGINE
 fi
 if [ "$mode" = engine ]; then
   variants=${*:-default st-gu st-big st-all st6-all}

@@ -1,6 +1,6 @@
 """Which call of cuBLAS is fastest for a decode step's GEMMs?
 
-    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 4:2 8:1] [--swiglu] [--no-lt] [--out DIR]
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 ...] [--swiglu] [--no-lt] [--out DIR]
 
 Diagnostic. For the qwen3-8b decode GEMMs (and the LM head in fp32) at M rows it times, each from a
 CUDA graph of ``--reps`` calls that cycles over copies of the weight that together exceed the L2
@@ -12,8 +12,9 @@ CUDA graph of ``--reps`` calls that cycles over copies of the weight that togeth
 * ``w@xT``: ``torch.matmul(w, x.t())``, the transposed problem (N rows of weights on the M side of the
   library's GEMM; at M = 1 its [N, 1] output read as [1, N] is the same memory);
 * ``skinny``: ``ops.skinny_gemm`` (our decode GEMM, M <= 16);
-* ``st{S}x{C}``: ``ops.skinny_staged`` with S stages and C CTAs a multiprocessor (``--staged S:C ...``;
-  M <= 8), the weights through shared memory by bulk copies.
+* ``k{KC}s{S}p{PL}x{C}``: ``ops.skinny_staged`` with chunks of KC columns, S stages, PL producer lanes
+  and C CTAs a multiprocessor (``--staged KC:S:PL:C ...``; M <= 8), the weights through shared memory by
+  bulk copies.
 
 ``--swiglu`` adds the gate/up GEMM with its activation (``gate_up+act``): ``torch.matmul`` then
 ``ops.silu_mul``, ``ops.skinny_swiglu``, and the staged kernel's SwiGLU epilogue.
@@ -69,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ms", nargs="*", type=int, default=[1, 8])
-    ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations STAGES:CTAS_PER_SM")
+    ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations KC:STAGES:LANES:CTAS_PER_SM")
     ap.add_argument("--swiglu", action="store_true", help="also gate/up with its activation")
     ap.add_argument("--no-lt", action="store_true", help="leave out the cuBLASLt and transposed calls")
     ap.add_argument("--out", type=Path, default=None)
@@ -110,11 +111,11 @@ def main() -> int:
             ref = mm(0)
             variants = {"matmul": mm} if args.no_lt or act else {"matmul": mm, "lt": mm, "w@xT": wxt}
             variants["skinny"] = skinny
-            for S, C in staged if M <= 8 else ():
-                def st(i, x=x, ws=ws, f32=f32, act=act, S=S, C=C):
+            for kc, S, pl, C in staged if M <= 8 else ():
+                def st(i, x=x, ws=ws, f32=f32, act=act, kc=kc, S=S, pl=pl, C=C):
                     return ops.skinny_staged(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
-                                             swiglu=act, stages=S, ctas_per_sm=C)
-                variants[f"st{S}x{C}"] = st
+                                             swiglu=act, kc=kc, stages=S, lanes=pl, ctas_per_sm=C)
+                variants[f"k{kc}s{S}p{pl}x{C}"] = st
             line = f"{name:>11} M={M:<3}"
             for v, fn in variants.items():
                 torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else lib0)

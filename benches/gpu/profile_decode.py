@@ -109,18 +109,24 @@ BLAS_VARIANTS: dict[str, str] = {"lt": "cublaslt"}
 SKINNY_N: dict[str, tuple[int, int]] = {"sn-off": (0, 8 << 20), "n6144": (6144, 8 << 20), "pf-o": (4096, 1 << 62),
                                         "np-o": (4096, -1)}
 _ALL = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+
+
+def _st(cfg: tuple[int, int, int, int], roles=_ALL, o_pre: int = 0) -> dict[str, tuple[int, int, int, int, int]]:
+    """The runner's ``staged`` for (chunk columns, stages, producer lanes, CTAs per SM) on ``roles``: every
+    stage fetched before the PDL wait, o_proj's ``o_pre`` (its attention before it is latency-bound)."""
+    return {r: cfg + (o_pre if r == "o_proj" else cfg[1],) for r in roles}
+
+
 #: variants on top of "default" that send decode GEMMs to the staged skinny kernel (the runner's ``staged``:
-#: role -> (stages, CTAs per SM, stages fetched before the PDL wait)); o_proj fetches nothing before its wait
-#: (the attention before it is latency-bound) unless the name says ``pf``
-STAGED: dict[str, dict[str, tuple[int, int, int]]] = {
-    "st-gu": {"gate_up": (4, 2, 4)},
-    "st-qkv-gu": {"qkv": (4, 2, 4), "gate_up": (4, 2, 4)},
-    "st-big": {"qkv": (4, 2, 4), "gate_up": (4, 2, 4), "lm_head": (4, 2, 4)},
-    "st-all": {r: (4, 2, 0 if r == "o_proj" else 4) for r in _ALL},
-    "st-all-pf": {r: (4, 2, 4) for r in _ALL},
-    "st6-all": {r: (6, 1, 0 if r == "o_proj" else 6) for r in _ALL},
-    "st8-all": {r: (8, 1, 0 if r == "o_proj" else 8) for r in _ALL},
-    "st6x2-all": {r: (6, 2, 0 if r == "o_proj" else 6) for r in _ALL},
+#: role -> (chunk columns, stages, producer lanes, CTAs per SM, stages fetched before the PDL wait))
+STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
+    "st-gu": _st((2048, 2, 16, 1), ("gate_up",)),
+    "st-big": _st((2048, 2, 16, 1), ("qkv", "gate_up", "lm_head")),
+    "st-all": _st((2048, 2, 16, 1)),
+    "st-all-pf": _st((2048, 2, 16, 1), o_pre=2),
+    "st3-all": _st((2048, 3, 16, 1)),
+    "st1k-all": _st((1024, 3, 16, 2)),
+    "st1k4-all": _st((1024, 4, 16, 1)),
 }
 
 

@@ -233,11 +233,11 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 // its start are not covered. Here the weights come into shared memory by cp.async.bulk (the 1-D form of
 // the tensor memory accelerator: one instruction copies one row's chunk, completion counted in bytes
 // on an mbarrier), S stages deep, and the grid is persistent:
-//   * work unit = (tile of 16 weight rows, chunk of kStKC columns). The tiles' units are numbered
+//   * work unit = (tile of 16 weight rows, chunk of KC columns). The tiles' units are numbered
 //     tile-major, and CTA c of G takes the units [c U / G, (c+1) U / G): every CTA streams the same
 //     number of bytes (to one chunk), whatever the tile count ("stream-K");
 //   * warp kStCW is the producer: its lane 0 waits for a stage to be empty, announces the stage's bytes
-//     on the stage's "full" barrier and issues one bulk copy per weight row. Before the PDL wait it may
+//     on the stage's "full" barrier, and it (PL = 1) or 16 lanes (PL = 16) issue one bulk copy per weight row. Before the PDL wait it may
 //     issue the first `pre` stages: the weights are written by no kernel of a step, so they may stream
 //     in while the kernel before this one finishes;
 //   * warps 0 .. kStCW-1 consume: per stage, warp w takes the 32-column blocks w, w + kStCW, .. of the
@@ -249,13 +249,11 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 //     first and the last of a range) leaves its fp32 partial in a workspace slot, and the CTA that takes
 //     the last ticket of the tile sums the contributors' partials in CTA order and stores. The order of
 //     every sum is fixed by (N, K, G): one launch configuration gives the same bits every time.
-// Rows in a stage lie kStRS bytes apart, 64 (mod 128) past a multiple of the bank width, so that the 8
+// Rows in a stage lie st_rs(KC) bytes apart, 64 (mod 128) past a multiple of the bank width, so that the 8
 // lanes of a quarter-warp's 16-byte loads (rows g, g + 1: 64 bytes each) fall on distinct banks.
-constexpr int kStKC = 512;                 // columns of a chunk: 1 KB of each row
-constexpr int kStRS = kStKC * 2 + 64;      // bytes from one row of a stage to the next
-constexpr int kStStage = 16 * kStRS;       // bytes of a stage
-constexpr int kStCW = 4;                   // consumer warps (the producer is warp kStCW)
-constexpr int kStBlocks = kStKC / 32;      // 32-column blocks of a chunk
+constexpr int kStCW = 4;  // consumer warps (the producer is warp kStCW)
+// KC columns of a chunk (2 KC bytes of each row); rows of a stage st_rs(KC) bytes apart
+__host__ __device__ constexpr int st_rs(int KC) { return KC * 2 + 64; }
 
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -290,18 +288,20 @@ __device__ __forceinline__ int staged_owner(long long u, long long U, int G) {
   return (int)(((u + 1) * G - 1) / U);
 }
 
-template <int S, bool F32, int EPI>
+template <int KC, int S, int PL, bool F32, int EPI>
 __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
                                                    int M, int N, int K, float* __restrict__ ws,
                                                    int* __restrict__ tickets, int pre) {
-  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kStRS bytes
+  constexpr int kRS = st_rs(KC), kStage = 16 * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
+  static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64 && (PL == 1 || PL == 16), "staged layout");
+  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kRS bytes
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
   __shared__ float red[2][kStCW][4][32];                     // per-warp C fragments, two tiles' worth
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = gridDim.x, cta = blockIdx.x;
   const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
-  const int kch = (K + kStKC - 1) / kStKC;  // chunks of a tile
+  const int kch = (K + KC - 1) / KC;  // chunks of a tile
   const long long U = (long long)tiles * kch;
   const long long u0 = cta * U / G, u1 = (cta + 1) * U / G;
   const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
@@ -315,8 +315,8 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   }
   __syncthreads();
 
-  if (warp == kStCW) {  // ---- producer
-    if (lane != 0) return;
+  if (warp == kStCW) {  // ---- producer: lane 0 (PL = 1) or lanes 0-15 (PL = 16, one weight row each)
+    if (lane >= PL) return;
     for (long long u = u0, i = 0; u < u1; ++u, ++i) {
       const int s = (int)(i % S);
       if (i == pre) {  // stages from `pre` on wait for the kernel before (a thread that exits counts as triggered)
@@ -324,16 +324,19 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         pdl_launch_dependents();
       }
       if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
-      const int t = (int)(u / kch), k0 = (int)(u % kch) * kStKC;
-      const u32 bytes = (u32)min(kStKC, K - k0) * 2u;
-      int rows = 0;
+      const int t = (int)(u / kch), k0 = (int)(u % kch) * KC;
+      const u32 bytes = (u32)min(KC, K - k0) * 2u;
+      if (lane == 0) {
+        int rows = 0;
 #pragma unroll
-      for (int r = 0; r < 16; ++r) rows += weight_row<EPI>(t, r, N) >= 0;
-      mbar_expect_tx(bar_full + 8 * s, bytes * rows);
+        for (int r = 0; r < 16; ++r) rows += weight_row<EPI>(t, r, N) >= 0;
+        mbar_expect_tx(bar_full + 8 * s, bytes * rows);
+      }
+      if constexpr (PL == 16) __syncwarp(0xffffu);  // the bytes are announced before any copy lands
 #pragma unroll
-      for (int r = 0; r < 16; ++r) {
+      for (int r = lane; r < 16; r += PL) {
         const int row = weight_row<EPI>(t, r, N);
-        if (row >= 0) bulk_copy(base + s * kStStage + r * kStRS, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
+        if (row >= 0) bulk_copy(base + s * kStage + r * kRS, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
       }
     }
     return;
@@ -350,24 +353,24 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   int par = 0;  // which half of red this tile's partials go to
   for (long long u = u0, i = 0; u < u1; ++u, ++i) {
     const int s = (int)(i % S);
-    const int t = (int)(u / kch), kc = (int)(u % kch), k0 = kc * kStKC;
-    const int cols = min(kStKC, K - k0);
+    const int t = (int)(u / kch), kc = (int)(u % kch), k0 = kc * KC;
+    const int cols = min(KC, K - k0);
     const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
-    uint4 xv[kStBlocks / kStCW];
+    uint4 xv[kNB];
 #pragma unroll
-    for (int j = 0; j < kStBlocks / kStCW; ++j) {  // x first: it does not wait for the stage
+    for (int j = 0; j < kNB; ++j) {  // x first: it does not wait for the stage
       const int kk = (warp + j * kStCW) * 32 + 8 * t4;
       xv[j] = load_x8(x, ldx, xm, kk < cols ? k0 + kk : 0);
     }
     mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
-    const u32 st = base + s * kStStage;
+    const u32 st = base + s * kStage;
 #pragma unroll
-    for (int j = 0; j < kStBlocks / kStCW; ++j) {
+    for (int j = 0; j < kNB; ++j) {
       const int b = warp + j * kStCW;
       if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
         const int kk = b * 32 + 8 * t4;
         const bool in = kk < cols;
-        uint4 wa = lds128(st + g * kStRS + kk * 2), wb = lds128(st + (g + 8) * kStRS + kk * 2);
+        uint4 wa = lds128(st + g * kRS + kk * 2), wb = lds128(st + (g + 8) * kRS + kk * 2);
         if (!(in && ra)) wa = z;  // rows past N were not copied, columns past K belong to no row
         if (!(in && rb)) wb = z;
         const uint4 xx = in && xr ? xv[j] : z;
@@ -468,20 +471,25 @@ TK_SKINNY_W(1, 8, 16)
 TK_SKINNY_W(2, 16, 4)
 TK_SKINNY_W(2, 16, 8)
 TK_SKINNY_W(2, 16, 16)
-// skinny_staged{4,6,8}_{bf16,f32,swiglu}: the staged kernel with S stages (M <= 8; output bf16, fp32,
-// or the SwiGLU epilogue with N = I). Grid: G persistent CTAs (at most one per work unit) of 32 (kStCW
-// + 1) threads, S * kStStage bytes of dynamic shared memory; ws: fp32 [G, 2, 128], tickets: zeros, at
-// least G of them. pre: stages the producer may issue before its PDL wait.
-#define TK_STAGED_K(SV, SUF, F32V, EPIV)                                                                     \
-  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged##SV##_##SUF(                  \
+// skinny_staged_k{KC}s{S}p{PL}_{bf16,f32,swiglu}: the staged kernel with chunks of KC columns, S stages and
+// PL producer lanes (M <= 8; output bf16, fp32, or the SwiGLU epilogue with N = I). Grid: G persistent CTAs
+// (at most one per work unit) of 32 (kStCW + 1) threads, S * 16 * st_rs(KC) bytes of dynamic shared
+// memory; ws: fp32 [G, 2, 128], tickets: zeros, at least G of them. pre: stages the producer may issue
+// before its PDL wait.
+#define TK_STAGED_K(KCV, SV, PLV, SUF, F32V, EPIV)                                                            \
+  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged_k##KCV##s##SV##p##PLV##_##SUF( \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
       int M, int N, int K, float* __restrict__ ws, int* __restrict__ tickets, int pre) {                     \
-    skinny_staged_impl<SV, F32V, EPIV>(x, ldx, w, y, M, N, K, ws, tickets, pre);                             \
+    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, ws, tickets, pre);                   \
   }
-#define TK_STAGED(SV)                     \
-  TK_STAGED_K(SV, bf16, false, kPlain)    \
-  TK_STAGED_K(SV, f32, true, kPlain)      \
-  TK_STAGED_K(SV, swiglu, false, kSwiGLU)
-TK_STAGED(4)
-TK_STAGED(6)
-TK_STAGED(8)
+#define TK_STAGED(KCV, SV, PLV)                        \
+  TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
+  TK_STAGED_K(KCV, SV, PLV, f32, true, kPlain)         \
+  TK_STAGED_K(KCV, SV, PLV, swiglu, false, kSwiGLU)
+TK_STAGED(512, 4, 1)
+TK_STAGED(512, 4, 16)
+TK_STAGED(1024, 3, 16)
+TK_STAGED(1024, 4, 16)
+TK_STAGED(2048, 2, 1)
+TK_STAGED(2048, 2, 16)
+TK_STAGED(2048, 3, 16)
