@@ -283,6 +283,28 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
   return v;
 }
 
+// TK_STAGED_TRACE (a switch of benches/gpu/trace_staged.py): each CTA records %globaltimer (ns) at its
+// start, after its consumers' PDL wait, when its first stage has landed, after its last stage and at its
+// end, and its SM, in staged_trace[blockIdx.x]
+#ifdef TK_STAGED_TRACE
+__device__ unsigned long long staged_trace[4096][6];
+__device__ __forceinline__ void st_mark(int k) {
+  if (threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    staged_trace[blockIdx.x][k] = t;
+    if (k == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      staged_trace[blockIdx.x][5] = sm;
+    }
+  }
+}
+#define TK_ST_MARK(k) st_mark(k)
+#else
+#define TK_ST_MARK(k)
+#endif
+
 // the CTA whose range holds unit u: the largest c with c U / G <= u
 __device__ __forceinline__ int staged_owner(long long u, long long U, int G) {
   return (int)(((u + 1) * G - 1) / U);
@@ -305,6 +327,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   const long long U = (long long)tiles * kch;
   const long long u0 = cta * U / G, u1 = (cta + 1) * U / G;
   const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  TK_ST_MARK(0);
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -345,6 +368,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   // ---- consumers
   pdl_wait();
   pdl_launch_dependents();
+  TK_ST_MARK(1);
   const int g = lane >> 2, t4 = lane & 3;
   const bool xr = g < M;
   const int xm = xr ? g : 0;
@@ -363,6 +387,10 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
       xv[j] = load_x8(x, ldx, xm, kk < cols ? k0 + kk : 0);
     }
     mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+#ifdef TK_STAGED_TRACE
+    if (i == 0) TK_ST_MARK(2);
+    if (u == u1 - 1) TK_ST_MARK(3);
+#endif
     const u32 st = base + s * kStage;
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
@@ -432,6 +460,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
     }
     par ^= 1;
   }
+  TK_ST_MARK(4);
 }
 
 }  // namespace
