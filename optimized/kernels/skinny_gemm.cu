@@ -43,6 +43,10 @@
 #include "swiglu.cuh"
 #include "pdl.cuh"
 
+#ifdef TK_STAGED_TRACE
+__device__ unsigned long long staged_trace[4096][6];  // at namespace scope: found by name (trace_staged.py)
+#endif
+
 namespace {
 
 constexpr int kU = 8;  // 32-column blocks in flight per lane (x2 rows x 16 bytes of weights each)
@@ -287,7 +291,6 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
 // start, after its consumers' PDL wait, when its first stage has landed, after its last stage and at its
 // end, and its SM, in staged_trace[blockIdx.x]
 #ifdef TK_STAGED_TRACE
-__device__ unsigned long long staged_trace[4096][6];
 __device__ __forceinline__ void st_mark(int k) {
   if (threadIdx.x == 0) {
     unsigned long long t;
