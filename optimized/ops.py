@@ -963,8 +963,7 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
 
 #: (chunk columns KC, stages S, producer lanes PL) the staged skinny kernels are built for
 #: (``skinny_staged_k{KC}s{S}p{PL}_*`` in skinny_gemm.cu)
-SKINNY_STAGED_CONFIGS = ((512, 4, 1), (512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 1), (2048, 2, 16),
-                         (2048, 3, 16))
+SKINNY_STAGED_CONFIGS = ((512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 16), (2048, 3, 16))
 _SKINNY_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp
 
 
@@ -974,38 +973,9 @@ def skinny_staged_smem(kc: int, stages: int) -> int:
     return stages * 16 * (kc * 2 + 64)
 
 
-def skinny_staged_grid(tiles: int, K: int, kc: int, ctas_per_sm: int, sms: int) -> int:
-    """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per work unit
-    (a 16-row tile's chunk of ``kc`` columns)."""
-    units = tiles * -(-K // kc)
-    return max(1, min(units, sms * ctas_per_sm))
-
-
-def skinny_staged_plan(tiles: int, K: int, kc: int, grid: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
-    """What each CTA of a staged launch does, in the kernel's own integer arithmetic (``skinny_gemm.cu``,
-    ``skinny_staged_impl``; for tests and for reading): per CTA ``(u0, u1, [(tile, first chunk, end chunk),
-    ...])`` over its units ``[u0, u1)``, units numbered tile-major with ``ceil(K / kc)`` chunks a tile,
-    CTA ``c`` taking ``[c U / G, (c + 1) U / G)``."""
-    kch = -(-K // kc)
-    U = tiles * kch
-    plan = []
-    for c in range(grid):
-        u0, u1 = c * U // grid, (c + 1) * U // grid
-        parts = []
-        u = u0
-        while u < u1:
-            t = u // kch
-            end = min(u1, (t + 1) * kch)
-            parts.append((t, u - t * kch, end - t * kch))
-            u = end
-        plan.append((u0, u1, parts))
-    return plan
-
-
-def skinny_staged_owner(u: int, U: int, grid: int) -> int:
-    """The CTA whose range holds unit ``u`` (``staged_owner`` in skinny_gemm.cu): the largest ``c`` with
-    ``c U / G <= u``."""
-    return ((u + 1) * grid - 1) // U
+def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
+    """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per 16-row tile."""
+    return max(1, min(tiles, sms * ctas_per_sm))
 
 
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -1014,11 +984,12 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
     stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
     ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
-    multiprocessor that share the work units evenly (``skinny_gemm.cu``, "The staged kernel");
-    ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS``. ``M <= 8``. ``pre``: stages each CTA may
-    fetch before the programmatic-dependent-launch wait (default ``stages``; 0: none). Deterministic
-    for a given device (the sums' order depends on N, K, ``kc`` and the grid); not the bits of
-    ``skinny_gemm``."""
+    multiprocessor that take the 16-row tiles from a counter (``skinny_gemm.cu``, "The staged
+    kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS``. ``M <= 8``. ``pre``: stages
+    each CTA may fetch before the programmatic-dependent-launch wait (default ``stages``; 0: none).
+    The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order), whatever
+    the configuration and the grid. Launches that share a device must be ordered (one stream): the
+    tile counters are the per-device ticket array's first two entries, left zero by every launch."""
     M, N, K = _linear_shape(x, w)
     _need(M <= 8, f"skinny_staged takes at most 8 rows, got {M}")
     _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,
@@ -1038,13 +1009,11 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     if M == 0:
         return out
     dev = _device_index(x)
-    grid = skinny_staged_grid(tiles, K, kc, ctas_per_sm, _num_sms(dev))
-    _need(grid <= _TICKETS, f"skinny_staged: {grid} CTAs exceed the ticket array")
-    ws = torch.empty(grid * 256, dtype=torch.float32, device=x.device)
+    grid = skinny_staged_grid(tiles, ctas_per_sm, _num_sms(dev))
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
     _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (grid, 1, 1),
             (_SKINNY_STAGED_THREADS, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(ws), _p(_kernel_tickets(x)), _i(pre)),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre)),
             skinny_staged_smem(kc, stages))
     return out
 

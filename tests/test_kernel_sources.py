@@ -234,9 +234,16 @@ def test_every_kernel_waits_for_its_predecessor_first():
     producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]
     consumers = impl.split("// ---- consumers")[1]
     assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
-    assert "if (i == pre) {" in producer and "pdl_wait();" in producer.split("if (i == pre) {")[1].split("}")[0]
-    assert producer.index("if (i == pre) {") < producer.index("bulk_copy(")
-    assert not re.search(r"\b(x|y|ws|tickets|ldx)\b", producer), "the producer touches nothing but the weights"
+    early = "if (i == pre && !waited) {"
+    assert early in producer and "pdl_wait();" in producer.split(early)[1].split("}")[0]
+    assert producer.index(early) < producer.index("bulk_copy(")
+    code = re.sub(r"//[^\n]*", "", producer)
+    assert not re.search(r"(?<!\.)\b(x|y|ws|tickets|ldx)\b", code), "the producer touches nothing but the weights"
+    # ... and the tile counter only after its wait: forced before the grab of a next tile, and the last
+    # stage ("-1") comes only after such a grab (a CTA's first tile is its own index)
+    grab = producer.index("atomicAdd(counters, 1)")
+    assert "if (!waited) {\n          pdl_wait();" in producer[:grab].rsplit("if (++kc == kch)", 1)[1]
+    assert "int t = blockIdx.x;" in producer and producer.count("t = next;") == 1
 
 
 def test_auto_split_is_whole_decode_tiles():

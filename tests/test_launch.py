@@ -150,8 +150,8 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(launch_log)
 
 def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, producer lanes,
-    output kind), a persistent grid of CTAs-per-SM x SMs capped at the work units, 160 threads, the stages'
-    dynamic shared memory, the kernel's N (I with SwiGLU) and the early-stage count; every built
+    output kind), a persistent grid of CTAs-per-SM x SMs capped at the 16-row tiles, 160 threads, the
+    stages' dynamic shared memory, the kernel's N (I with SwiGLU) and the early-stage count; every built
     configuration has its kernels; bad input is a ValueError that launches nothing."""
     import torch
 
@@ -170,15 +170,15 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert out.shape == (3, 6144) and out.dtype == bf
     assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged_k2048s2p16_bf16", (132, 1, 1), (160, 1, 1))
     assert smem == 2 * 16 * (2 * 2048 + 64) == ops.skinny_staged_smem(2048, 2)
-    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[9]) == 2        # M, N, K; pre = stages
-    out = ops.skinny_staged(x, torch.randn(48, 4096).to(bf), swiglu=True, kc=512, stages=4, lanes=1, ctas_per_sm=2,
+    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[8]) == 2        # M, N, K; pre = stages
+    out = ops.skinny_staged(x, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=4, ctas_per_sm=2,
                             pre=0)
     mod, name, grid, block, args, smem = log[-1]
-    assert out.shape == (3, 24) and name == "skinny_staged_k512s4p1_swiglu"
-    assert grid == (3 * 8, 1, 1) and int(args[5]) == 24 and int(args[9]) == 0        # 3 tiles x 8 chunks; I
+    assert out.shape == (3, 2400) and name == "skinny_staged_k512s4p16_swiglu"
+    assert grid == (264, 1, 1) and int(args[5]) == 2400 and int(args[8]) == 0        # 2 x 132 CTAs < 300 tiles; I
     out = ops.skinny_staged(x[:1], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, kc=1024, stages=3,
                             ctas_per_sm=2)
-    assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged_k1024s3p16_f32" and log[-1][2] == (7 * 4, 1, 1)
+    assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged_k1024s3p16_f32" and log[-1][2] == (7, 1, 1)
     names = set(kernels.SOURCES["skinny_gemm"])
     for kc, S, pl in ops.SKINNY_STAGED_CONFIGS:
         assert {f"skinny_staged_k{kc}s{S}p{pl}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
@@ -187,6 +187,7 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     for kw, bx, bw in ((dict(), torch.randn(9, 64).to(bf), torch.randn(32, 64).to(bf)),       # more than 8 rows
                        (dict(stages=5), x, torch.randn(32, 4096).to(bf)),                      # no such kernel
                        (dict(kc=256), x, torch.randn(32, 4096).to(bf)),
+                       (dict(lanes=1), x, torch.randn(32, 4096).to(bf)),
                        (dict(ctas_per_sm=0), x, torch.randn(32, 4096).to(bf)),
                        (dict(pre=-1), x, torch.randn(32, 4096).to(bf)),
                        (dict(swiglu=True), x, torch.randn(40, 4096).to(bf)),                   # I not a multiple of 8
@@ -196,40 +197,6 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
         with pytest.raises(ValueError):
             ops.skinny_staged(bx, bw, **kw)
     assert len(log) == n
-
-
-def test_skinny_staged_plan_covers_every_unit_once_and_splits_few_tiles():
-    """The staged kernel's partition (``ops.skinny_staged_plan``, the kernel's arithmetic): every
-    (tile, chunk) unit belongs to exactly one CTA, the ranges differ in length by at most one unit, a
-    range's whole tiles are stored at once and only its first and last tile can be split (at most two
-    workspace slots a CTA), each split tile has exactly one first contributor (the ticket's index), and
-    ``skinny_staged_owner`` names the CTA that holds a unit."""
-    from optimized import ops
-
-    for tiles, K, kc, grid in ((1536, 4096, 2048, 132), (384, 4096, 512, 264), (256, 12288, 1024, 264),
-                               (9496, 4096, 2048, 132), (3, 40, 512, 264), (7, 1544, 512, 5), (1, 512, 2048, 3),
-                               (16, 4104, 1024, 7), (25, 3072, 2048, 264)):
-        kch = -(-K // kc)
-        U = tiles * kch
-        g = min(grid, U)
-        plan = ops.skinny_staged_plan(tiles, K, kc, g)
-        seen = {}
-        lengths = []
-        firsts: dict[int, int] = {}
-        for c, (u0, u1, parts) in enumerate(plan):
-            lengths.append(u1 - u0)
-            split = [p for p in parts if (p[1], p[2]) != (0, kch)]
-            assert all(p in (parts[0], parts[-1]) for p in split) and len(split) <= 2, (c, parts)
-            for t, a, b in parts:
-                for k in range(a, b):
-                    assert (t, k) not in seen
-                    seen[(t, k)] = c
-                    assert ops.skinny_staged_owner(t * kch + k, U, g) == c
-            for t, a, _ in split:
-                if a == 0:                                        # c holds the tile's first unit
-                    assert ops.skinny_staged_owner(t * kch, U, g) == c
-                    assert firsts.setdefault(c, t) == t, "a CTA is the first contributor of one split tile at most"
-        assert len(seen) == U and max(lengths) - min(lengths) <= 1, (tiles, K, grid)
 
 
 def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):

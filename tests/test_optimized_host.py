@@ -218,7 +218,7 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     mode ignores it."""
     sps = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3
     base = _rollout(opt_engine(), PROMPTS[:3], sps, turns=2)
-    roles = {"qkv": (2048, 2, 16, 1, 2), "o_proj": (512, 4, 1, 2, 0), "gate_up": (2048, 3, 16, 1, 3),
+    roles = {"qkv": (2048, 2, 16, 1, 2), "o_proj": (512, 4, 16, 2, 0), "gate_up": (2048, 3, 16, 1, 3),
              "down": (1024, 4, 16, 1, 2), "lm_head": (1024, 3, 16, 2, 3)}
     for picked in (("gate_up",), ("qkv", "lm_head"), tuple(roles)):
         for fuse in (True, False):

@@ -916,10 +916,11 @@ def check_skinny_epilogues(C: Checks, dev, gen) -> None:
 
 def check_skinny_staged(C: Checks, dev, gen) -> None:
     """``ops.skinny_staged`` (the staged decode GEMM, M <= 8): the flash rule vs a float64 product for bf16
-    and fp32 out and for each stage / CTA configuration, bf16 out == rounded fp32 out, a strided x, two
-    launches bitwise equal (the tickets of the split tiles reset), the same bits with no stage fetched
-    before the PDL wait, a row's result independent of M; the SwiGLU epilogue against a float64 run of
-    the whole step. Shapes with a ragged last chunk, a partial last tile, more CTAs than work units."""
+    and fp32 out, bf16 out == rounded fp32 out, a strided x, and the bits of ``skinny_gemm(warps=4)`` (the
+    same sums in the same order) for every (chunk, stages, lanes, CTAs per SM) configuration, for a second
+    launch (the tile counters reset), with no stage before the PDL wait and for a row alone; the SwiGLU
+    epilogue bitwise ``skinny_swiglu(warps=4)`` and against a float64 run of the whole step. Shapes with a
+    ragged last chunk, a partial last tile, fewer tiles than CTAs."""
     shapes = [(1, 6144, 4096), (8, 4096, 12288), (1, 24576, 4096), (5, 151936, 1024), (3, 40, 40), (2, 24, 8),
               (7, 100, 1544), (8, 17, 4104), (1, 4096, 4096), (4, 1024, 3072)]
     configs = [(kc, S, pl, c) for kc, S, pl in ops.SKINNY_STAGED_CONFIGS for c in (1, 2)
@@ -930,18 +931,15 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
             x = xw[:, :K]                                          # row stride K + 8
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
             y32, res = linear_accuracy(ops.skinny_staged, x, w)
+            res += exact("== skinny_gemm(warps=4)", y32, ops.skinny_gemm(x, w, out_dtype=torch.float32, warps=4))
             res += exact("second launch", ops.skinny_staged(x, w, out_dtype=torch.float32), y32)
             res += exact("no stage before the PDL wait", ops.skinny_staged(x, w, out_dtype=torch.float32, pre=0), y32)
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_staged(x[r:r + 1].contiguous(), w,
                                                                                  out_dtype=torch.float32), y32[r:r + 1])
-            ref32 = x.double() @ w.double().t()
-            refbf = torch.matmul(x, w.t())
             for kc, S, pl, Cs in configs:
                 kw = dict(out_dtype=torch.float32, kc=kc, stages=S, lanes=pl, ctas_per_sm=Cs)
-                y = ops.skinny_staged(x, w, **kw)
-                res += fa_rule(f"kc {kc}, {S} stages, {pl} lanes, {Cs} CTAs/SM", y, ref32, refbf)
-                res += exact(f"kc {kc}, {S} stages, {pl} lanes, {Cs} CTAs/SM, second launch", ops.skinny_staged(x, w, **kw), y)
+                res += exact(f"kc {kc}, {S} stages, {pl} lanes, {Cs} CTAs/SM", ops.skinny_staged(x, w, **kw), y32)
             return res
         C.run("staged", f"M={M} N={N} K={K}", run)
     for M, I, K in ((1, 12288, 4096), (8, 3072, 1024), (5, 24, 40), (3, 1536, 2056)):
@@ -951,14 +949,16 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
             w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
             fused = ops.skinny_staged(x, w, swiglu=True)
             again = ops.skinny_staged(x, w, swiglu=True, pre=0)
-            other = ops.skinny_staged(x, w, swiglu=True, kc=512, stages=4, lanes=1, ctas_per_sm=2)
+            other = ops.skinny_staged(x, w, swiglu=True, kc=512, stages=4, ctas_per_sm=2)
             torch.cuda.synchronize()
             gu = x.double() @ w.double().t()
             ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
             gbf = torch.matmul(x, w.t())
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
-            return fa_rule("vs float64", fused, ref32, refbf) + exact("second launch, no stage before the wait", again, fused) \
-                + fa_rule("kc 512, 4 stages, 1 lane, 2 CTAs/SM vs float64", other, ref32, refbf)
+            return fa_rule("vs float64", fused, ref32, refbf) + exact("== skinny_swiglu(warps=4)", fused,
+                                                                       ops.skinny_swiglu(x, w, warps=4)) \
+                + exact("second launch, no stage before the wait", again, fused) \
+                + exact("kc 512, 4 stages, 2 CTAs/SM", other, fused)
         C.run("staged", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 

@@ -20,9 +20,11 @@ if [ "$mode" = probe ]; then
   checks 200 check_kernels_staged.log ${CHECKS:-staged skinny epilogue}
   grep -E "FAIL" "$OUT/check_kernels_staged.log" | head -12
   timeout 240 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu \
-    --staged ${STAGED:-512:4:1:2 512:4:16:2 1024:3:16:2 1024:4:16:1 2048:2:1:1 2048:2:16:1 2048:3:16:1} \
+    --staged ${STAGED:-512:4:16:2 1024:3:16:2 1024:4:16:1 2048:2:16:1 2048:3:16:1} \
     > "$OUT/probe_staged.log" 2>&1
   echo "probe rc=$?"; cat "$OUT/probe_staged.log"
+  timeout 120 python3 benches/gpu/trace_staged.py --configs 2048:2:16:1 1024:3:16:2 --ms 1 > "$OUT/trace_staged.log" 2>&1
+  echo "trace rc=$?"; grep -v "latest CTAs" "$OUT/trace_staged.log"
   [ -n "$ENGINE" ] && mode=engine && set -- $ENGINE
 fi
 if [ "$mode" = engine ]; then

@@ -3,8 +3,8 @@
     python benches/gpu/trace_staged.py [--configs 2048:2:16:1 1024:3:16:2] [--ms 1] [--reps 3]
 
 Diagnostic. Builds ``skinny_gemm.cu`` with ``-DTK_STAGED_TRACE`` (each CTA of a staged launch records its
-start, the end of its consumers' PDL wait, the landing of its first stage, the landing of its last stage,
-its end, and its SM) and runs single launches of the qwen3-8b decode GEMMs (weights beyond the L2: a
+start, the end of its consumers' PDL wait, the landing of its first stage, the landing of its last stage
+with weights, its end, and its SM) and runs single launches of the qwen3-8b decode GEMMs (weights beyond the L2: a
 fresh copy each launch) for each configuration ``KC:S:PL:C``. Prints, in µs from the first CTA's start:
 the spread of the CTAs' starts, first stages and ends (min / median / max), the median time from a CTA's
 first stage to its last, the launch's span, and the event-timed duration of the same launch untraced.
@@ -52,7 +52,7 @@ def main() -> int:
             for cfg in args.configs:
                 kc, S, pl, C = (int(v) for v in cfg.split(":"))
                 tiles = -(-N // 16)
-                G = ops.skinny_staged_grid(tiles, K, kc, C, ops._num_sms(0))
+                G = ops.skinny_staged_grid(tiles, C, ops._num_sms(0))
 
                 def call(i, kc=kc, S=S, pl=pl, C=C, x=x, ws=ws, N=N):
                     out_dtype = torch.float32 if N > 100000 else torch.bfloat16
@@ -90,7 +90,7 @@ def main() -> int:
                     gb = N * K * 2 / 1e9
                     print(f"{name:>8} M={M} {cfg:>13} G={G:4d}: start {mmm(0)}  waited {mmm(1)}  first stage {mmm(2)}  "
                           f"last stage {mmm(3)}  end {mmm(4)}  | first->last {stream:5.1f}  span {span:5.1f} "
-                          f"({gb / span * 1e3:5.0f} GB/s)  untraced {min(durs):5.1f} us ({gb / min(durs) * 1e6:5.0f} GB/s)",
+                          f"({gb / span * 1e6:5.0f} GB/s)  untraced {min(durs):5.1f} us ({gb / min(durs) * 1e6:5.0f} GB/s)",
                           flush=True)
                     late = sorted(range(G), key=lambda c: -rel[c, 4])[:4]
                     print(f"{'':>8}   latest CTAs (cta, sm, start, first, end): "

@@ -233,26 +233,30 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 //
 // Why a second kernel: the one above loads its weights straight into registers, one 16-byte load per
 // lane and row, and a CTA's 16 rows are its whole life. On the large 8B weights that stream reached
-// 3.6-3.8 TB/s where cuBLAS reached 4.2 (docs/performance.md, "Skinny GEMM"), and a CTA's last wave and
-// its start are not covered. Here the weights come into shared memory by cp.async.bulk (the 1-D form of
-// the tensor memory accelerator: one instruction copies one row's chunk, completion counted in bytes
-// on an mbarrier), S stages deep, and the grid is persistent:
-//   * work unit = (tile of 16 weight rows, chunk of KC columns). The tiles' units are numbered
-//     tile-major, and CTA c of G takes the units [c U / G, (c+1) U / G): every CTA streams the same
-//     number of bytes (to one chunk), whatever the tile count ("stream-K");
-//   * warp kStCW is the producer: its lane 0 waits for a stage to be empty, announces the stage's bytes
-//     on the stage's "full" barrier, and it (PL = 1) or 16 lanes (PL = 16) issue one bulk copy per weight row. Before the PDL wait it may
-//     issue the first `pre` stages: the weights are written by no kernel of a step, so they may stream
-//     in while the kernel before this one finishes;
+// 3.6-3.8 TB/s where cuBLAS reached 4.2 (docs/performance.md, "Skinny GEMM"). Here the weights come into
+// shared memory by cp.async.bulk (the 1-D form of the tensor memory accelerator: one instruction copies
+// one row's chunk of KC columns, completion counted in bytes on an mbarrier), S stages deep, over a
+// persistent grid:
+//   * work: the 16-row tiles, whole (all of K). CTA c starts with tile c; the later tiles come from a
+//     counter (counters[0], bumped by the producer), so a multiprocessor that streams faster takes more
+//     of them. (A static split of the (tile, chunk) units into equal ranges, "stream-K", with the tiles
+//     split between CTAs folded by the last one through a workspace, was measured first: the CTAs' last
+//     stages landed up to 6 us apart on an 8B gate/up launch, and the fold cost each CTA ~3 us at its end;
+//     docs/performance.md, "The staged skinny GEMM".)
+//   * warp kStCW is the producer: its lane 0 waits for a stage to be empty, writes the stage's tile to
+//     shared memory, announces the stage's bytes on its "full" barrier, and 16 lanes (PL = 16; lane 0
+//     alone for PL = 1) issue one bulk copy per weight row. Before the PDL wait it may issue the first
+//     `pre` stages of its first tile: the weights are written by no kernel of a step, so they may stream
+//     in while the kernel before this one finishes; the counter is read only after the wait. When no
+//     tile is left it marks the next stage "-1", and the last CTA out resets both counters;
 //   * warps 0 .. kStCW-1 consume: per stage, warp w takes the 32-column blocks w, w + kStCW, .. of the
 //     chunk, reads its A fragments from shared memory in the register kernel's permuted layout (lane
 //     (g, t): row g and g + 8, columns 8t .. 8t+7 of the block) and x from global memory (cached), two
-//     mma each, then arrives on the stage's "empty" barrier;
-//   * a tile's end: the consumer warps' partials are summed in warp order through shared memory. A tile
-//     that lies wholly inside the CTA's range is stored at once; a tile split between CTAs (at most the
-//     first and the last of a range) leaves its fp32 partial in a workspace slot, and the CTA that takes
-//     the last ticket of the tile sums the contributors' partials in CTA order and stores. The order of
-//     every sum is fixed by (N, K, G): one launch configuration gives the same bits every time.
+//     mma each, then arrives on the stage's "empty" barrier. At a tile's end the warps' partials are
+//     summed in warp order through shared memory and stored.
+// So warp w sums the blocks w, w + 4, w + 8, .. of each row in order, and the warps are added 0 .. 3:
+// the order of skinny_impl with 4 warps, whatever KC, S, PL and the grid -- the bits of skinny_gemm's
+// 4-warp kernels (check_kernels.py, "staged").
 // Rows in a stage lie st_rs(KC) bytes apart, 64 (mod 128) past a multiple of the bank width, so that the 8
 // lanes of a quarter-warp's 16-byte loads (rows g, g + 1: 64 bytes each) fall on distinct banks.
 constexpr int kStCW = 4;  // consumer warps (the producer is warp kStCW)
@@ -308,27 +312,19 @@ __device__ __forceinline__ void st_mark(int k) {
 #define TK_ST_MARK(k)
 #endif
 
-// the CTA whose range holds unit u: the largest c with c U / G <= u
-__device__ __forceinline__ int staged_owner(long long u, long long U, int G) {
-  return (int)(((u + 1) * G - 1) / U);
-}
-
 template <int KC, int S, int PL, bool F32, int EPI>
 __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
-                                                   int M, int N, int K, float* __restrict__ ws,
-                                                   int* __restrict__ tickets, int pre) {
+                                                   int M, int N, int K, int* __restrict__ counters, int pre) {
   constexpr int kRS = st_rs(KC), kStage = 16 * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
   static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64 && (PL == 1 || PL == 16), "staged layout");
   extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kRS bytes
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
+  __shared__ int stage_tile[S];                              // the tile a stage holds a chunk of; -1: no more
   __shared__ float red[2][kStCW][4][32];                     // per-warp C fragments, two tiles' worth
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int G = gridDim.x, cta = blockIdx.x;
   const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
   const int kch = (K + KC - 1) / KC;  // chunks of a tile
-  const long long U = (long long)tiles * kch;
-  const long long u0 = cta * U / G, u1 = (cta + 1) * U / G;
   const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   TK_ST_MARK(0);
   if (tid == 0) {
@@ -343,19 +339,35 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 
   if (warp == kStCW) {  // ---- producer: lane 0 (PL = 1) or lanes 0-15 (PL = 16, one weight row each)
     if (lane >= PL) return;
-    for (long long u = u0, i = 0; u < u1; ++u, ++i) {
-      const int s = (int)(i % S);
-      if (i == pre) {  // stages from `pre` on wait for the kernel before (a thread that exits counts as triggered)
-        pdl_wait();
+    bool waited = false;
+    int t = blockIdx.x;  // the first tile is the CTA's own; later ones come from counters[0]
+    for (int i = 0, kc = 0;; ++i) {
+      const int s = i % S;
+      if (i == pre && !waited) {  // stages from `pre` on wait for the kernel before
+        pdl_wait();               // (a thread that exits counts as triggered)
         pdl_launch_dependents();
+        waited = true;
       }
       if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
-      const int t = (int)(u / kch), k0 = (int)(u % kch) * KC;
+      if (t >= tiles) {  // no tile left: tell the consumers, count this CTA out
+        if (lane == 0) {
+          stage_tile[s] = -1;
+          mbar_arrive(bar_full + 8 * s);
+          __threadfence();  // this CTA's last grab is before its exit count
+          if (atomicAdd(counters + 1, 1) == (int)gridDim.x - 1) {  // the last CTA out: both counters back to 0
+            counters[0] = 0;
+            counters[1] = 0;
+          }
+        }
+        return;
+      }
+      const int k0 = kc * KC;
       const u32 bytes = (u32)min(KC, K - k0) * 2u;
       if (lane == 0) {
         int rows = 0;
 #pragma unroll
         for (int r = 0; r < 16; ++r) rows += weight_row<EPI>(t, r, N) >= 0;
+        stage_tile[s] = t;  // published by the arrive below (release), read after the consumers' wait
         mbar_expect_tx(bar_full + 8 * s, bytes * rows);
       }
       if constexpr (PL == 16) __syncwarp(0xffffu);  // the bytes are announced before any copy lands
@@ -364,8 +376,19 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         const int row = weight_row<EPI>(t, r, N);
         if (row >= 0) bulk_copy(base + s * kStage + r * kRS, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
       }
+      if (++kc == kch) {  // the next tile: the counter hands them out in order after the first wave
+        kc = 0;
+        if (!waited) {
+          pdl_wait();
+          pdl_launch_dependents();
+          waited = true;
+        }
+        int next = 0;
+        if (lane == 0) next = (int)gridDim.x + atomicAdd(counters, 1);
+        if constexpr (PL == 16) next = __shfl_sync(0xffffu, next, 0);
+        t = next;
+      }
     }
-    return;
   }
 
   // ---- consumers
@@ -378,22 +401,26 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int par = 0;  // which half of red this tile's partials go to
-  for (long long u = u0, i = 0; u < u1; ++u, ++i) {
-    const int s = (int)(i % S);
-    const int t = (int)(u / kch), kc = (int)(u % kch), k0 = kc * KC;
+  for (int i = 0, kc = 0;; ++i) {
+    const int s = i % S;
+    const int k0 = kc * KC;
     const int cols = min(KC, K - k0);
-    const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
     uint4 xv[kNB];
 #pragma unroll
-    for (int j = 0; j < kNB; ++j) {  // x first: it does not wait for the stage
+    for (int j = 0; j < kNB; ++j) {  // x first: chunk kc of x is the same for every tile
       const int kk = (warp + j * kStCW) * 32 + 8 * t4;
       xv[j] = load_x8(x, ldx, xm, kk < cols ? k0 + kk : 0);
     }
     mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
 #ifdef TK_STAGED_TRACE
     if (i == 0) TK_ST_MARK(2);
-    if (u == u1 - 1) TK_ST_MARK(3);
 #endif
+    const int t = *reinterpret_cast<volatile int*>(stage_tile + s);
+    if (t < 0) break;
+#ifdef TK_STAGED_TRACE
+    TK_ST_MARK(3);
+#endif
+    const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
     const u32 st = base + s * kStage;
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
@@ -413,9 +440,10 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_empty + 8 * s);
-    if (kc != kch - 1 && u != u1 - 1) continue;
+    if (++kc != kch) continue;
 
-    // ---- the end of tile t in this CTA's range
+    // ---- the end of tile t: the warps' partials summed in warp order, stored
+    kc = 0;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       red[par][warp][c][lane] = acc[c];
@@ -431,35 +459,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         for (int ww = 1; ww < kStCW; ++ww) v += red[par][ww][c][lane];
         sum[c] = v;
       }
-      const long long tu0 = (long long)t * kch, tu1 = tu0 + kch;
-      bool store = true;
-      if (tu0 < u0 || tu1 > u1) {  // split between CTAs: slot 0 for the range's first tile, else 1
-        const int slot = t == (int)(u0 / kch) ? 0 : 1;
-        float* mine = ws + ((long long)cta * 2 + slot) * 128;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) mine[c * 32 + lane] = sum[c];
-        __threadfence();
-        __syncwarp();
-        const int first = staged_owner(tu0, U, G), last = staged_owner(tu1 - 1, U, G);
-        int mine_last = 0;
-        if (lane == 0) mine_last = atomicAdd(tickets + first, 1) == last - first;
-        store = __shfl_sync(0xffffffffu, mine_last, 0) != 0;
-        if (store) {  // every contributor's partial is in: sum them in CTA order
-          __threadfence();
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            float v = 0.f;
-            for (int q = first; q <= last; ++q) {
-              const int qs = t == (int)(((long long)q * U / G) / kch) ? 0 : 1;
-              const float pq = __ldcg(ws + ((long long)q * 2 + qs) * 128 + c * 32 + lane);
-              v = q == first ? pq : v + pq;
-            }
-            sum[c] = v;
-          }
-          if (lane == 0) tickets[first] = 0;  // every launch leaves the tickets zero
-        }
-      }
-      if (store) skinny_store<F32, EPI>(y, sum, t, 0, lane, M, N);
+      skinny_store<F32, EPI>(y, sum, t, 0, lane, M, N);
     }
     par ^= 1;
   }
@@ -505,23 +505,20 @@ TK_SKINNY_W(2, 16, 8)
 TK_SKINNY_W(2, 16, 16)
 // skinny_staged_k{KC}s{S}p{PL}_{bf16,f32,swiglu}: the staged kernel with chunks of KC columns, S stages and
 // PL producer lanes (M <= 8; output bf16, fp32, or the SwiGLU epilogue with N = I). Grid: G persistent CTAs
-// (at most one per work unit) of 32 (kStCW + 1) threads, S * 16 * st_rs(KC) bytes of dynamic shared
-// memory; ws: fp32 [G, 2, 128], tickets: zeros, at least G of them. pre: stages the producer may issue
-// before its PDL wait.
+// (at most one per tile) of 32 (kStCW + 1) threads, S * 16 * st_rs(KC) bytes of dynamic shared memory;
+// counters: two ints, zero (and left zero). pre: stages the producer may issue before its PDL wait.
 #define TK_STAGED_K(KCV, SV, PLV, SUF, F32V, EPIV)                                                            \
   extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged_k##KCV##s##SV##p##PLV##_##SUF( \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
-      int M, int N, int K, float* __restrict__ ws, int* __restrict__ tickets, int pre) {                     \
-    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, ws, tickets, pre);                   \
+      int M, int N, int K, int* __restrict__ counters, int pre) {                                             \
+    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, counters, pre);                      \
   }
 #define TK_STAGED(KCV, SV, PLV)                        \
   TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
   TK_STAGED_K(KCV, SV, PLV, f32, true, kPlain)         \
   TK_STAGED_K(KCV, SV, PLV, swiglu, false, kSwiGLU)
-TK_STAGED(512, 4, 1)
 TK_STAGED(512, 4, 16)
 TK_STAGED(1024, 3, 16)
 TK_STAGED(1024, 4, 16)
-TK_STAGED(2048, 2, 1)
 TK_STAGED(2048, 2, 16)
 TK_STAGED(2048, 3, 16)
