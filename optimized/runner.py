@@ -176,6 +176,8 @@ class CudaRunner:
         #: stages, producer lanes, CTAs per multiprocessor, stages fetched before the PDL wait); a role not
         #: named takes the rules above
         self.staged: dict[str, tuple[int, int, int, int, int]] = {}
+        #: ... for weights of at least this many elements (smaller ones take the rules above)
+        self.staged_min_elems = 0
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -277,7 +279,7 @@ class CudaRunner:
 
     def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int, int, int] | None:
         """The staged kernel's configuration (``staged``) for this GEMM, or None."""
-        if self.invariant or role not in self.staged or w.shape[1] % 8:
+        if self.invariant or role not in self.staged or w.shape[1] % 8 or w.numel() < self.staged_min_elems:
             return None
         return self.staged[role] if x.shape[0] <= min(8, self.skinny_max_m) else None
 

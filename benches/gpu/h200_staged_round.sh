@@ -9,6 +9,7 @@
 #           (KC:S:PL:C), weights from DRAM; with ENGINE set, then the engine mode with those variants
 #   engine: the engine A/B in one process (profile_decode.py, the STAGED variants against the default) at
 #           qwen3-8b batch 1 and 8 with the batch-1 graph timeline, then qwen3-0.6b batch 1 and 8
+#   engine06: the same at qwen3-0.6b batch 1 and 8 (V06: its variants, also after the engine mode)
 #   final:  the engine smoke test, the engine decode bench, the GPU-scale qwen3-8b conformance clauses beside
 #           conformance at CI scale on the optimized engine
 source benches/gpu/_env.sh
@@ -34,8 +35,8 @@ if [ "$mode" = engine ]; then
   echo "profile 8b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_staged_8b.log"
   grep -E "^\s+[0-9]+x" "$OUT/profile_staged_8b.log" | cut -c1-110
 fi
-if [ "$mode" = engine06 ]; then
-  variants=${*:-default st-all st-big}
+if [ "$mode" = engine06 ] || [ -n "$V06" ]; then
+  variants=${V06:-${*:-default st-all st-big}}
   timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
     --rounds 3 --variants $variants > "$OUT/profile_staged_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_staged_06b.log"

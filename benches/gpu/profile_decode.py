@@ -111,22 +111,28 @@ SKINNY_N: dict[str, tuple[int, int]] = {"sn-off": (0, 8 << 20), "n6144": (6144, 
 _ALL = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
-def _st(cfg: tuple[int, int, int, int], roles=_ALL, o_pre: int = 0) -> dict[str, tuple[int, int, int, int, int]]:
-    """The runner's ``staged`` for (chunk columns, stages, producer lanes, CTAs per SM) on ``roles``: every
-    stage fetched before the PDL wait, o_proj's ``o_pre`` (its attention before it is latency-bound)."""
-    return {r: cfg + (o_pre if r == "o_proj" else cfg[1],) for r in roles}
+def _st(cfg: tuple[int, int, int, int], roles=_ALL, o_pre: int = 0, pre: int | None = None
+        ) -> dict[str, tuple[int, int, int, int, int]]:
+    """The runner's ``staged`` for (chunk columns, stages, producer lanes, CTAs per SM) on ``roles``: ``pre``
+    stages fetched before the PDL wait (default: every stage), o_proj's ``o_pre`` (the attention before it is
+    latency-bound)."""
+    return {r: cfg + (o_pre if r == "o_proj" else cfg[1] if pre is None else pre,) for r in roles}
 
 
+_K1 = (1024, 3, 16, 2)
 #: variants on top of "default" that send decode GEMMs to the staged skinny kernel (the runner's ``staged``:
-#: role -> (chunk columns, stages, producer lanes, CTAs per SM, stages fetched before the PDL wait))
+#: role -> (chunk columns, stages, producer lanes, CTAs per SM, stages fetched before the PDL wait)); the
+#: engine's own ``staged`` is off in every other variant
 STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "st-gu": _st((2048, 2, 16, 1), ("gate_up",)),
     "st-big": _st((2048, 2, 16, 1), ("qkv", "gate_up", "lm_head")),
     "st-all": _st((2048, 2, 16, 1)),
-    "st-all-pf": _st((2048, 2, 16, 1), o_pre=2),
-    "st3-all": _st((2048, 3, 16, 1)),
-    "st1k-all": _st((1024, 3, 16, 2)),
-    "st1k4-all": _st((1024, 4, 16, 1)),
+    "st1k-all": _st(_K1),
+    "st1k-np": _st(_K1, pre=0),
+    "st1k-pf": _st(_K1, o_pre=3),
+    "st1k-nogu": _st(_K1, ("qkv", "o_proj", "down", "lm_head")),
+    "st1k-h2k": {**_st(_K1), **_st((2048, 2, 16, 1), ("lm_head",))},
+    "no-staged": {},
 }
 
 
@@ -251,6 +257,7 @@ def main() -> int:
         default_split, default_mm = str(eng.policy), eng.runner.skinny_max_m
         default_elems = eng.runner.skinny_max_elems
         default_n = (eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems)
+        default_staged = (dict(eng.runner.staged), eng.runner.staged_min_elems)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -262,12 +269,17 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
-                    default_n=default_n) -> None:
+                    default_n=default_n, default_staged=default_staged) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
                     or variant in SKINNY_N or variant in STAGED
-                eng.runner.staged = dict(STAGED.get(variant, {}))
+                if variant in STAGED and variant != "no-staged":       # forced, at any size
+                    eng.runner.staged, eng.runner.staged_min_elems = dict(STAGED[variant]), 0
+                elif variant == "default" or (engine_variant and variant != "no-staged"):
+                    eng.runner.staged, eng.runner.staged_min_elems = dict(default_staged[0]), default_staged[1]
+                else:                       # the earlier sessions' variants, and "no-staged": the staged kernel off
+                    eng.runner.staged = {}
                 eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = SKINNY_N.get(variant, default_n)
                 if variant in MAX_ELEMS and variant != "default":   # by size alone, as the sixth session measured
                     eng.runner.skinny_max_n = 0
@@ -326,7 +338,7 @@ def main() -> int:
             eng.runner.skinny_max_elems = default_elems
             eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = default_n
             eng.runner.lookahead = True
-            eng.runner.staged = {}
+            eng.runner.staged, eng.runner.staged_min_elems = default_staged
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "
