@@ -174,8 +174,12 @@ class CudaRunner:
         #: decode GEMMs (default mode, at most ``min(8, skinny_max_m)`` rows) that take the staged skinny kernel
         #: (``ops.skinny_staged``), by role -- "qkv", "o_proj", "gate_up", "down", "lm_head" -> (chunk columns,
         #: stages, producer lanes, CTAs per multiprocessor, stages fetched before the PDL wait); a role not
-        #: named takes the rules above
-        self.staged: dict[str, tuple[int, int, int, int, int]] = {}
+        #: named takes the rules above. Every role: 1024-column chunks, 3 stages, 2 CTAs a multiprocessor, all
+        #: three stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602
+        #: to 4.456 ms (batch 8: 5.012 -> 4.891), qwen3-0.6b from 1.074 to 0.934 ms (o_proj fetching nothing
+        #: early; batch 8: 1.198 -> 1.102) -- docs/performance.md, "The staged skinny GEMM"
+        self.staged: dict[str, tuple[int, int, int, int, int]] = {
+            role: (1024, 3, 16, 2, 3) for role in ("qkv", "o_proj", "gate_up", "down", "lm_head")}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)

@@ -113,12 +113,34 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     assert torch.equal(torch.stack(single.logit_log[0]), alone[5:]), "INVARIANT: resume differs from single-shot"
 
 
-def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, launches):
-    """Default mode: GEMMs of <= 8 rows (decode steps, short prefills) go to the skinny kernels -- qkv,
-    o_proj, down_proj and the LM head (fp32 output) to skinny_gemm, gate/up with the SwiGLU epilogue
-    (skinny_swiglu) -- and larger ones to cuBLAS (not logged); never the invariant GEMM.
-    ``skinny_max_m = 0`` turns the skinny kernels off."""
+def test_default_mode_staged_then_cublas_and_paged_prefill(opt_engine, launches):
+    """Default mode: every GEMM of <= 8 rows (decode steps, short prefills) goes to the staged skinny
+    kernel with the engine's configuration -- gate/up with the SwiGLU epilogue, the LM head with fp32
+    output -- and larger ones to cuBLAS (not logged); never the register kernels, never the invariant GEMM."""
     eng = opt_engine()
+    long_prompt = [(7 * i) % 512 for i in range(40)]                  # a 40-row prefill: cuBLAS
+    _rollout(eng, PROMPTS[:2] + [long_prompt], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 3,
+             turns=2)
+    kinds = {k for k, _ in launches}
+    assert "paged_prefill" in kinds and not {"gemm", "skinny_gemm", "skinny_swiglu"} & kinds, kinds
+    staged = [d for k, d in launches if k == "skinny_staged"]
+    assert staged and all(m <= 8 and tuple(cfg) == (1024, 3, 16, 2, 3) for m, _, _, _, *cfg in staged), staged
+    n_layers = TINY.num_hidden_layers
+    swiglu = [m for m, _, dt, sw, *_ in staged if sw]
+    head = [m for m, _, dt, sw, *_ in staged if dt == torch.float32]
+    plain = [m for m, _, dt, sw, *_ in staged if not sw and dt == torch.bfloat16]
+    assert swiglu and len(swiglu) % n_layers == 0, "gate/up + SwiGLU of every layer of a step"
+    assert len(head) >= len(swiglu) // n_layers, "an fp32 LM head for every such step (and short prefills' logits)"
+    assert sorted(plain) == sorted(m for m in swiglu for _ in range(3)), "qkv, o and down beside each gate/up"
+
+
+def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, launches):
+    """With the staged kernel off (``staged = {}``), GEMMs of <= 8 rows go to the register skinny kernels --
+    qkv, o_proj, down_proj and the LM head (fp32 output) to skinny_gemm, gate/up with the SwiGLU epilogue
+    (skinny_swiglu) -- and larger ones to cuBLAS (not logged); never the invariant GEMM.
+    ``skinny_max_m = 0`` turns the skinny kernels, the staged one too, off."""
+    eng = opt_engine()
+    eng.runner.staged = {}
     long_prompt = [(7 * i) % 512 for i in range(40)]                  # a 40-row prefill: cuBLAS
     _rollout(eng, PROMPTS[:2] + [long_prompt], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 3,
              turns=2)
@@ -137,14 +159,16 @@ def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, laun
     off = opt_engine()
     off.runner.skinny_max_m = 0
     _rollout(off, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
-    assert not {"skinny_gemm", "skinny_swiglu"} & {k for k, _ in launches}
+    assert not {"skinny_gemm", "skinny_swiglu", "skinny_staged"} & {k for k, _ in launches}
 
 
 def test_skinny_max_elems_sends_large_weights_to_cublas(opt_engine, launches):
     """``skinny_max_elems``: a decode GEMM whose weight has more elements goes to cuBLAS (not logged)
-    whatever its row count -- gate/up then runs unfused, the LM head too -- and smaller ones stay skinny."""
+    whatever its row count -- gate/up then runs unfused, the LM head too -- and smaller ones stay skinny
+    (the staged kernel off)."""
     eng = opt_engine()
     r = eng.runner
+    r.staged = {}
     r.skinny_max_n = 0                                 # by size alone (skinny_max_n: the next test)
     wgu, wo = r.layers[0]["wgu"], r.layers[0]["wo"]
     assert r.lm_head.numel() > wgu.numel() > wo.numel(), "TINY's shapes no longer order as this test needs"
@@ -165,7 +189,7 @@ def test_skinny_max_n_sends_few_row_weights_to_skinny_and_o_proj_prefetch_rule(o
     """``skinny_max_n``: a decode GEMM whose weight has at most that many rows goes to the skinny kernel
     whatever its size (qwen3-8b's o_proj and down); ``skinny_prefetch_o_max_elems``: o_proj's skinny GEMM
     keeps its L2 prefetch before the PDL wait only up to that many weight elements, no other GEMM loses it;
-    the tokens are those of the all-cuBLAS engine (the stand-ins compute one product)."""
+    the tokens are those of the all-cuBLAS engine (the stand-ins compute one product; the staged kernel off)."""
     sp = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 2
     base = opt_engine()
     base.runner.skinny_max_m = 0
@@ -173,6 +197,7 @@ def test_skinny_max_n_sends_few_row_weights_to_skinny_and_o_proj_prefetch_rule(o
     launches.clear()
     eng = opt_engine()
     r = eng.runner
+    r.staged = {}
     L0 = r.layers[0]
     H = L0["wo"].shape[0]
     assert L0["wd"].shape[0] == H < min(L0["wqkv"].shape[0], L0["wgu"].shape[0], r.lm_head.shape[0]), \
@@ -193,12 +218,14 @@ def test_skinny_max_n_sends_few_row_weights_to_skinny_and_o_proj_prefetch_rule(o
 
 
 def test_swiglu_epilogue_switch(opt_engine, launches):
-    """``fuse_swiglu = False`` runs gate/up as skinny_gemm + silu_mul; with the stand-ins (whose fused
-    op composes the unfused pair) the rollouts agree token for token; batch-invariant mode never fuses."""
+    """``fuse_swiglu = False`` runs gate/up as skinny_gemm + silu_mul (the staged kernel off); with the
+    stand-ins (whose fused op composes the unfused pair) the rollouts agree token for token; batch-invariant
+    mode never fuses."""
     runs = []
     for fuse in (True, False):
         launches.clear()
         eng = opt_engine()
+        eng.runner.staged = {}
         eng.runner.fuse_swiglu = fuse
         runs.append(_rollout(eng, PROMPTS[:3], [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3, turns=2))
         kinds = {k for k, _ in launches}
@@ -207,7 +234,7 @@ def test_swiglu_epilogue_switch(opt_engine, launches):
     launches.clear()
     _rollout(opt_engine(batch_invariant=True), PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2,
              turns=2)
-    assert not {"skinny_swiglu", "skinny_gemm"} & {k for k, _ in launches}
+    assert not {"skinny_swiglu", "skinny_gemm", "skinny_staged"} & {k for k, _ in launches}
 
 
 def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
@@ -217,7 +244,9 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     rollout is the one of the engine without it (the stand-ins compute the same product); batch-invariant
     mode ignores it."""
     sps = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3
-    base = _rollout(opt_engine(), PROMPTS[:3], sps, turns=2)
+    plain = opt_engine()
+    plain.runner.staged = {}
+    base = _rollout(plain, PROMPTS[:3], sps, turns=2)
     roles = {"qkv": (2048, 2, 16, 1, 2), "o_proj": (512, 4, 16, 2, 0), "gate_up": (2048, 3, 16, 1, 3),
              "down": (1024, 4, 16, 1, 2), "lm_head": (1024, 3, 16, 2, 3)}
     for picked in (("gate_up",), ("qkv", "lm_head"), tuple(roles)):

@@ -10,8 +10,10 @@
 #   engine: the engine A/B in one process (profile_decode.py, the STAGED variants against the default) at
 #           qwen3-8b batch 1 and 8 with the batch-1 graph timeline, then qwen3-0.6b batch 1 and 8
 #   engine06: the same at qwen3-0.6b batch 1 and 8 (V06: its variants, also after the engine mode)
-#   final:  the engine smoke test, the engine decode bench, the GPU-scale qwen3-8b conformance clauses beside
-#           conformance at CI scale on the optimized engine
+#   checks: with the staged kernel the default, check_kernels.py --only staged skinny epilogue, the engine smoke
+#           test, the qwen3-0.6b A/B of the default against o_proj fetching nothing early and the staged kernel
+#           off, then the GPU-scale qwen3-8b conformance clauses beside conformance at CI scale
+#   final:  the engine decode bench (its transformers peer included)
 source benches/gpu/_env.sh
 mode=${1:-probe}
 shift
@@ -41,12 +43,18 @@ if [ "$mode" = engine06 ] || [ -n "$V06" ]; then
     --rounds 3 --variants $variants > "$OUT/profile_staged_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_staged_06b.log"
 fi
-if [ "$mode" = final ]; then
+if [ "$mode" = checks ]; then
+  checks 200 check_kernels_staged_final.log staged skinny epilogue
   smoke 100
-  run_benches 240 "engine_decode"
-  pack_bench
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
+    --rounds 3 --variants default st1k-all no-staged > "$OUT/profile_staged_06b_default.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_staged_06b_default.log"
   conformance_gpu 280 qwen3-8b conformance_gpu_qwen3-8b_staged.log > "$OUT/c8.summary" &
   conformance_ci 300
   wait
   cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+fi
+if [ "$mode" = final ]; then
+  run_benches 300 "engine_decode"
+  pack_bench
 fi
