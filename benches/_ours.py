@@ -114,3 +114,12 @@ def skinny_gemm(x, w, out_dtype: torch.dtype, out=None):
     """Closure (GPU only): the default engine's GEMM for at most 16 rows, ``ops.skinny_gemm``."""
     from optimized import ops
     return lambda: ops.skinny_gemm(x, w, out_dtype=out_dtype, out=out)
+
+
+def skinny_staged(x, w, out_dtype: torch.dtype, out=None):
+    """Closure (GPU only): the default engine's GEMM for at most 8 rows, ``ops.skinny_staged`` with the
+    engine's configuration (``CudaRunner.staged``: every role alike)."""
+    from optimized import ops
+    from optimized.runner import STAGED_DEFAULT, CudaRunner
+    kw = CudaRunner._staged_kw(STAGED_DEFAULT)
+    return lambda: ops.skinny_staged(x, w, out_dtype=out_dtype, out=out, **kw)

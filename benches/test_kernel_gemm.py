@@ -22,9 +22,11 @@ ratio to ``torch.matmul``, and the GEMM time of a whole decode step (every layer
 the LM head) with each implementation, whose difference is the part of the batch-invariant engine's
 decode overhead that the GEMMs cause (goal of the engine: at most 10%).
 
-At M <= 16 on the GPU a third implementation runs: ``ops.skinny_gemm``, the default (not batch-
-invariant) engine's GEMM for the rows of a small decode step, against the same cuBLAS rows; the
-step note then compares the default engine's decode GEMMs with and without it.
+At M <= 16 on the GPU a third implementation runs: ``ops.skinny_gemm``, the register-streaming kernel
+for the rows of a small decode step, and at M <= 8 a fourth: ``ops.skinny_staged``, the default (not
+batch-invariant) engine's GEMM for those rows (its row of M rows equals the row alone, bitwise:
+asserted), against the same cuBLAS rows; the step notes then compare the decode GEMMs of a step on
+each.
 
 CPU scale: the reference's row-at-a-time ``linear(x, w, batch_invariant=True)`` against
 ``torch.matmul`` in fp32 at the tiny model's shapes (a smoke test of the harness).
@@ -52,6 +54,8 @@ OURS = {"cpu": "reference", "gpu": "turnkv"}
 PEER = "torch.matmul"
 SKINNY = "turnkv skinny"                        # ops.skinny_gemm (default mode, M <= SKINNY_MAX_M; GPU only)
 SKINNY_MAX_M = 16
+STAGED = "turnkv staged"                        # ops.skinny_staged (the default engine's, M <= 8; GPU only)
+STAGED_MAX_M = 8
 BUDGET_S = {"cpu": 0.02, "gpu": 0.25}           # timing budget per case
 CHECK_ROWS = 256                                # rows checked by the accuracy rule
 GOAL_OVERHEAD_PCT = 10.0
@@ -78,7 +82,8 @@ def pytest_generate_tests(metafunc):
 
 
 def _impls(s: str, M: int) -> tuple[str, ...]:
-    return (PEER, OURS[s]) + ((SKINNY,) if s == "gpu" and M <= SKINNY_MAX_M else ())
+    return (PEER, OURS[s]) + ((SKINNY,) if s == "gpu" and M <= SKINNY_MAX_M else ()) \
+        + ((STAGED,) if s == "gpu" and M <= STAGED_MAX_M else ())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,6 +122,8 @@ def _make(impl: str, scale: Scale, x, w, out_dtype, out=None):
         return _peer(x, w, out_dtype, out)
     if impl == SKINNY:
         return _ours.skinny_gemm(x, w, out_dtype, out=out)
+    if impl == STAGED:
+        return _ours.skinny_staged(x, w, out_dtype, out=out)
     return _ours.gemm(scale, x, w, out_dtype, out=out)
 
 
@@ -163,7 +170,7 @@ def test_gemm(benchmark, scale: Scale, ceilings, results, gemm: str, M: int, imp
         bitwise.append((r, bool(torch.equal(one[0], y[r])),
                         float((one[0].double() - y[r].double()).abs().max())))
     same = all(b for _, b, _ in bitwise)
-    if impl == OURS[s]:
+    if impl in (OURS[s], STAGED):
         bad = [f"row {r}: max diff {d:.3g}" for r, b, d in bitwise if not b]
         assert same, f"{impl} {gemm} M={M}: rows are not batch-invariant (one-row product differs): {'; '.join(bad)}"
     del y
@@ -197,10 +204,11 @@ def test_gemm_targets(scale: Scale, results):
             results.note(GROUP, f"{MODEL[s]} step of M = {M} tokens ({layers} layers + LM head): GEMMs take "
                                 f"{step[ours]:.4g} ms with {ours}, {step[PEER]:.4g} ms with {PEER}: overhead "
                                 f"{per_m[M][0]:.1f}%")
-        if all((g, M, SKINNY) in _times for g in GEMMS):
-            sk = layers * sum(_times[(g, M, SKINNY)] for g in GEMMS if g != "lm_head") + _times[("lm_head", M, SKINNY)]
-            results.note(GROUP, f"default engine, M = {M}: the step's GEMMs take {sk:.4g} ms with {SKINNY} against "
-                                f"{step[PEER]:.4g} ms with {PEER} ({step[PEER] / sk:.2f}x)")
+        for fast in (SKINNY, STAGED):
+            if M in per_m and all((g, M, fast) in _times for g in GEMMS):
+                sk = layers * sum(_times[(g, M, fast)] for g in GEMMS if g != "lm_head") + _times[("lm_head", M, fast)]
+                results.note(GROUP, f"M = {M}: the step's GEMMs take {sk:.4g} ms with {fast} against "
+                                    f"{per_m[M][1]:.4g} ms with {PEER} ({per_m[M][1] / sk:.2f}x)")
     recs = results.group(GROUP).records
     varies = [f"{r['gemm']} M={r['M']}" for r in recs if r["impl"] == PEER and not r.get("rows_bitwise", True)]
     if varies:

@@ -102,6 +102,13 @@ def _sample(logits: torch.Tensor, flts: torch.Tensor, ints: torch.Tensor) -> tup
     return ops.sample(logits, flts[0], ints[0], flts[1], ints[1], ints[2], ints[3], ints[4])
 
 
+#: the decode GEMMs by role (``CudaRunner.staged``)
+GEMM_ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+#: the staged skinny GEMM's configuration for every role by default: (chunk columns, stages, producer lanes,
+#: CTAs per multiprocessor, stages fetched before the PDL wait) -- see ``CudaRunner.staged``
+STAGED_DEFAULT = (1024, 3, 16, 2, 3)
+
+
 class CudaRunner:
     """Weights, KV pages and CUDA graphs of one engine on one GPU."""
 
@@ -178,8 +185,7 @@ class CudaRunner:
         #: three stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602
         #: to 4.456 ms (batch 8: 5.012 -> 4.891), qwen3-0.6b from 1.074 to 0.934 ms (o_proj fetching nothing
         #: early; batch 8: 1.198 -> 1.102) -- docs/performance.md, "The staged skinny GEMM"
-        self.staged: dict[str, tuple[int, int, int, int, int]] = {
-            role: (1024, 3, 16, 2, 3) for role in ("qkv", "o_proj", "gate_up", "down", "lm_head")}
+        self.staged: dict[str, tuple[int, int, int, int, int]] = {role: STAGED_DEFAULT for role in GEMM_ROLES}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)

@@ -108,7 +108,7 @@ BLAS_VARIANTS: dict[str, str] = {"lt": "cublaslt"}
 #: ``pf-o``, "sn-np-o" the default, "skinny-np-o" qwen3-0.6b's ``np-o``)
 SKINNY_N: dict[str, tuple[int, int]] = {"sn-off": (0, 8 << 20), "n6144": (6144, 8 << 20), "pf-o": (4096, 1 << 62),
                                         "np-o": (4096, -1)}
-_ALL = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+_ALL = opt_runner.GEMM_ROLES
 
 
 def _st(cfg: tuple[int, int, int, int], roles=_ALL, o_pre: int = 0, pre: int | None = None
