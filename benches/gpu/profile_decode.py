@@ -132,6 +132,10 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "st1k-pf": _st(_K1, o_pre=3),
     "st1k-nogu": _st(_K1, ("qkv", "o_proj", "down", "lm_head")),
     "st1k-h2k": {**_st(_K1), **_st((2048, 2, 16, 1), ("lm_head",))},
+    "st1k-pre1": _st(_K1, o_pre=1, pre=1),
+    "st1k-pre2": _st(_K1, o_pre=2, pre=2),
+    "st1k-o1": _st(_K1, o_pre=1),
+    "st1k4x1": _st((1024, 4, 16, 1), o_pre=4),
     "no-staged": {},
 }
 
