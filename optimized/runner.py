@@ -106,7 +106,7 @@ def _sample(logits: torch.Tensor, flts: torch.Tensor, ints: torch.Tensor) -> tup
 GEMM_ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 #: the staged skinny GEMM's configuration for every role by default: (chunk columns, stages, producer lanes,
 #: CTAs per multiprocessor, stages fetched before the PDL wait) -- see ``CudaRunner.staged``
-STAGED_DEFAULT = (1024, 3, 16, 2, 3)
+STAGED_DEFAULT = (1024, 3, 16, 2, 2)
 
 
 class CudaRunner:
@@ -181,10 +181,11 @@ class CudaRunner:
         #: decode GEMMs (default mode, at most ``min(8, skinny_max_m)`` rows) that take the staged skinny kernel
         #: (``ops.skinny_staged``), by role -- "qkv", "o_proj", "gate_up", "down", "lm_head" -> (chunk columns,
         #: stages, producer lanes, CTAs per multiprocessor, stages fetched before the PDL wait); a role not
-        #: named takes the rules above. Every role: 1024-column chunks, 3 stages, 2 CTAs a multiprocessor, all
-        #: three stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602
-        #: to 4.456 ms (batch 8: 5.012 -> 4.891), qwen3-0.6b from 1.074 to 0.934 ms (o_proj fetching nothing
-        #: early; batch 8: 1.198 -> 1.102) -- docs/performance.md, "The staged skinny GEMM"
+        #: named takes the rules above. Every role: 1024-column chunks, 3 stages, 2 CTAs a multiprocessor, two
+        #: stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602 to
+        #: 4.456 ms with all three stages early (batch 8: 5.012 -> 4.891), and from 4.460 to 4.404 ms with two
+        #: (batch 8: 4.899 -> 4.845); qwen3-0.6b from 1.071 to 0.900 ms (batch 8: 1.195 -> 1.075) --
+        #: docs/performance.md, "The staged skinny GEMM"
         self.staged: dict[str, tuple[int, int, int, int, int]] = {role: STAGED_DEFAULT for role in GEMM_ROLES}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0

@@ -124,7 +124,7 @@ def test_default_mode_staged_then_cublas_and_paged_prefill(opt_engine, launches)
     kinds = {k for k, _ in launches}
     assert "paged_prefill" in kinds and not {"gemm", "skinny_gemm", "skinny_swiglu"} & kinds, kinds
     staged = [d for k, d in launches if k == "skinny_staged"]
-    assert staged and all(m <= 8 and tuple(cfg) == (1024, 3, 16, 2, 3) for m, _, _, _, *cfg in staged), staged
+    assert staged and all(m <= 8 and tuple(cfg) == (1024, 3, 16, 2, 2) for m, _, _, _, *cfg in staged), staged
     n_layers = TINY.num_hidden_layers
     swiglu = [m for m, _, dt, sw, *_ in staged if sw]
     head = [m for m, _, dt, sw, *_ in staged if dt == torch.float32]

@@ -13,7 +13,7 @@
 #   checks: with the staged kernel the default, check_kernels.py --only staged skinny epilogue, the engine smoke
 #           test, the qwen3-0.6b A/B of the default against o_proj fetching nothing early and the staged kernel
 #           off, then the GPU-scale qwen3-8b conformance clauses beside conformance at CI scale
-#   final:  the engine decode bench (its transformers peer included)
+#   final:  the engine decode bench (its transformers peer included; SMOKE=1: after the engine smoke test)
 source benches/gpu/_env.sh
 mode=${1:-probe}
 shift
@@ -55,6 +55,7 @@ if [ "$mode" = checks ]; then
   cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
 fi
 if [ "$mode" = final ]; then
+  [ -n "$SMOKE" ] && smoke 100
   run_benches 300 "engine_decode"
   pack_bench
 fi
