@@ -241,8 +241,8 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     """``staged``: the decode GEMMs of the roles it names -- and only those, only at <= 8 rows -- go to
     ``skinny_staged`` with the role's (stages, CTAs per SM, early stages): gate/up with the SwiGLU
     epilogue (or, with ``fuse_swiglu`` off, unfused then ``silu_mul``), the LM head with fp32 out; the
-    rollout is the one of the engine without it (the stand-ins compute the same product); batch-invariant
-    mode ignores it."""
+    rollout is the one of the engine without it (the stand-ins compute the same product); weights below
+    ``staged_min_elems`` take the register kernels' rules; batch-invariant mode ignores it."""
     sps = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * 3
     plain = opt_engine()
     plain.runner.staged = {}
@@ -270,6 +270,14 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
                 assert dt == (torch.float32 if r == "lm_head" else torch.bfloat16), (r, dt)
             if "gate_up" in picked:
                 assert "skinny_swiglu" not in {k for k, _ in launches}
+    launches.clear()
+    eng = opt_engine()                                     # staged_min_elems: smaller weights take the rules
+    eng.runner.staged = dict(roles)
+    eng.runner.staged_min_elems = eng.runner.lm_head.numel()
+    assert _rollout(eng, PROMPTS[:3], sps, turns=2) == base
+    staged = [d for k, d in launches if k == "skinny_staged"]
+    assert staged and {ptr for _, ptr, *_ in staged} == {eng.runner.lm_head.data_ptr()}, "only the LM head is that large"
+    assert {"skinny_gemm", "skinny_swiglu"} <= {k for k, _ in launches}, "the layers' GEMMs on the register kernels"
     launches.clear()
     eng = opt_engine(batch_invariant=True)
     eng.runner.staged = dict(roles)
