@@ -979,14 +979,15 @@ def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
 
 
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                  out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 2048, stages: int = 2, lanes: int = 16,
-                  ctas_per_sm: int = 1, pre: int | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 1024, stages: int = 3, lanes: int = 16,
+                  ctas_per_sm: int = 2, pre: int | None = None) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
     stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
     ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
     multiprocessor that take the 16-row tiles from a counter (``skinny_gemm.cu``, "The staged
-    kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS``. ``M <= 8``. ``pre``: stages
-    each CTA may fetch before the programmatic-dependent-launch wait (default ``stages``; 0: none).
+    kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS`` (the defaults: the configuration the
+    engine runs, ``runner.STAGED_DEFAULT``). ``M <= 8``. ``pre``: stages each CTA may fetch before the
+    programmatic-dependent-launch wait (default ``stages``; 0: none; the engine fetches 2).
     The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order), whatever
     the configuration and the grid. Launches that share a device must be ordered (one stream): the
     tile counters are the per-device ticket array's first two entries, left zero by every launch."""

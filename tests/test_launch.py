@@ -168,9 +168,11 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     out = ops.skinny_staged(x, torch.randn(6144, 4096).to(bf))
     mod, name, grid, block, args, smem = log[-1]
     assert out.shape == (3, 6144) and out.dtype == bf
-    assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged_k2048s2p16_bf16", (132, 1, 1), (160, 1, 1))
-    assert smem == 2 * 16 * (2 * 2048 + 64) == ops.skinny_staged_smem(2048, 2)
-    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[8]) == 2        # M, N, K; pre = stages
+    assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged_k1024s3p16_bf16", (264, 1, 1), (160, 1, 1))
+    assert smem == 3 * 16 * (2 * 1024 + 64) == ops.skinny_staged_smem(1024, 3)
+    assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[8]) == 3        # M, N, K; pre = stages
+    ops.skinny_staged(x, torch.randn(64, 4096).to(bf), kc=2048, stages=2, ctas_per_sm=1)
+    assert log[-1][1:3] == ("skinny_staged_k2048s2p16_bf16", (4, 1, 1)) and int(log[-1][4][8]) == 2   # 4 tiles
     out = ops.skinny_staged(x, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=4, ctas_per_sm=2,
                             pre=0)
     mod, name, grid, block, args, smem = log[-1]
