@@ -866,6 +866,14 @@ def check_fused_rope(C: Checks, dev, gen) -> None:
             return res
         C.run("fused_rope", name, run)
 
+def skinny_inputs(M: int, N: int, K: int, gen, dev, w_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode GEMM's operands for the skinny kernels' checks: bf16 x [M, K] with row stride K + 8 (a
+    strided view) and bf16 w [N, K] of entries ~ w_scale / sqrt(K), drawn from ``gen`` in that order."""
+    xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+    w = (torch.randn(N, K, generator=gen) * K ** -0.5 * w_scale).to(torch.bfloat16).to(dev)
+    return xw[:, :K], w
+
+
 def check_skinny(C: Checks, dev, gen) -> None:
     """``ops.skinny_gemm`` (default-mode GEMM, M <= 16): the flash rule vs a float64 product (torch's
     bf16 matmul is the low-precision run), bf16 out == rounded fp32 out, a strided x, two launches
@@ -875,9 +883,7 @@ def check_skinny(C: Checks, dev, gen) -> None:
               (16, 6144, 1024), (1, 151936, 1024), (13, 40, 40), (2, 24, 8), (7, 100, 1544), (16, 17, 4104)]
     for M, N, K in shapes:
         def run(M=M, N=N, K=K):
-            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
-            x = xw[:, :K]                                          # row stride K + 8
-            w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
+            x, w = skinny_inputs(M, N, K, gen, dev)
             y32, res = linear_accuracy(ops.skinny_gemm, x, w)
             res += exact("second launch", ops.skinny_gemm(x, w, out_dtype=torch.float32), y32)
             res += exact("without the L2 prefetch", ops.skinny_gemm(x, w, out_dtype=torch.float32, prefetch=False), y32)
@@ -898,9 +904,7 @@ def check_skinny_epilogues(C: Checks, dev, gen) -> None:
     against a float64 run of the whole step (torch's bf16 GEMM + silu * up is the low-precision run)."""
     for M, I, K in ((1, 12288, 4096), (8, 3072, 1024), (5, 24, 40), (16, 6144, 4096), (9, 1536, 2048)):
         def run_swiglu(M=M, I=I, K=K):
-            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
-            x = xw[:, :K]
-            w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
+            x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
             fused = ops.skinny_swiglu(x, w)
             unfused = ops.silu_mul(ops.skinny_gemm(x, w))
             no_prefetch = ops.skinny_swiglu(x, w, prefetch=False)
@@ -927,9 +931,7 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
                if c * ops.skinny_staged_smem(kc, S) <= 200 * 1024]
     for M, N, K in shapes:
         def run(M=M, N=N, K=K):
-            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
-            x = xw[:, :K]                                          # row stride K + 8
-            w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
+            x, w = skinny_inputs(M, N, K, gen, dev)
             y32, res = linear_accuracy(ops.skinny_staged, x, w)
             res += exact("== skinny_gemm(warps=4)", y32, ops.skinny_gemm(x, w, out_dtype=torch.float32, warps=4))
             res += exact("second launch", ops.skinny_staged(x, w, out_dtype=torch.float32), y32)
@@ -944,9 +946,7 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
         C.run("staged", f"M={M} N={N} K={K}", run)
     for M, I, K in ((1, 12288, 4096), (8, 3072, 1024), (5, 24, 40), (3, 1536, 2056)):
         def run_swiglu(M=M, I=I, K=K):
-            xw = (torch.randn(M, K + 8, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
-            x = xw[:, :K]
-            w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5 * 2).to(torch.bfloat16).to(dev)
+            x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
             fused = ops.skinny_staged(x, w, swiglu=True)
             again = ops.skinny_staged(x, w, swiglu=True, pre=0)
             other = ops.skinny_staged(x, w, swiglu=True, kc=512, stages=4, ctas_per_sm=2)
