@@ -980,14 +980,16 @@ def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
 
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                   out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 1024, stages: int = 3, lanes: int = 16,
-                  ctas_per_sm: int = 2, pre: int | None = None) -> torch.Tensor:
+                  ctas_per_sm: int = 2, pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
     stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
     ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
     multiprocessor that take the 16-row tiles from a counter (``skinny_gemm.cu``, "The staged
     kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS`` (the defaults: the configuration the
     engine runs, ``runner.STAGED_DEFAULT``). ``M <= 8``. ``pre``: stages each CTA may fetch before the
-    programmatic-dependent-launch wait (default ``stages``; 0: none; the engine fetches 2).
+    programmatic-dependent-launch wait (default ``stages``; 0: none; the engine fetches 2). ``evict_first``:
+    the weight copies bring their lines into L2 at evict-first priority (else with no hint), so that a
+    step's weight stream does not push the activations and the KV cache out of L2.
     The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order), whatever
     the configuration and the grid. Launches that share a device must be ordered (one stream): the
     tile counters are the per-device ticket array's first two entries, left zero by every launch."""
@@ -998,6 +1000,7 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     _need(isinstance(ctas_per_sm, int) and ctas_per_sm >= 1, f"ctas_per_sm must be a positive int, got {ctas_per_sm!r}")
     pre = stages if pre is None else pre
     _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
+    _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
     if swiglu:
         _need(out_dtype == torch.bfloat16, "skinny_staged(swiglu=True) writes bf16")
         _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
@@ -1014,7 +1017,7 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
     _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (grid, 1, 1),
             (_SKINNY_STAGED_THREADS, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre)),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first))),
             skinny_staged_smem(kc, stages))
     return out
 

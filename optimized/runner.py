@@ -189,6 +189,8 @@ class CudaRunner:
         self.staged: dict[str, tuple[int, int, int, int, int]] = {role: STAGED_DEFAULT for role in GEMM_ROLES}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
+        #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
+        self.staged_evict_first = True
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -284,9 +286,9 @@ class CudaRunner:
             return ops.skinny_gemm(x, w, prefetch=prefetch)
         return torch.matmul(x, w.t())
 
-    @staticmethod
-    def _staged_kw(st: tuple[int, int, int, int, int]) -> dict[str, int]:
-        return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4])
+    def _staged_kw(self, st: tuple[int, int, int, int, int]) -> dict[str, int | bool]:
+        return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4],
+                    evict_first=self.staged_evict_first)
 
     def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int, int, int] | None:
         """The staged kernel's configuration (``staged``) for this GEMM, or None."""

@@ -171,8 +171,10 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged_k1024s3p16_bf16", (264, 1, 1), (160, 1, 1))
     assert smem == 3 * 16 * (2 * 1024 + 64) == ops.skinny_staged_smem(1024, 3)
     assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[8]) == 3        # M, N, K; pre = stages
-    ops.skinny_staged(x, torch.randn(64, 4096).to(bf), kc=2048, stages=2, ctas_per_sm=1)
+    assert int(args[9]) == 1                                                            # evict-first copies
+    ops.skinny_staged(x, torch.randn(64, 4096).to(bf), kc=2048, stages=2, ctas_per_sm=1, evict_first=False)
     assert log[-1][1:3] == ("skinny_staged_k2048s2p16_bf16", (4, 1, 1)) and int(log[-1][4][8]) == 2   # 4 tiles
+    assert int(log[-1][4][9]) == 0
     out = ops.skinny_staged(x, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=4, ctas_per_sm=2,
                             pre=0)
     mod, name, grid, block, args, smem = log[-1]
@@ -192,6 +194,7 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
                        (dict(lanes=1), x, torch.randn(32, 4096).to(bf)),
                        (dict(ctas_per_sm=0), x, torch.randn(32, 4096).to(bf)),
                        (dict(pre=-1), x, torch.randn(32, 4096).to(bf)),
+                       (dict(evict_first=1), x, torch.randn(32, 4096).to(bf)),                # a bool, not an int
                        (dict(swiglu=True), x, torch.randn(40, 4096).to(bf)),                   # I not a multiple of 8
                        (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 4096).to(bf)),
                        (dict(), x, torch.randn(48, 2048).to(bf)),                              # K differs

@@ -922,7 +922,8 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
     """``ops.skinny_staged`` (the staged decode GEMM, M <= 8): the flash rule vs a float64 product for bf16
     and fp32 out, bf16 out == rounded fp32 out, a strided x, and the bits of ``skinny_gemm(warps=4)`` (the
     same sums in the same order) for every (chunk, stages, lanes, CTAs per SM) configuration, for a second
-    launch (the tile counters reset), with no stage before the PDL wait and for a row alone; the SwiGLU
+    launch (the tile counters reset), with no stage before the PDL wait, with the weight copies without an L2 hint
+    L2 priority and for a row alone; the SwiGLU
     epilogue bitwise ``skinny_swiglu(warps=4)`` and against a float64 run of the whole step. Shapes with a
     ragged last chunk, a partial last tile, fewer tiles than CTAs."""
     shapes = [(1, 6144, 4096), (8, 4096, 12288), (1, 24576, 4096), (5, 151936, 1024), (3, 40, 40), (2, 24, 8),
@@ -936,6 +937,8 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
             res += exact("== skinny_gemm(warps=4)", y32, ops.skinny_gemm(x, w, out_dtype=torch.float32, warps=4))
             res += exact("second launch", ops.skinny_staged(x, w, out_dtype=torch.float32), y32)
             res += exact("no stage before the PDL wait", ops.skinny_staged(x, w, out_dtype=torch.float32, pre=0), y32)
+            res += exact("weight copies without an L2 hint", ops.skinny_staged(x, w, out_dtype=torch.float32,
+                                                                         evict_first=False), y32)
             r = M - 1
             res += exact(f"row {r} alone == row {r} of M={M}", ops.skinny_staged(x[r:r + 1].contiguous(), w,
                                                                                  out_dtype=torch.float32), y32[r:r + 1])
@@ -948,7 +951,7 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
         def run_swiglu(M=M, I=I, K=K):
             x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
             fused = ops.skinny_staged(x, w, swiglu=True)
-            again = ops.skinny_staged(x, w, swiglu=True, pre=0)
+            again = ops.skinny_staged(x, w, swiglu=True, pre=0, evict_first=False)
             other = ops.skinny_staged(x, w, swiglu=True, kc=512, stages=4, ctas_per_sm=2)
             torch.cuda.synchronize()
             gu = x.double() @ w.double().t()
@@ -957,7 +960,7 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
             return fa_rule("vs float64", fused, ref32, refbf) + exact("== skinny_swiglu(warps=4)", fused,
                                                                        ops.skinny_swiglu(x, w, warps=4)) \
-                + exact("second launch, no stage before the wait", again, fused) \
+                + exact("second launch, no stage before the wait, no L2 hint", again, fused) \
                 + exact("kc 512, 4 stages, 2 CTAs/SM", other, fused)
         C.run("staged", f"swiglu M={M} I={I} K={K}", run_swiglu)
 

@@ -18,7 +18,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   (weights larger than a size go to cuBLAS; ``default``: the engine's 8M elements), and on top of
   ``default`` the ``BLAS_VARIANTS`` (``lt``: torch's cuBLASLt path), the ``SKINNY_N`` variants (the runner's
   choice of skinny GEMMs by weight rows, and of o_proj's L2 prefetch before its PDL wait), the ``STAGED`` variants
-  (decode GEMMs on the staged skinny kernel, by role) and the ``ENGINE_VARIANTS`` (``sync``:
+  (decode GEMMs on the staged skinny kernel, by role), the ``L2_VARIANTS`` (the staged kernel's weight copies
+  without an L2 hint, ``ef0``) and the ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
   session's ``auto`` split rule instead of ``reference.attention.split_size_for``'s),
@@ -138,6 +139,13 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "st1k4x1": _st((1024, 4, 16, 1), o_pre=4),
     "no-staged": {},
 }
+#: variants on top of "default" with the staged kernel's weight copies at another L2 priority (the runner's
+#: ``staged_evict_first``; every other variant: the engine's default) or another count of early stages:
+#: ``ef0`` copies without a hint, as the fifteenth session ran them; ``ef-pre1`` / ``ef-pre3`` evict-first
+#: with 1 / 3 stages fetched early (o_proj too)
+L2_VARIANTS: dict[str, tuple[bool, dict[str, tuple[int, int, int, int, int]] | None]] = {
+    "ef0": (False, None), "ef-pre1": (True, _st(_K1, o_pre=1, pre=1)), "ef-pre3": (True, _st(_K1, o_pre=3)),
+}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -242,7 +250,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
     ap.add_argument("--variants", nargs="*",
                     choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
-                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED),
+                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED) + tuple(L2_VARIANTS),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -262,6 +270,7 @@ def main() -> int:
         default_elems = eng.runner.skinny_max_elems
         default_n = (eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems)
         default_staged = (dict(eng.runner.staged), eng.runner.staged_min_elems)
+        default_ef = eng.runner.staged_evict_first
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -273,12 +282,16 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
-                    default_n=default_n, default_staged=default_staged) -> None:
+                    default_n=default_n, default_staged=default_staged, default_ef=default_ef) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
-                    or variant in SKINNY_N or variant in STAGED
-                if variant in STAGED and variant != "no-staged":       # forced, at any size
+                    or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS
+                ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
+                eng.runner.staged_evict_first = ef
+                if ef_staged is not None:
+                    eng.runner.staged, eng.runner.staged_min_elems = dict(ef_staged), 0
+                elif variant in STAGED and variant != "no-staged":       # forced, at any size
                     eng.runner.staged, eng.runner.staged_min_elems = dict(STAGED[variant]), 0
                 elif variant == "default" or (engine_variant and variant != "no-staged"):
                     eng.runner.staged, eng.runner.staged_min_elems = dict(default_staged[0]), default_staged[1]
@@ -343,6 +356,7 @@ def main() -> int:
             eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems = default_n
             eng.runner.lookahead = True
             eng.runner.staged, eng.runner.staged_min_elems = default_staged
+            eng.runner.staged_evict_first = default_ef
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

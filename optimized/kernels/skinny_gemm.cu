@@ -285,6 +285,21 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+// the same with an L2 eviction policy for the lines the copy brings in (createpolicy)
+__device__ __forceinline__ void bulk_copy_hint(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+               : "memory");
+}
+// The weight copies at L2 priority evict-first (evict != 0; else copies without a hint). A decode step streams
+// ~15 GB of weights (qwen3-8b) through a 50 MB L2, each line read once; at the default priority they push
+// out what the step's small kernels read next -- the residual rows an add_rmsnorm reads, written a layer's
+// weights earlier, and the KV cache the attention reads again the next step.
+__device__ __forceinline__ u64 l2_evict_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
 __device__ __forceinline__ uint4 lds128(u32 addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -315,7 +330,8 @@ __device__ __forceinline__ void st_mark(int k) {
 template <int KC, int S, int PL, bool F32, int EPI>
 __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
-                                                   int M, int N, int K, int* __restrict__ counters, int pre) {
+                                                   int M, int N, int K, int* __restrict__ counters, int pre,
+                                                   int evict) {
   constexpr int kRS = st_rs(KC), kStage = 16 * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
   static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64 && (PL == 1 || PL == 16), "staged layout");
   extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kRS bytes
@@ -339,6 +355,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 
   if (warp == kStCW) {  // ---- producer: lane 0 (PL = 1) or lanes 0-15 (PL = 16, one weight row each)
     if (lane >= PL) return;
+    const u64 policy = l2_evict_first();
     bool waited = false;
     int t = blockIdx.x;  // the first tile is the CTA's own; later ones come from counters[0]
     for (int i = 0, kc = 0;; ++i) {
@@ -374,7 +391,12 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 #pragma unroll
       for (int r = lane; r < 16; r += PL) {
         const int row = weight_row<EPI>(t, r, N);
-        if (row >= 0) bulk_copy(base + s * kStage + r * kRS, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
+        if (row < 0) continue;
+        const u32 dst = base + s * kStage + r * kRS;
+        if (evict)
+          bulk_copy_hint(dst, w + (long long)row * K + k0, bytes, bar_full + 8 * s, policy);
+        else
+          bulk_copy(dst, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
       }
       if (++kc == kch) {  // the next tile: the counter hands them out in order after the first wave
         kc = 0;
@@ -506,12 +528,13 @@ TK_SKINNY_W(2, 16, 16)
 // skinny_staged_k{KC}s{S}p{PL}_{bf16,f32,swiglu}: the staged kernel with chunks of KC columns, S stages and
 // PL producer lanes (M <= 8; output bf16, fp32, or the SwiGLU epilogue with N = I). Grid: G persistent CTAs
 // (at most one per tile) of 32 (kStCW + 1) threads, S * 16 * st_rs(KC) bytes of dynamic shared memory;
-// counters: two ints, zero (and left zero). pre: stages the producer may issue before its PDL wait.
+// counters: two ints, zero (and left zero). pre: stages the producer may issue before its PDL wait. evict:
+// 1: the weight copies at L2 priority evict-first (l2_evict_first), 0: copies without a hint.
 #define TK_STAGED_K(KCV, SV, PLV, SUF, F32V, EPIV)                                                            \
   extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged_k##KCV##s##SV##p##PLV##_##SUF( \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
-      int M, int N, int K, int* __restrict__ counters, int pre) {                                             \
-    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, counters, pre);                      \
+      int M, int N, int K, int* __restrict__ counters, int pre, int evict) {                                  \
+    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, counters, pre, evict);               \
   }
 #define TK_STAGED(KCV, SV, PLV)                        \
   TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
