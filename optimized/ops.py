@@ -35,7 +35,7 @@ __all__ = [
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
-    "skinny_staged", "skinny_staged_norm", "skinny_staged_norm_smem", "SKINNY_STAGED_CONFIGS",
+    "skinny_staged", "SKINNY_STAGED_CONFIGS",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -48,7 +48,6 @@ PREFILL_ROWS = 64
 _I32_MAX = 2**31 - 1
 _lock = threading.Lock()
 _functions: dict[tuple[int, str, str], tuple[object, int]] = {}   # (RawKernel, its CUfunction handle)
-_smem_optin: dict[tuple[int, str, str], int] = {}   # the dynamic shared memory each kernel is opted in to
 _streams: dict[tuple[int, int], object] = {}
 
 
@@ -139,15 +138,10 @@ def _function(dev: int, module: str, name: str, smem: int, ctas_per_sm: int | No
             if entry is None:
                 fn = kernels.load(module).get_function(name)
                 if smem > 48 * 1024:
-                    fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default
-                    _smem_optin[key] = smem
+                    fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default, once
                 if ctas_per_sm is not None:
                     fn.preferred_shared_memory_carveout = _carveout_percent(dev, fn, smem, ctas_per_sm)
                 entry = _functions[key] = (fn, fn.kernel.ptr)
-    if smem > max(48 * 1024, _smem_optin.get(key, 0)):   # a launch that needs more than the first one
-        with _lock:
-            entry[0].max_dynamic_shared_size_bytes = smem
-            _smem_optin[key] = smem
     return entry
 
 
@@ -999,55 +993,6 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order), whatever
     the configuration and the grid. Launches that share a device must be ordered (one stream): the
     tile counters are the per-device ticket array's first two entries, left zero by every launch."""
-    return _staged(x, w, None, out_dtype, out, swiglu, kc, stages, lanes, ctas_per_sm, pre, evict_first)
-
-
-def skinny_staged_norm(d: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, w: torch.Tensor, *,
-                       swiglu: bool = False, out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
-                       kc: int = 1024, stages: int = 3, lanes: int = 16, ctas_per_sm: int = 2, pre: int | None = None,
-                       evict_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``add_rmsnorm(d, residual, weight, eps)`` followed by ``skinny_staged`` of its output, in one launch
-    and the same bits: returns ``(y, residual_out)`` with ``residual_out = bf16(residual + d)`` (a new
-    tensor unless given; it must not overlap ``residual``, which is left as it was) and
-    ``y = rmsnorm(residual_out, weight) @ w.T`` (bf16; with ``swiglu``, ``skinny_swiglu``'s activation).
-    Every CTA forms the norm of the ``M <= 8`` rows in its prologue, in ``add_rmsnorm``'s order
-    (``norm.cuh``); ``K <= 8192``. The other keywords are ``skinny_staged``'s."""
-    M, _, H = _linear_shape(d, w)
-    _tensor("residual", residual, torch.bfloat16, 2)
-    _need(tuple(residual.shape) == tuple(d.shape), f"residual must have the shape of d {tuple(d.shape)}, "
-          f"got {tuple(residual.shape)}")
-    _need(H <= 8192, f"skinny_staged_norm takes rows of at most 8192 columns, got {H}")
-    _norm_weight(weight, H)
-    _need(isinstance(eps, float) and eps >= 0.0, f"eps must be a non-negative float, got {eps!r}")
-    residual_out = _out("residual_out", residual_out, (M, H), torch.bfloat16, d)
-    _contig("residual_out", residual_out)
-    _same_device(d=d, residual=residual, weight=weight, residual_out=residual_out)
-    if M > 0:
-        _need(not _overlap(residual_out, residual), "residual_out must not overlap residual")
-        _need(not _overlap(residual_out, d), "residual_out must not overlap d")
-    y = _staged(d, w, (residual, residual_out, weight, eps), torch.bfloat16, out, swiglu, kc, stages, lanes,
-                ctas_per_sm, pre, evict_first)
-    return y, residual_out
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the storage spans of two tensors share a byte."""
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + _span(b) and b0 < a0 + _span(a)
-
-
-def _span(t: torch.Tensor) -> int:
-    """Bytes from a tensor's first element to one past its last."""
-    if t.numel() == 0:
-        return 0
-    return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
-
-
-def _staged(x: torch.Tensor, w: torch.Tensor, norm: tuple | None, out_dtype: torch.dtype, out: torch.Tensor | None,
-            swiglu: bool, kc: int, stages: int, lanes: int, ctas_per_sm: int, pre: int | None,
-            evict_first: bool) -> torch.Tensor:
-    """The checks and the launch of ``skinny_staged`` (``norm``: ``skinny_staged_norm``'s (residual,
-    residual_out, weight, eps), checked by it)."""
     M, N, K = _linear_shape(x, w)
     _need(M <= 8, f"skinny_staged takes at most 8 rows, got {M}")
     _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,
@@ -1065,36 +1010,16 @@ def _staged(x: torch.Tensor, w: torch.Tensor, norm: tuple | None, out_dtype: tor
         width, tiles = N, -(-N // 16)
     _need(N <= _I32_MAX // 2, f"N = {N} is too large")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
-    if norm is not None:
-        residual, residual_out, weight, eps = norm
-        ldr = _rows("residual", residual, 1) if M > 1 else K
     if M == 0:
         return out
     dev = _device_index(x)
     grid = skinny_staged_grid(tiles, ctas_per_sm, _num_sms(dev))
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
-    tail = (_p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first)))
-    smem = skinny_staged_smem(kc, stages)
-    if norm is None:
-        name, args = f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (_p(x), _i(ldx)) + tail
-    else:
-        name = f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}_norm"
-        args = (_p(x), _i(ldx), _p(residual), _i(ldr), _p(residual_out), _p(weight), _f(eps)) + tail
-        smem += skinny_staged_norm_smem(M, K)
-        _need(smem <= _SMEM_BLOCK_MAX, f"skinny_staged_norm: {M} rows of {K} columns beside {stages} stages of "
-              f"{kc} columns need {smem} bytes of shared memory, more than a CTA may have ({_SMEM_BLOCK_MAX})")
-    _launch(x, "skinny_gemm", name, (grid, 1, 1), (_SKINNY_STAGED_THREADS, 1, 1), args, smem)
+    _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (grid, 1, 1),
+            (_SKINNY_STAGED_THREADS, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first))),
+            skinny_staged_smem(kc, stages))
     return out
-
-
-#: the most dynamic shared memory one CTA may opt in to on compute capability 9.0 (227 KB)
-_SMEM_BLOCK_MAX = 227 * 1024
-
-
-def skinny_staged_norm_smem(M: int, K: int) -> int:
-    """Dynamic shared memory a ``skinny_staged_norm`` launch adds to its stages: the M rows of its input,
-    64 bytes apart past ``2 K`` (``st_xrs`` in skinny_gemm.cu)."""
-    return M * (2 * K + 64)
 
 
 # --------------------------------------------------------------------------------------

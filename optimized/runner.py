@@ -191,13 +191,6 @@ class CudaRunner:
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
         self.staged_evict_first = True
-        #: a staged qkv or gate/up GEMM of at most this many rows forms the add + RMSNorm before it in its
-        #: prologue (``ops.skinny_staged_norm``: the bits of add_rmsnorm then the GEMM; 0: never). Its input
-        #: rows take shared memory beside the stages: at the default configuration one 4096-column row still
-        #: lets 2 CTAs share a multiprocessor, two do not
-        self.norm_max_m = 1
-        #: ... for these GEMM roles ("qkv", "gate_up")
-        self.norm_roles: tuple[str, ...] = ("qkv", "gate_up")
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -336,12 +329,8 @@ class CudaRunner:
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
         residual = self._embed(ids)                                                   # [T, H]
         h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
-        m = None                                  # the MLP output of the layer before, not yet added
         for i, L in enumerate(self.layers):
-            if m is None:
-                qkv = self._mm(h, L["wqkv"], role="qkv")                              # [T, (n_q + 2 n_kv) D]
-            else:                                 # residual += m; qkv = rmsnorm(residual) @ Wqkv^T
-                qkv, residual = self._add_norm_mm(m, residual, L["in_norm"], L["wqkv"], "qkv")
+            qkv = self._mm(h, L["wqkv"], role="qkv")                                  # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
@@ -350,24 +339,12 @@ class CudaRunner:
             o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",     # [T, H]
                                          prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
-            a, residual = self._add_norm_mm(attn, residual, L["post_norm"], L["wgu"], "gate_up")   # [T, I]
+            h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
+            a = self._mlp_act(h, L["wgu"])                                            # [T, I]
             m = self._reduce(self._mm(a, L["wd"], role="down"))                       # [T, H]
-        return ops.add_rmsnorm(m, residual, self.final_norm, eps)                     # residual += mlp
-
-    def _add_norm_mm(self, d: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, w: torch.Tensor,
-                     role: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``residual += d``, then the ``role`` GEMM ("qkv", or "gate_up" with its activation) of
-        ``rmsnorm(residual, norm_w)``: ``(output, residual)``. In one launch (``ops.skinny_staged_norm``, the
-        same bits, the residual then a new tensor) where the GEMM is a staged one of at most ``norm_max_m``
-        rows; else ``add_rmsnorm`` (in place) and the GEMM."""
-        eps = self.cfg.rms_norm_eps
-        st = self._staged_cfg(d, w, role)
-        gu = role == "gate_up"
-        if st is not None and role in self.norm_roles and d.shape[0] <= self.norm_max_m and d.shape[1] <= 8192 and \
-                (not gu or (self.fuse_swiglu and w.shape[0] % 16 == 0)):
-            return ops.skinny_staged_norm(d, residual, norm_w, eps, w, swiglu=gu, **self._staged_kw(st))
-        h = ops.add_rmsnorm(d, residual, norm_w, eps)
-        return (self._mlp_act(h, w) if gu else self._mm(h, w, role=role)), residual
+            nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
+            h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
+        return h
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch

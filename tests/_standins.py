@@ -53,7 +53,6 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         return table[ids.long()].clone()
 
     def add_rmsnorm(x, residual, w, eps):
-        log.append(("add_rmsnorm", x.shape[0]))
         residual.copy_(residual + x)
         return rms_norm(residual, w, eps)
 
@@ -105,11 +104,6 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
-    def skinny_staged_norm(d, residual, nw, eps, w, *, swiglu=False, **kw):   # add + RMSNorm, then the GEMM
-        log.append(("staged_norm", (d.shape[0], swiglu)))
-        r_out = residual + d
-        return skinny_staged(rms_norm(r_out, nw, eps), w, swiglu=swiglu, **kw), r_out
-
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -126,7 +120,6 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,
-                                 skinny_staged_norm=skinny_staged_norm,
                                  SKINNY_MAX_M=16,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))
 

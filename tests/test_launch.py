@@ -185,9 +185,8 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged_k1024s3p16_f32" and log[-1][2] == (7, 1, 1)
     names = set(kernels.SOURCES["skinny_gemm"])
     for kc, S, pl in ops.SKINNY_STAGED_CONFIGS:
-        kinds = ("bf16", "f32", "swiglu", "bf16_norm", "swiglu_norm")
-        assert {f"skinny_staged_k{kc}s{S}p{pl}_{kind}" for kind in kinds} <= names
-    assert sum(n.startswith("skinny_staged") for n in names) == 5 * len(ops.SKINNY_STAGED_CONFIGS)
+        assert {f"skinny_staged_k{kc}s{S}p{pl}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+    assert sum(n.startswith("skinny_staged") for n in names) == 3 * len(ops.SKINNY_STAGED_CONFIGS)
     n = len(log)
     for kw, bx, bw in ((dict(), torch.randn(9, 64).to(bf), torch.randn(32, 64).to(bf)),       # more than 8 rows
                        (dict(stages=5), x, torch.randn(32, 4096).to(bf)),                      # no such kernel
@@ -203,57 +202,6 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
         with pytest.raises(ValueError):
             ops.skinny_staged(bx, bw, **kw)
     assert len(log) == n
-
-
-def test_skinny_staged_norm_launch_and_rejects_bad_input(launch_log, monkeypatch):
-    """``ops.skinny_staged_norm`` on the CPU with ``_launch`` recorded: the ``_norm`` kernel of the configuration
-    (plain or SwiGLU), the staged grid, the stages' shared memory and the input rows', d / residual /
-    residual_out / norm weight / eps before the GEMM's arguments, a new residual_out (the given residual
-    untouched); bad input -- more than 8 rows, a residual of another shape, a norm weight of another length,
-    rows over 8192 columns, a residual_out that overlaps the residual or d, an eps that is not a float, more
-    shared memory than a CTA may have -- is a ValueError that launches nothing."""
-    import torch
-
-    from optimized import ops
-
-    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
-    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
-    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
-    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
-                        launch_log.append((module, name, grid, block, args, smem)))
-    bf = torch.bfloat16
-    d, r, nw = torch.randn(3, 4096).to(bf), torch.randn(3, 4096).to(bf), torch.randn(4096).to(bf)
-    r0 = r.clone()
-    y, r_out = ops.skinny_staged_norm(d, r, nw, 1e-6, torch.randn(6144, 4096).to(bf))
-    mod, name, grid, block, args, smem = launch_log[-1]
-    assert (mod, name, grid, block) == ("skinny_gemm", "skinny_staged_k1024s3p16_bf16_norm", (264, 1, 1), (160, 1, 1))
-    assert smem == ops.skinny_staged_smem(1024, 3) + 3 * (2 * 4096 + 64) == ops.skinny_staged_smem(1024, 3) + \
-        ops.skinny_staged_norm_smem(3, 4096) and y.shape == (3, 6144) and r_out.shape == (3, 4096)
-    assert int(args[0]) == d.data_ptr() and int(args[2]) == r.data_ptr() and int(args[4]) == r_out.data_ptr()
-    assert int(args[5]) == nw.data_ptr() and float(args[6]) == np.float32(1e-6)
-    assert [int(a) for a in args[9:12]] == [3, 6144, 4096] and int(args[13]) == 3 and int(args[14]) == 1
-    assert r_out.data_ptr() not in (r.data_ptr(), d.data_ptr()) and torch.equal(r, r0)
-    y, _ = ops.skinny_staged_norm(d, r, nw, 1e-6, torch.randn(2 * 48, 4096).to(bf), swiglu=True, kc=2048, stages=2,
-                                  ctas_per_sm=1, pre=1, evict_first=False)
-    mod, name, grid, block, args, smem = launch_log[-1]
-    assert name == "skinny_staged_k2048s2p16_swiglu_norm" and grid == (6, 1, 1) and y.shape == (3, 48)
-    assert int(args[10]) == 48 and int(args[13]) == 1 and int(args[14]) == 0
-    n = len(launch_log)
-    w = torch.randn(32, 4096).to(bf)
-    big = torch.randn(2, 8200).to(bf)
-    for args_, kw in (((torch.randn(9, 4096).to(bf), torch.randn(9, 4096).to(bf), nw, 1e-6, w), {}),
-                      ((d, r[:2], nw, 1e-6, w), {}),
-                      ((d, r, nw[:2048], 1e-6, w), {}),
-                      ((big, big.clone(), torch.randn(8200).to(bf), 1e-6, torch.randn(32, 8200).to(bf)), {}),
-                      ((d, r, nw, 1e-6, w), dict(residual_out=r)),
-                      ((d, r, nw, 1e-6, w), dict(residual_out=d)),
-                      ((d, r, nw, 1, w), {}),
-                      ((d, r, nw, 1e-6, w), dict(stages=5)),
-                      ((torch.randn(8, 4096).to(bf), torch.randn(8, 4096).to(bf), nw, 1e-6, w),   # 265 KB of smem
-                       dict(kc=2048, stages=3))):
-        with pytest.raises(ValueError):
-            ops.skinny_staged_norm(*args_, **kw)
-    assert len(launch_log) == n and torch.equal(r, r0)
 
 
 def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):

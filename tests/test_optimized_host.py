@@ -288,53 +288,6 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     assert "skinny_staged" not in {k for k, _ in launches}
 
 
-def test_add_norm_fused_into_staged_qkv_and_gate_up(opt_engine, launches):
-    """Default mode: a decode step's add + RMSNorm before each qkv GEMM but the first layer's and before every
-    gate/up GEMM runs in the staged GEMM's prologue (``skinny_staged_norm``) at up to ``norm_max_m`` rows (by
-    default 1), leaving one ``add_rmsnorm`` (the final norm) a step; larger steps and prefills keep
-    ``add_rmsnorm``; the rollout is the unfused engine's (``norm_max_m = 0``); with ``fuse_swiglu`` off gate/up
-    is unfused but qkv still fused; with the staged kernel off nothing is fused."""
-    n_layers = TINY.num_hidden_layers
-
-    def fused_steps(eng, n_seqs: int):
-        launches.clear()
-        sps = [reference.SamplingParams(max_tokens=4, stop_token_ids=())] * n_seqs
-        out = _rollout(eng, PROMPTS[:n_seqs], sps, turns=2)
-        fused = [d for k, d in launches if k == "staged_norm"]
-        return out, fused, [m for k, m in launches if k == "add_rmsnorm"]
-
-    bases = {}
-    for n_seqs in (1, 3):
-        plain = opt_engine()
-        plain.runner.norm_max_m = 0
-        bases[n_seqs], fused, _ = fused_steps(plain, n_seqs)
-        assert not fused
-    assert opt_engine().runner.norm_max_m == 1
-    for n_seqs, max_m in ((1, None), (3, 8)):                # the default at 1 row; 8 rows (3 sequences: 4 rows)
-        eng = opt_engine()
-        if max_m is not None:
-            eng.runner.norm_max_m = max_m
-        out, fused, norms = fused_steps(eng, n_seqs)
-        assert out == bases[n_seqs] and fused, (n_seqs, fused)
-        steps: dict[int, list[bool]] = {}                # rows of a step -> its fused launches (SwiGLU or not)
-        for m, sw in fused:
-            assert m <= (max_m or 1), (m, max_m)
-            steps.setdefault(m, []).append(sw)
-        for m, sws in steps.items():
-            gate_up = sws.count(True)
-            assert gate_up % n_layers == 0 and sws.count(False) == gate_up // n_layers * (n_layers - 1), (m, sws)
-            assert norms.count(m) >= gate_up // n_layers, "the final norm of each fused step stays"
-    out, fused, _ = fused_steps(opt_engine(), 3)                # the default leaves 4-row steps unfused
-    assert out == bases[3] and not [m for m, _ in fused if m > 1]
-    for fuse_swiglu, staged, want in ((False, None, {False}), (True, {}, set())):
-        eng = opt_engine()
-        eng.runner.fuse_swiglu, eng.runner.norm_max_m = fuse_swiglu, 8
-        if staged is not None:
-            eng.runner.staged = staged
-        out, fused, _ = fused_steps(eng, 3)
-        assert out == bases[3] and {sw for _, sw in fused} == want, (fuse_swiglu, staged, fused)
-
-
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

@@ -19,8 +19,7 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``default`` the ``BLAS_VARIANTS`` (``lt``: torch's cuBLASLt path), the ``SKINNY_N`` variants (the runner's
   choice of skinny GEMMs by weight rows, and of o_proj's L2 prefetch before its PDL wait), the ``STAGED`` variants
   (decode GEMMs on the staged skinny kernel, by role), the ``L2_VARIANTS`` (the staged kernel's weight copies
-  without an L2 hint, ``ef0``), the ``NORM_VARIANTS`` (the add + RMSNorm prologue of the staged qkv and
-  gate/up GEMMs off, ``nf0``) and the ``ENGINE_VARIANTS`` (``sync``:
+  without an L2 hint, ``ef0``) and the ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
   session's ``auto`` split rule instead of ``reference.attention.split_size_for``'s),
@@ -148,13 +147,6 @@ L2_VARIANTS: dict[str, tuple[bool, dict[str, tuple[int, int, int, int, int]] | N
     "ef0": (False, None), "ef-pre1": (True, _st(_K1, o_pre=1, pre=1)), "ef-pre3": (True, _st(_K1, o_pre=3)),
 }
 
-#: variants on top of "default" with another ``norm_max_m`` (the add + RMSNorm before a staged qkv or gate/up
-#: GEMM runs in its prologue up to this many rows): ``nf0`` never, as the fifteenth session ran, ``nf1`` at
-#: one row only, ``nf8`` at every staged size, ``nf-qkv`` / ``nf-gu`` at one row before qkv / gate/up only
-NORM_VARIANTS: dict[str, int] = {"nf0": 0, "nf1": 1, "nf8": 8, "nf-qkv": 1, "nf-gu": 1}
-#: ... and the roles whose GEMMs take it (the runner's ``norm_roles``; the others: both)
-NORM_ROLES: dict[str, tuple[str, ...]] = {"nf-qkv": ("qkv",), "nf-gu": ("gate_up",)}
-
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
     """``steps`` tokens, no stop token, greedy unless ``sampling`` holds other ``SamplingParams`` keywords."""
@@ -258,8 +250,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
     ap.add_argument("--variants", nargs="*",
                     choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
-                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED) + tuple(L2_VARIANTS)
-                    + tuple(NORM_VARIANTS),
+                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED) + tuple(L2_VARIANTS),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -280,7 +271,6 @@ def main() -> int:
         default_n = (eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems)
         default_staged = (dict(eng.runner.staged), eng.runner.staged_min_elems)
         default_ef = eng.runner.staged_evict_first
-        default_norm = eng.runner.norm_max_m
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -292,14 +282,11 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
-                    default_n=default_n, default_staged=default_staged, default_ef=default_ef,
-                    default_norm=default_norm) -> None:
+                    default_n=default_n, default_staged=default_staged, default_ef=default_ef) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
-                    or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS or variant in NORM_VARIANTS
-                eng.runner.norm_max_m = NORM_VARIANTS.get(variant, default_norm)
-                eng.runner.norm_roles = NORM_ROLES.get(variant, ("qkv", "gate_up"))
+                    or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS
                 ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
                 eng.runner.staged_evict_first = ef
                 if ef_staged is not None:
@@ -370,7 +357,6 @@ def main() -> int:
             eng.runner.lookahead = True
             eng.runner.staged, eng.runner.staged_min_elems = default_staged
             eng.runner.staged_evict_first = default_ef
-            eng.runner.norm_max_m = default_norm
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

@@ -6,26 +6,56 @@
 // add_rmsnorm: residual = bf16(residual + x) (written back in place, as the decoder layer's
 // `x = x + o` in bf16), then out = rms_norm(residual).
 // rsqrt is computed as 1 / sqrt (both correctly rounded), as torch's CPU rsqrt does; only the
-// order of the sum of squares differs from torch (that order, and the arithmetic, are norm.cuh's, shared
-// with the add + RMSNorm prologue of skinny_gemm.cu's staged kernel).
+// order of the sum of squares differs from torch.
 //
 // One CTA per row; blockDim a multiple of 32 (<= 1024); H % 8 == 0; 16-byte loads/stores.
 // Row strides in elements (x_stride, r_stride, out_stride) so rows may be slices of a larger buffer.
 
 #include <cuda_bf16.h>
 
-#include "norm.cuh"
 #include "pdl.cuh"
 
 namespace {
 
-// the sum over the CTA (norm.cuh's order: each warp's xor tree, then the warps' totals by a second tree)
 __device__ __forceinline__ float block_sum(float v, float* s_warp) {
-  v = warp_sum(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   if (lane == 0) s_warp[warp] = v;
   __syncthreads();
-  return warp_sum(lane < nw ? s_warp[lane] : 0.f);  // every thread holds the total
+  float t = lane < nw ? s_warp[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;  // every thread holds the total
+}
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 x = __bfloat1622float2(p[j]);
+    f[2 * j] = x.x;
+    f[2 * j + 1] = x.y;
+  }
+}
+
+// out chunk = bf16( w * bf16(x * r) )
+__device__ __forceinline__ uint4 norm8(const float (&x)[8], const uint4& wv, float r) {
+  float w[8];
+  unpack8(wv, w);
+  uint4 ov;
+  __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&ov);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float n0 = __bfloat162float(__float2bfloat16_rn(__fmul_rn(x[2 * j], r)));
+    const float n1 = __bfloat162float(__float2bfloat16_rn(__fmul_rn(x[2 * j + 1], r)));
+    o[j] = __floats2bfloat162_rn(__fmul_rn(w[2 * j], n0), __fmul_rn(w[2 * j + 1], n1));
+  }
+  return ov;
+}
+
+__device__ __forceinline__ float inv_rms(float sumsq, int H, float eps) {
+  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, (float)H), eps)));
 }
 
 }  // namespace
@@ -43,7 +73,8 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm(const __nv_bfloat16* 
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     float f[8];
     unpack8(*reinterpret_cast<const uint4*>(xr + c * 8), f);
-    ss = __fadd_rn(ss, sumsq8(f));
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
   }
   const float r = inv_rms(block_sum(ss, s_warp), H, eps);
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -66,9 +97,17 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const __nv_bfloat
   const int chunks = H >> 3;
   float ss = 0.f;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    float f[8];
-    const uint4 sv = add8(*reinterpret_cast<const uint4*>(xr + c * 8), *reinterpret_cast<const uint4*>(rr + c * 8), f);
-    ss = __fadd_rn(ss, sumsq8(f));
+    float a[8], b[8];
+    unpack8(*reinterpret_cast<const uint4*>(xr + c * 8), a);
+    unpack8(*reinterpret_cast<const uint4*>(rr + c * 8), b);
+    uint4 sv;
+    __nv_bfloat162* s2 = reinterpret_cast<__nv_bfloat162*>(&sv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s2[j] = __floats2bfloat162_rn(__fadd_rn(b[2 * j], a[2 * j]), __fadd_rn(b[2 * j + 1], a[2 * j + 1]));
+      const float2 f = __bfloat1622float2(s2[j]);
+      ss += f.x * f.x + f.y * f.y;
+    }
     *reinterpret_cast<uint4*>(rr + c * 8) = sv;  // the same thread re-reads this chunk below
   }
   const float r = inv_rms(block_sum(ss, s_warp), H, eps);

@@ -40,7 +40,6 @@
 #include <cuda_bf16.h>
 
 #include "mma.cuh"
-#include "norm.cuh"
 #include "swiglu.cuh"
 #include "pdl.cuh"
 
@@ -328,105 +327,17 @@ __device__ __forceinline__ void st_mark(int k) {
 #define TK_ST_MARK(k)
 #endif
 
-// The add + RMSNorm prologue (the *_norm kernels): x is a layer's output d (o_proj's or down_proj's) and the
-// GEMM's input is rms_norm(res + d) -- what add_rmsnorm(d, res, nw) followed by this GEMM computes, in the
-// same bits. Every CTA's consumers form that input of the M rows once, into shared memory (xn: row m at
-// m * st_xrs(K) bytes past the stages), and the main loop reads its x fragments from there:
-//   1. bf16(res + d) of every 8-column chunk, into xn, and its squares in add_rmsnorm's order (norm.cuh): the
-//      norm_threads(K) threads of its one-CTA-per-row launch are "virtual" here, thread v = 32 vw + l holding
-//      chunk v's squares (K <= 8192: at most one chunk each); consumer warp w takes the (row, virtual warp)
-//      pairs w, w + kStCW, .. kR at a time, so that their loads are in flight together, and its xor tree
-//      gives s_part[m][vw]. CTA 0 also writes the new residual to res_out (another buffer than res: the
-//      other CTAs are still reading res). The norm weight's chunks this thread scales in 3 are loaded with
-//      the first round's;
-//   2. each row's second tree and 1 / rms (s_rstd[m]);
-//   3. xn's chunks scaled in place: norm8(bf16(res + d), nw, 1 / rms).
-// (A first version formed each x fragment in the main loop from global memory, for every tile: 14 and 10 us
-// slower per gate/up and qkv launch than add_rmsnorm and the GEMM apart; docs/performance.md.)
-constexpr int kR = 8;                      // (row, virtual warp) pairs of a warp's round in 1
-constexpr int kNWC = 8192 / 8 / (32 * kStCW);  // norm-weight chunks per consumer thread in 3, at K = 8192
-// bytes between xn's rows: 2 K, and 64 so that the rows g, g + 1 of a quarter-warp's loads fall on other banks
-__host__ __device__ constexpr int st_xrs(int K) { return 2 * K + 64; }
-
-__device__ __forceinline__ void sts128(u32 addr, const uint4& v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
-__device__ __forceinline__ void staged_norm_rows(const __nv_bfloat16* __restrict__ x, int ldx,
-                                                 const __nv_bfloat16* __restrict__ res, int ldr,
-                                                 __nv_bfloat16* __restrict__ res_out,
-                                                 const __nv_bfloat16* __restrict__ nw, int M, int K, float eps,
-                                                 u32 xn, float (*s_part)[32], float* s_rstd) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int chunks = K >> 3, nvw = norm_threads(K) >> 5, pairs = M * nvw, xrs = st_xrs(K);
-  uint4 wv[kNWC];  // 3's norm-weight chunks: tid, tid + 32 kStCW, ..
-#pragma unroll
-  for (int i = 0; i < kNWC; ++i) {
-    const int c = tid + i * 32 * kStCW;
-    wv[i] = __ldg(reinterpret_cast<const uint4*>(nw + 8 * (c < chunks ? c : 0)));
-  }
-  for (int p0 = warp; p0 < pairs; p0 += kStCW * kR) {  // 1.
-    uint4 xv[kR], rv[kR];
-#pragma unroll
-    for (int i = 0; i < kR; ++i) {  // every load first (out-of-range ones read chunk 0 of row 0)
-      const int p = p0 + i * kStCW, c = (p % nvw) * 32 + lane;
-      const bool in = p < pairs && c < chunks;
-      const int m = in ? p / nvw : 0, k = in ? 8 * c : 0;
-      xv[i] = load_x8(x, ldx, m, k);
-      rv[i] = load_x8(res, ldr, m, k);
-    }
-#pragma unroll
-    for (int i = 0; i < kR; ++i) {
-      const int p = p0 + i * kStCW, c = (p % nvw) * 32 + lane;
-      if (p >= pairs) break;  // warp-uniform
-      const int m = p / nvw;
-      const bool in = c < chunks;
-      float f[8];
-      const uint4 sv = add8(xv[i], rv[i], f);
-      if (in) {
-        sts128(xn + m * xrs + 16 * c, sv);
-        if (blockIdx.x == 0) *reinterpret_cast<uint4*>(res_out + (long long)m * K + 8 * c) = sv;
-      }
-      const float t = warp_sum(in ? sumsq8(f) : 0.f);  // add_rmsnorm: a thread without a chunk adds 0
-      if (lane == 0) s_part[m][p % nvw] = t;
-    }
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // the consumer warps only
-  for (int m = warp; m < M; m += kStCW) {  // 2.
-    const float t = warp_sum(lane < nvw ? s_part[m][lane] : 0.f);
-    if (lane == 0) s_rstd[m] = inv_rms(t, K, eps);
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");
-  for (int m = 0; m < M; ++m) {  // 3.
-    const float r = s_rstd[m];
-#pragma unroll
-    for (int i = 0; i < kNWC; ++i) {
-      const int c = tid + i * 32 * kStCW;
-      if (c < chunks) {
-        float f[8];
-        unpack8(lds128(xn + m * xrs + 16 * c), f);
-        sts128(xn + m * xrs + 16 * c, norm8(f, wv[i], r));
-      }
-    }
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");
-}
-
-template <int KC, int S, int PL, bool F32, int EPI, bool NORM = false>
+template <int KC, int S, int PL, bool F32, int EPI>
 __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
                                                    int M, int N, int K, int* __restrict__ counters, int pre,
-                                                   int evict, const __nv_bfloat16* __restrict__ res = nullptr,
-                                                   int ldr = 0, __nv_bfloat16* __restrict__ res_out = nullptr,
-                                                   const __nv_bfloat16* __restrict__ nw = nullptr, float eps = 0.f) {
+                                                   int evict) {
   constexpr int kRS = st_rs(KC), kStage = 16 * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
   static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64 && (PL == 1 || PL == 16), "staged layout");
   extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kRS bytes
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
   __shared__ int stage_tile[S];                              // the tile a stage holds a chunk of; -1: no more
   __shared__ float red[2][kStCW][4][32];                     // per-warp C fragments, two tiles' worth
-  __shared__ float s_part[NORM ? 8 : 1][32], s_rstd[8];      // (NORM) the norm's warp sums, each row's 1 / rms
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
   const int kch = (K + KC - 1) / KC;  // chunks of a tile
@@ -510,8 +421,6 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   const bool xr = g < M;
   const int xm = xr ? g : 0;
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-  const u32 xn = base + S * kStage;  // (NORM) the GEMM's input rows, st_xrs(K) bytes apart
-  if constexpr (NORM) staged_norm_rows(x, ldx, res, ldr, res_out, nw, M, K, eps, xn, s_part, s_rstd);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int par = 0;  // which half of red this tile's partials go to
   for (int i = 0, kc = 0;; ++i) {
@@ -522,11 +431,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {  // x first: chunk kc of x is the same for every tile
       const int kk = (warp + j * kStCW) * 32 + 8 * t4;
-      const int k = kk < cols ? k0 + kk : 0;
-      if constexpr (NORM)
-        xv[j] = lds128(xn + xm * st_xrs(K) + 2 * k);  // rms_norm(res + d), formed in the prologue
-      else
-        xv[j] = load_x8(x, ldx, xm, k);
+      xv[j] = load_x8(x, ldx, xm, kk < cols ? k0 + kk : 0);
     }
     mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
 #ifdef TK_STAGED_TRACE
@@ -631,25 +536,10 @@ TK_SKINNY_W(2, 16, 16)
       int M, int N, int K, int* __restrict__ counters, int pre, int evict) {                                  \
     skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, counters, pre, evict);               \
   }
-// skinny_staged_k{KC}s{S}p{PL}_{bf16,swiglu}_norm: the same with the add + RMSNorm prologue (staged_norm_rows):
-// y = rms_norm(res + x; nw, eps) W^T, and res_out = bf16(res + x) (written by CTA 0; res_out and res must not
-// overlap); res [M, K] row stride ldr, res_out [M, K] contiguous, nw [K]; K <= 8192; M * st_xrs(K) more bytes
-// of dynamic shared memory.
-#define TK_STAGED_NORM_K(KCV, SV, PLV, SUF, EPIV)                                                             \
-  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged_k##KCV##s##SV##p##PLV##_##SUF##_norm( \
-      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ res, int ldr,          \
-      __nv_bfloat16* __restrict__ res_out, const __nv_bfloat16* __restrict__ nw, float eps,                  \
-      const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N, int K, int* __restrict__ counters, \
-      int pre, int evict) {                                                                                   \
-    skinny_staged_impl<KCV, SV, PLV, false, EPIV, true>(x, ldx, w, y, M, N, K, counters, pre, evict, res, ldr, \
-                                                         res_out, nw, eps);                                   \
-  }
 #define TK_STAGED(KCV, SV, PLV)                        \
   TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
   TK_STAGED_K(KCV, SV, PLV, f32, true, kPlain)         \
-  TK_STAGED_K(KCV, SV, PLV, swiglu, false, kSwiGLU)    \
-  TK_STAGED_NORM_K(KCV, SV, PLV, bf16, kPlain)         \
-  TK_STAGED_NORM_K(KCV, SV, PLV, swiglu, kSwiGLU)
+  TK_STAGED_K(KCV, SV, PLV, swiglu, false, kSwiGLU)
 TK_STAGED(512, 4, 16)
 TK_STAGED(1024, 3, 16)
 TK_STAGED(1024, 4, 16)
