@@ -58,23 +58,62 @@ __device__ __forceinline__ float inv_rms(float sumsq, int H, float eps) {
   return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, (float)H), eps)));
 }
 
-}  // namespace
+// one chunk of add_rmsnorm's first pass: s = bf16(r + x), returned and as floats in f, its squares added to ss
+__device__ __forceinline__ uint4 add_chunk(const uint4& xv, const uint4& rv, float (&f)[8], float& ss) {
+  float a[8], b[8];
+  unpack8(xv, a);
+  unpack8(rv, b);
+  uint4 sv;
+  __nv_bfloat162* s2 = reinterpret_cast<__nv_bfloat162*>(&sv);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    s2[j] = __floats2bfloat162_rn(__fadd_rn(b[2 * j], a[2 * j]), __fadd_rn(b[2 * j + 1], a[2 * j + 1]));
+    const float2 v = __bfloat1622float2(s2[j]);
+    f[2 * j] = v.x;
+    f[2 * j + 1] = v.y;
+    ss += v.x * v.x + v.y * v.y;
+  }
+  return sv;
+}
 
-extern "C" __global__ void __launch_bounds__(1024) rmsnorm(const __nv_bfloat16* __restrict__ x, int x_stride,
-                                                           const __nv_bfloat16* __restrict__ w,
-                                                           __nv_bfloat16* __restrict__ out, int out_stride, int H,
-                                                           float eps) {
-  pdl_entry();
+// the squares of a chunk added to ss
+__device__ __forceinline__ void sq_chunk(const float (&f)[8], float& ss) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+}
+
+// ONE: when every thread has at most one chunk (H <= 8 blockDim: every Qwen3 width at _norm_threads), all its
+// loads -- x (and the residual) and the weight -- are issued in one round before the reduction and the chunk
+// stays in registers for the second pass, instead of a second round of loads after it (the residual just
+// written, and the weight). Both passes are each other's bits (the same chunk functions); what the one round
+// saves is a trip to L2 on the critical path of a latency-bound launch (docs/performance.md, "Small kernels").
+// !ONE: the two rounds, as before the sixteenth session (kept for its A/B: rmsnorm_2r, add_rmsnorm_2r).
+template <bool ONE>
+__device__ __forceinline__ void rmsnorm_impl(const __nv_bfloat16* __restrict__ x, int x_stride,
+                                             const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
+                                             int out_stride, int H, float eps) {
   __shared__ float s_warp[32];
   const __nv_bfloat16* xr = x + (long long)blockIdx.x * x_stride;
   __nv_bfloat16* orow = out + (long long)blockIdx.x * out_stride;
   const int chunks = H >> 3;
   float ss = 0.f;
+  if (ONE && chunks <= (int)blockDim.x) {
+    const int c = threadIdx.x;
+    float f[8];
+    uint4 wv = make_uint4(0u, 0u, 0u, 0u);
+    if (c < chunks) {
+      unpack8(*reinterpret_cast<const uint4*>(xr + c * 8), f);
+      wv = *reinterpret_cast<const uint4*>(w + c * 8);
+      sq_chunk(f, ss);
+    }
+    const float r = inv_rms(block_sum(ss, s_warp), H, eps);
+    if (c < chunks) *reinterpret_cast<uint4*>(orow + c * 8) = norm8(f, wv, r);
+    return;
+  }
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     float f[8];
     unpack8(*reinterpret_cast<const uint4*>(xr + c * 8), f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+    sq_chunk(f, ss);
   }
   const float r = inv_rms(block_sum(ss, s_warp), H, eps);
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -84,31 +123,34 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm(const __nv_bfloat16* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const __nv_bfloat16* __restrict__ x, int x_stride,
-                                                               __nv_bfloat16* __restrict__ residual, int r_stride,
-                                                               const __nv_bfloat16* __restrict__ w,
-                                                               __nv_bfloat16* __restrict__ out, int out_stride, int H,
-                                                               float eps) {
-  pdl_entry();
+template <bool ONE>
+__device__ __forceinline__ void add_rmsnorm_impl(const __nv_bfloat16* __restrict__ x, int x_stride,
+                                                 __nv_bfloat16* __restrict__ residual, int r_stride,
+                                                 const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
+                                                 int out_stride, int H, float eps) {
   __shared__ float s_warp[32];
   const __nv_bfloat16* xr = x + (long long)blockIdx.x * x_stride;
   __nv_bfloat16* rr = residual + (long long)blockIdx.x * r_stride;
   __nv_bfloat16* orow = out + (long long)blockIdx.x * out_stride;
   const int chunks = H >> 3;
   float ss = 0.f;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    float a[8], b[8];
-    unpack8(*reinterpret_cast<const uint4*>(xr + c * 8), a);
-    unpack8(*reinterpret_cast<const uint4*>(rr + c * 8), b);
-    uint4 sv;
-    __nv_bfloat162* s2 = reinterpret_cast<__nv_bfloat162*>(&sv);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s2[j] = __floats2bfloat162_rn(__fadd_rn(b[2 * j], a[2 * j]), __fadd_rn(b[2 * j + 1], a[2 * j + 1]));
-      const float2 f = __bfloat1622float2(s2[j]);
-      ss += f.x * f.x + f.y * f.y;
+  if (ONE && chunks <= (int)blockDim.x) {
+    const int c = threadIdx.x;
+    float f[8];
+    uint4 wv = make_uint4(0u, 0u, 0u, 0u);
+    if (c < chunks) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(xr + c * 8), rv = *reinterpret_cast<const uint4*>(rr + c * 8);
+      wv = *reinterpret_cast<const uint4*>(w + c * 8);
+      *reinterpret_cast<uint4*>(rr + c * 8) = add_chunk(xv, rv, f, ss);
     }
-    *reinterpret_cast<uint4*>(rr + c * 8) = sv;  // the same thread re-reads this chunk below
+    const float r = inv_rms(block_sum(ss, s_warp), H, eps);
+    if (c < chunks) *reinterpret_cast<uint4*>(orow + c * 8) = norm8(f, wv, r);
+    return;
+  }
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float f[8];
+    *reinterpret_cast<uint4*>(rr + c * 8) =  // the same thread re-reads this chunk below
+        add_chunk(*reinterpret_cast<const uint4*>(xr + c * 8), *reinterpret_cast<const uint4*>(rr + c * 8), f, ss);
   }
   const float r = inv_rms(block_sum(ss, s_warp), H, eps);
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -117,3 +159,27 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const __nv_bfloat
     *reinterpret_cast<uint4*>(orow + c * 8) = norm8(f, *reinterpret_cast<const uint4*>(w + c * 8), r);
   }
 }
+
+}  // namespace
+
+#define TK_RMSNORM(NAME, ONEV)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(1024) NAME(const __nv_bfloat16* __restrict__ x, int x_stride,    \
+                                                          const __nv_bfloat16* __restrict__ w,                 \
+                                                          __nv_bfloat16* __restrict__ out, int out_stride, int H, \
+                                                          float eps) {                                          \
+    pdl_entry();                                                                                                \
+    rmsnorm_impl<ONEV>(x, x_stride, w, out, out_stride, H, eps);                                               \
+  }
+#define TK_ADD_RMSNORM(NAME, ONEV)                                                                              \
+  extern "C" __global__ void __launch_bounds__(1024) NAME(const __nv_bfloat16* __restrict__ x, int x_stride,    \
+                                                          __nv_bfloat16* __restrict__ residual, int r_stride,  \
+                                                          const __nv_bfloat16* __restrict__ w,                 \
+                                                          __nv_bfloat16* __restrict__ out, int out_stride, int H, \
+                                                          float eps) {                                          \
+    pdl_entry();                                                                                                \
+    add_rmsnorm_impl<ONEV>(x, x_stride, residual, r_stride, w, out, out_stride, H, eps);                       \
+  }
+TK_RMSNORM(rmsnorm, true)
+TK_RMSNORM(rmsnorm_2r, false)
+TK_ADD_RMSNORM(add_rmsnorm, true)
+TK_ADD_RMSNORM(add_rmsnorm_2r, false)

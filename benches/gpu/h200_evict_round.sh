@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Sixteenth session's device calls on the staged skinny GEMM's L2 policy (skinny_gemm.cu, l2_policy; run from
+# Sixteenth session's device calls on the staged skinny GEMM's L2 policy (skinny_gemm.cu, l2_evict_first; run from
 # the repository root):
-#   bash benches/gpu/h200_l2_round.sh MODE
+#   bash benches/gpu/h200_evict_round.sh MODE
 #   ab:     check_kernels.py --only staged (copies without an L2 hint bitwise the default's, among the rest), then the
 #           engine A/B in one process (profile_decode.py): the default (evict-first weight copies, 2 early
 #           stages) against the L2_VARIANTS (V8: the variants) at qwen3-8b batch 1 and 8 with the batch-1 graph
 #           timeline, and at qwen3-0.6b batch 1 and 8 (V06)
 #   (the session's "norm" mode, the A/B of the add + RMSNorm prologue of skinny_staged_norm, is in commit 42c8de7,
+#   where this script was still benches/gpu/h200_l2_round.sh, the name of a fourteenth-session script before;
 #   with that kernel: measured and reverted, docs/performance.md)
+#   early:  check_kernels.py --only early elementwise (CHECKS; the norms' and RoPE's early loads bitwise the late
+#           ones), then the engine A/B of the default against ``late`` (V8, V06) as in ab; SMOKE=1: the smoke test
 #   final:  the engine decode bench (its transformers peer included; SMOKE=1: after the engine smoke test)
 source benches/gpu/_env.sh
 mode=${1:-ab}
@@ -23,6 +26,17 @@ if [ "$mode" = ab ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
     --variants ${V06:-default ef0} > "$OUT/profile_l2_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_l2_06b.log"
+fi
+if [ "$mode" = early ]; then
+  checks 150 check_kernels_early.log ${CHECKS:-early elementwise}
+  timeout 330 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --timeline-batches 1 --rounds 3 --variants ${V8:-default late} > "$OUT/profile_early_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_early_8b.log"
+  grep -E "^\s+[0-9]+x" "$OUT/profile_early_8b.log" | cut -c1-110
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
+    --variants ${V06:-default late} > "$OUT/profile_early_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_early_06b.log"
+  [ -n "$SMOKE" ] && smoke 100
 fi
 if [ "$mode" = final ]; then
   [ -n "$SMOKE" ] && smoke 100
