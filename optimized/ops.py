@@ -401,12 +401,6 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
 # norms, rope, activation
 # --------------------------------------------------------------------------------------
 
-#: rmsnorm, add_rmsnorm and qk_norm_rope issue every independent load before their reduction (the kernels
-#: of those names); False: the kernels that load the rest after it (``*_2r``, ``qk_norm_rope_late``), as before
-#: the sixteenth session -- the same bits, for its A/B (read at each launch, so at a graph's capture)
-EARLY_LOADS = True
-
-
 def _norm_threads(H: int) -> int:
     return min(1024, max(32, -(-(H // 8) // 32) * 32))
 
@@ -439,7 +433,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Ten
         return out
     xs = _rows("x", x2, 1)
     o2 = out.view(-1, H)
-    _launch(x, "rmsnorm", "rmsnorm" if EARLY_LOADS else "rmsnorm_2r", (T, 1, 1), (_norm_threads(H), 1, 1),
+    _launch(x, "rmsnorm", "rmsnorm", (T, 1, 1), (_norm_threads(H), 1, 1),
             (_p(x2), _i(xs), _p(weight), _p(o2), _i(H), _i(H), _f(eps)))
     return out
 
@@ -457,7 +451,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     if T == 0:
         return out
     xs, rs = _rows("x", x2, 1), _rows("residual", r2, 1)
-    _launch(x, "rmsnorm", "add_rmsnorm" if EARLY_LOADS else "add_rmsnorm_2r", (T, 1, 1), (_norm_threads(H), 1, 1),
+    _launch(x, "rmsnorm", "add_rmsnorm", (T, 1, 1), (_norm_threads(H), 1, 1),
             (_p(x2), _i(xs), _p(r2), _i(rs), _p(weight), _p(out.view(-1, H)), _i(H), _i(H), _f(eps)))
     return out
 
@@ -506,7 +500,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         _same_device(q=q, v=v, k_cache=kc, v_cache=vc, slot_mapping=slots)
         vs = v.stride(0) if T > 1 else n_kv * D
     warps = T * (n_q + n_kv)
-    _launch(q, "rope", "qk_norm_rope" if EARLY_LOADS else "qk_norm_rope_late", (-(-warps // 4), 1, 1), (128, 1, 1),
+    _launch(q, "rope", "qk_norm_rope", (-(-warps // 4), 1, 1), (128, 1, 1),
             (_p(q), _i(qs), _p(k), _i(ks), _p(q_weight), _p(k_weight), _p(cos), _p(sin), _p(positions),
              _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps), _i(1 if rotate_k else 0),
              _p(v), _i(vs), _p(kc), _p(vc), _p(slots)))

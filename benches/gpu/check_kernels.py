@@ -918,69 +918,6 @@ def check_skinny_epilogues(C: Checks, dev, gen) -> None:
         C.run("epilogue", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
-def check_early_loads(C: Checks, dev, gen) -> None:
-    """``ops.EARLY_LOADS`` (every independent load of rmsnorm, add_rmsnorm and qk_norm_rope before the
-    reduction): bitwise the late-loading kernels (``*_2r``, ``qk_norm_rope_late``) -- rows of 1 to 40 tokens,
-    widths of one chunk a thread (1024, 4096, 5120, 40) and of several (12288, the two-round fallback), a
-    strided x; RoPE on strided q/k with the fused KV store, a padding row (position and slot -1), fused RoPE's
-    unrotated k (rotate_k=False)."""
-    eps = 1e-6
-
-    def both(fn):
-        outs = []
-        for early in (False, True):
-            ops.EARLY_LOADS = early
-            try:
-                outs.append(fn())
-            finally:
-                ops.EARLY_LOADS = True
-        return outs
-
-    for T, H in ((1, 4096), (8, 4096), (40, 1024), (3, 5120), (2, 40), (5, 12288)):
-        def run_norms(T=T, H=H):
-            xw = (torch.randn(T, H + 8, generator=gen) * 2).to(torch.bfloat16).to(dev)
-            x = xw[:, :H]
-            r0 = torch.randn(T, H, generator=gen).to(torch.bfloat16).to(dev)
-            w = (1.0 + 0.1 * torch.randn(H, generator=gen)).to(torch.bfloat16).to(dev)
-
-            def add():
-                r = r0.clone()
-                return ops.add_rmsnorm(x, r, w, eps), r
-            (late_n, late_r), (early_n, early_r) = both(add)
-            late_p, early_p = both(lambda: ops.rmsnorm(x, w, eps))
-            return exact("add_rmsnorm", early_n, late_n) + exact("add_rmsnorm's residual", early_r, late_r) \
-                + exact("rmsnorm", early_p, late_p)
-        C.run("early", f"norms T={T} H={H}", run_norms)
-    for T, n_q, n_kv, D, rotate_k in ((1, 32, 8, 128, True), (7, 32, 8, 128, True), (3, 16, 8, 128, False),
-                                      (4, 4, 2, 64, True)):
-        def run_rope(T=T, n_q=n_q, n_kv=n_kv, D=D, rotate_k=rotate_k):
-            max_pos = 4096
-            pos = torch.randint(0, max_pos, (T,), generator=gen).to(torch.int32)
-            pos[-1] = -1                                                       # a padding row
-            slots = torch.randperm(64, generator=gen)[:T].to(torch.int32)
-            slots[-1] = -1
-            cos_full, sin_full = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
-            cos_t = cos_full[:, : D // 2].contiguous().to(dev)
-            sin_t = sin_full[:, : D // 2].contiguous().to(dev)
-            qkv0 = (torch.randn(T, (n_q + 2 * n_kv) * D, generator=gen) * 2).to(torch.bfloat16).to(dev)
-            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
-            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
-
-            def rope():
-                qkv = qkv0.clone()
-                q = qkv[:, : n_q * D].view(T, n_q, D)
-                k = qkv[:, n_q * D:(n_q + n_kv) * D].view(T, n_kv, D)
-                v = qkv[:, (n_q + n_kv) * D:].view(T, n_kv, D)
-                kc = torch.zeros(4, 16, n_kv, D, dtype=torch.bfloat16, device=dev)
-                vc = torch.zeros_like(kc)
-                ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos.to(dev), eps, rotate_k=rotate_k,
-                                 store=(v, kc, vc, slots.to(dev)))
-                return qkv, kc, vc
-            (lq, lk, lv), (eq, ek, ev) = both(rope)
-            return exact("q, k (in place)", eq, lq) + exact("k cache", ek, lk) + exact("v cache", ev, lv)
-        C.run("early", f"qk_norm_rope T={T} heads {n_q}/{n_kv} D={D} rotate_k={rotate_k}", run_rope)
-
-
 def check_skinny_staged(C: Checks, dev, gen) -> None:
     """``ops.skinny_staged`` (the staged decode GEMM, M <= 8): the flash rule vs a float64 product for bf16
     and fp32 out, bf16 out == rounded fp32 out, a strided x, and the bits of ``skinny_gemm(warps=4)`` (the
@@ -1100,7 +1037,7 @@ SECTIONS = {
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
-    "staged": check_skinny_staged, "early": check_early_loads,
+    "staged": check_skinny_staged,
 }
 
 

@@ -9,8 +9,8 @@
 #   (the session's "norm" mode, the A/B of the add + RMSNorm prologue of skinny_staged_norm, is in commit 42c8de7,
 #   where this script was still benches/gpu/h200_l2_round.sh, the name of a fourteenth-session script before;
 #   with that kernel: measured and reverted, docs/performance.md)
-#   early:  check_kernels.py --only early elementwise (CHECKS; the norms' and RoPE's early loads bitwise the late
-#           ones), then the engine A/B of the default against ``late`` (V8, V06) as in ab; SMOKE=1: the smoke test
+#   (its "early" mode, the A/B of the norms' and RoPE's early loads against the late-loading kernels, with the
+#   check_kernels section "early" asserting their bits equal, is in commit aaf32ca)
 #   final:  the engine decode bench (its transformers peer included; SMOKE=1: after the engine smoke test)
 source benches/gpu/_env.sh
 mode=${1:-ab}
@@ -26,17 +26,6 @@ if [ "$mode" = ab ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
     --variants ${V06:-default ef0} > "$OUT/profile_l2_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_l2_06b.log"
-fi
-if [ "$mode" = early ]; then
-  checks 150 check_kernels_early.log ${CHECKS:-early elementwise}
-  timeout 330 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
-    --timeline-batches 1 --rounds 3 --variants ${V8:-default late} > "$OUT/profile_early_8b.log" 2>&1
-  echo "profile 8b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_early_8b.log"
-  grep -E "^\s+[0-9]+x" "$OUT/profile_early_8b.log" | cut -c1-110
-  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
-    --variants ${V06:-default late} > "$OUT/profile_early_06b.log" 2>&1
-  echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_early_06b.log"
-  [ -n "$SMOKE" ] && smoke 100
 fi
 if [ "$mode" = final ]; then
   [ -n "$SMOKE" ] && smoke 100

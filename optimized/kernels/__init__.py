@@ -44,8 +44,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
                                                                      (2048, 2, 16), (2048, 3, 16))
             for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
-    "rmsnorm": ("rmsnorm", "add_rmsnorm", "rmsnorm_2r", "add_rmsnorm_2r"),
-    "rope": ("qk_norm_rope", "qk_norm_rope_late"),
+    "rmsnorm": ("rmsnorm", "add_rmsnorm"),
+    "rope": ("qk_norm_rope",),
     "activation": ("silu_mul",),
     "embedding": ("embedding",),
     "kv_cache": ("store_kvcache",),

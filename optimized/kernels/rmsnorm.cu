@@ -82,13 +82,12 @@ __device__ __forceinline__ void sq_chunk(const float (&f)[8], float& ss) {
   for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
 }
 
-// ONE: when every thread has at most one chunk (H <= 8 blockDim: every Qwen3 width at _norm_threads), all its
-// loads -- x (and the residual) and the weight -- are issued in one round before the reduction and the chunk
-// stays in registers for the second pass, instead of a second round of loads after it (the residual just
-// written, and the weight). Both passes are each other's bits (the same chunk functions); what the one round
-// saves is a trip to L2 on the critical path of a latency-bound launch (docs/performance.md, "Small kernels").
-// !ONE: the two rounds, as before the sixteenth session (kept for its A/B: rmsnorm_2r, add_rmsnorm_2r).
-template <bool ONE>
+// When every thread has at most one chunk (H <= 8 blockDim: every Qwen3 width at _norm_threads), all its
+// loads -- x (and the residual) and the weight -- are issued in one round before the reduction, and the chunk
+// stays in registers for the second pass; the loops after it (wider rows) load the rest after the reduction.
+// Both give the same bits (the same chunk functions). The one round saves a trip to L2 on the critical path of
+// a latency-bound launch: qwen3-8b batch 1 4.353 -> 4.330 ms a step, batch 8 4.777 -> 4.715, with RoPE's early
+// loads (docs/performance.md, "Small kernels").
 __device__ __forceinline__ void rmsnorm_impl(const __nv_bfloat16* __restrict__ x, int x_stride,
                                              const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
                                              int out_stride, int H, float eps) {
@@ -97,7 +96,7 @@ __device__ __forceinline__ void rmsnorm_impl(const __nv_bfloat16* __restrict__ x
   __nv_bfloat16* orow = out + (long long)blockIdx.x * out_stride;
   const int chunks = H >> 3;
   float ss = 0.f;
-  if (ONE && chunks <= (int)blockDim.x) {
+  if (chunks <= (int)blockDim.x) {
     const int c = threadIdx.x;
     float f[8];
     uint4 wv = make_uint4(0u, 0u, 0u, 0u);
@@ -123,7 +122,6 @@ __device__ __forceinline__ void rmsnorm_impl(const __nv_bfloat16* __restrict__ x
   }
 }
 
-template <bool ONE>
 __device__ __forceinline__ void add_rmsnorm_impl(const __nv_bfloat16* __restrict__ x, int x_stride,
                                                  __nv_bfloat16* __restrict__ residual, int r_stride,
                                                  const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
@@ -134,7 +132,7 @@ __device__ __forceinline__ void add_rmsnorm_impl(const __nv_bfloat16* __restrict
   __nv_bfloat16* orow = out + (long long)blockIdx.x * out_stride;
   const int chunks = H >> 3;
   float ss = 0.f;
-  if (ONE && chunks <= (int)blockDim.x) {
+  if (chunks <= (int)blockDim.x) {
     const int c = threadIdx.x;
     float f[8];
     uint4 wv = make_uint4(0u, 0u, 0u, 0u);
@@ -162,24 +160,19 @@ __device__ __forceinline__ void add_rmsnorm_impl(const __nv_bfloat16* __restrict
 
 }  // namespace
 
-#define TK_RMSNORM(NAME, ONEV)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(1024) NAME(const __nv_bfloat16* __restrict__ x, int x_stride,    \
-                                                          const __nv_bfloat16* __restrict__ w,                 \
-                                                          __nv_bfloat16* __restrict__ out, int out_stride, int H, \
-                                                          float eps) {                                          \
-    pdl_entry();                                                                                                \
-    rmsnorm_impl<ONEV>(x, x_stride, w, out, out_stride, H, eps);                                               \
-  }
-#define TK_ADD_RMSNORM(NAME, ONEV)                                                                              \
-  extern "C" __global__ void __launch_bounds__(1024) NAME(const __nv_bfloat16* __restrict__ x, int x_stride,    \
-                                                          __nv_bfloat16* __restrict__ residual, int r_stride,  \
-                                                          const __nv_bfloat16* __restrict__ w,                 \
-                                                          __nv_bfloat16* __restrict__ out, int out_stride, int H, \
-                                                          float eps) {                                          \
-    pdl_entry();                                                                                                \
-    add_rmsnorm_impl<ONEV>(x, x_stride, residual, r_stride, w, out, out_stride, H, eps);                       \
-  }
-TK_RMSNORM(rmsnorm, true)
-TK_RMSNORM(rmsnorm_2r, false)
-TK_ADD_RMSNORM(add_rmsnorm, true)
-TK_ADD_RMSNORM(add_rmsnorm_2r, false)
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm(const __nv_bfloat16* __restrict__ x, int x_stride,
+                                                           const __nv_bfloat16* __restrict__ w,
+                                                           __nv_bfloat16* __restrict__ out, int out_stride, int H,
+                                                           float eps) {
+  pdl_entry();
+  rmsnorm_impl(x, x_stride, w, out, out_stride, H, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const __nv_bfloat16* __restrict__ x, int x_stride,
+                                                               __nv_bfloat16* __restrict__ residual, int r_stride,
+                                                               const __nv_bfloat16* __restrict__ w,
+                                                               __nv_bfloat16* __restrict__ out, int out_stride, int H,
+                                                               float eps) {
+  pdl_entry();
+  add_rmsnorm_impl(x, x_stride, residual, r_stride, w, out, out_stride, H, eps);
+}

@@ -27,12 +27,11 @@
 
 namespace {
 
-// EARLY: every load a warp needs that does not wait for another -- its row, the norm weight, the position,
-// the slot and the V row -- is issued first, then the table entries at the position, all before the sum of
-// squares' reduction; the late order (!EARLY, as before the sixteenth session, kept for its A/B:
-// qk_norm_rope_late) loaded the position, the weight, the tables and the V row after it, one more trip to L2
-// on the critical path of a latency-bound launch. Both give the same bits (the same arithmetic).
-template <bool EARLY>
+// Every load a warp needs that waits for no other -- its row, the norm weight, the position, the slot and
+// the V row -- is issued first, then the table entries at the position, all before the sum of squares'
+// reduction (loading the weight, the tables and the V row after it, as before the sixteenth session, put one
+// more trip to L2 on the critical path of this latency-bound launch; the same bits: docs/performance.md,
+// "Small kernels").
 __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q, int q_stride,
                                                   __nv_bfloat16* __restrict__ k, int k_stride,
                                                   const __nv_bfloat16* __restrict__ q_w,
@@ -56,11 +55,8 @@ __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q,
   const bool store = k_cache != nullptr && hh >= n_q;  // fused KV store: a K head's warp writes K and V rows
   const __nv_bfloat16* vrow = v + (long long)t * v_stride + (long long)(hh - n_q) * D;
 
-  int p = 0, slot = -1;
-  if constexpr (EARLY) {
-    p = positions[t];
-    slot = store ? slots[t] : -1;
-  }
+  const int p = positions[t];
+  const int slot = store ? slots[t] : -1;
   float xa[4], xb[4], wa[4], wb[4], cs[4], sn[4];
   __nv_bfloat16 va[4], vb[4];
   float ss = 0.f;
@@ -71,26 +67,21 @@ __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q,
     if (j < half) {
       xa[c] = __bfloat162float(x[j]);
       xb[c] = __bfloat162float(x[j + half]);
-      if constexpr (EARLY) {
-        wa[c] = __bfloat162float(w[j]);
-        wb[c] = __bfloat162float(w[j + half]);
-        if (store) {
-          va[c] = vrow[j];
-          vb[c] = vrow[j + half];
-        }
+      wa[c] = __bfloat162float(w[j]);
+      wb[c] = __bfloat162float(w[j + half]);
+      if (store) {
+        va[c] = vrow[j];
+        vb[c] = vrow[j + half];
       }
     }
   }
-  bool rot = false;
-  if constexpr (EARLY) {
-    rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
+  const bool rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int j = lane + 32 * c;
-      if (rot && j < half) {
-        cs[c] = cos_t[(long long)p * half + j];
-        sn[c] = sin_t[(long long)p * half + j];
-      }
+  for (int c = 0; c < 4; ++c) {
+    const int j = lane + 32 * c;
+    if (rot && j < half) {
+      cs[c] = cos_t[(long long)p * half + j];
+      sn[c] = sin_t[(long long)p * half + j];
     }
   }
 #pragma unroll
@@ -99,28 +90,11 @@ __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q,
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)D), eps)));
-  if constexpr (!EARLY) {
-    p = positions[t];
-    rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
-    slot = store ? slots[t] : -1;
-  }
   const long long dst = (long long)slot * n_kv * D + (long long)(hh - n_q) * D;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int j = lane + 32 * c;
     if (j < half) {
-      if constexpr (!EARLY) {
-        wa[c] = __bfloat162float(w[j]);
-        wb[c] = __bfloat162float(w[j + half]);
-        if (rot) {
-          cs[c] = cos_t[(long long)p * half + j];
-          sn[c] = sin_t[(long long)p * half + j];
-        }
-        if (slot >= 0) {
-          va[c] = vrow[j];
-          vb[c] = vrow[j + half];
-        }
-      }
       const float na = __bfloat162float(__float2bfloat16_rn(__fmul_rn(xa[c], r)));
       const float nb = __bfloat162float(__float2bfloat16_rn(__fmul_rn(xb[c], r)));
       const float ya = __bfloat162float(__float2bfloat16_rn(__fmul_rn(wa[c], na)));
@@ -145,17 +119,19 @@ __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q,
 
 }  // namespace
 
-#define TK_QK_NORM_ROPE(NAME, EARLYV)                                                                            \
-  extern "C" __global__ void __launch_bounds__(128) NAME(                                                        \
-      __nv_bfloat16* __restrict__ q, int q_stride, __nv_bfloat16* __restrict__ k, int k_stride,                 \
-      const __nv_bfloat16* __restrict__ q_w, const __nv_bfloat16* __restrict__ k_w,                              \
-      const float* __restrict__ cos_t, const float* __restrict__ sin_t, const int* __restrict__ positions, int T, \
-      int n_q, int n_kv, int D, int max_pos, float eps, int rotate_k, const __nv_bfloat16* __restrict__ v,       \
-      int v_stride, __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,                   \
-      const int* __restrict__ slots) {                                                                           \
-    pdl_entry();                                                                                                 \
-    qk_norm_rope_impl<EARLYV>(q, q_stride, k, k_stride, q_w, k_w, cos_t, sin_t, positions, T, n_q, n_kv, D,      \
-                              max_pos, eps, rotate_k, v, v_stride, k_cache, v_cache, slots);                     \
-  }
-TK_QK_NORM_ROPE(qk_norm_rope, true)
-TK_QK_NORM_ROPE(qk_norm_rope_late, false)
+extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __restrict__ q, int q_stride,
+                                                               __nv_bfloat16* __restrict__ k, int k_stride,
+                                                               const __nv_bfloat16* __restrict__ q_w,
+                                                               const __nv_bfloat16* __restrict__ k_w,
+                                                               const float* __restrict__ cos_t,
+                                                               const float* __restrict__ sin_t,
+                                                               const int* __restrict__ positions, int T, int n_q,
+                                                               int n_kv, int D, int max_pos, float eps,
+                                                               int rotate_k, const __nv_bfloat16* __restrict__ v,
+                                                               int v_stride, __nv_bfloat16* __restrict__ k_cache,
+                                                               __nv_bfloat16* __restrict__ v_cache,
+                                                               const int* __restrict__ slots) {
+  pdl_entry();
+  qk_norm_rope_impl(q, q_stride, k, k_stride, q_w, k_w, cos_t, sin_t, positions, T, n_q, n_kv, D, max_pos, eps,
+                    rotate_k, v, v_stride, k_cache, v_cache, slots);
+}
