@@ -11,7 +11,9 @@
 #   with that kernel: measured and reverted, docs/performance.md)
 #   (its "early" mode, the A/B of the norms' and RoPE's early loads against the late-loading kernels, with the
 #   check_kernels section "early" asserting their bits equal, is in commit aaf32ca)
-#   final:  the engine decode bench (its transformers peer included; SMOKE=1: after the engine smoke test)
+#   final:  on the final tree: check_kernels.py --only staged skinny epilogue elementwise graph (CHECKS), the engine
+#           smoke test, the GPU-scale qwen3-8b conformance clauses beside conformance at CI scale, then the engine
+#           decode bench (its transformers peer included)
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -28,7 +30,12 @@ if [ "$mode" = ab ]; then
   echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_l2_06b.log"
 fi
 if [ "$mode" = final ]; then
-  [ -n "$SMOKE" ] && smoke 100
-  run_benches 300 "engine_decode"
+  checks 200 check_kernels_final.log ${CHECKS:-staged skinny epilogue elementwise graph}
+  smoke 100
+  conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
+  conformance_ci 250
+  wait
+  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  run_benches 220 "engine_decode"
   pack_bench
 fi
