@@ -35,7 +35,7 @@ __all__ = [
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
-    "skinny_staged", "skinny_staged_full", "SKINNY_STAGED_CONFIGS",
+    "skinny_staged", "SKINNY_STAGED_CONFIGS",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -978,16 +978,9 @@ def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
     return max(1, min(tiles, sms * ctas_per_sm))
 
 
-def skinny_staged_full(tiles: int, ctas: int) -> int:
-    """The tiles a staged launch hands out whole when its tail goes out in halves: all but the last
-    ``min(ctas, tiles - ctas)`` (none halved when every CTA has at most one tile)."""
-    return tiles - min(ctas, max(0, tiles - ctas))
-
-
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                   out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 1024, stages: int = 3, lanes: int = 16,
-                  ctas_per_sm: int = 2, pre: int | None = None, evict_first: bool = True,
-                  half_tail: bool = True) -> torch.Tensor:
+                  ctas_per_sm: int = 2, pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
     stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
     ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
@@ -996,9 +989,7 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     engine runs, ``runner.STAGED_DEFAULT``). ``M <= 8``. ``pre``: stages each CTA may fetch before the
     programmatic-dependent-launch wait (default ``stages``; 0: none; the engine fetches 2). ``evict_first``:
     the weight copies bring their lines into L2 at evict-first priority (else with no hint), so that a
-    step's weight stream does not push the activations and the KV cache out of L2. ``half_tail``: when there
-    are more tiles than CTAs, the last ``min(CTAs, tiles - CTAs)`` tiles go out as halves of 8 rows
-    (``skinny_staged_full``), so that the CTAs end closer together.
+    step's weight stream does not push the activations and the KV cache out of L2.
     The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order), whatever
     the configuration and the grid. Launches that share a device must be ordered (one stream): the
     tile counters are the per-device ticket array's first two entries, left zero by every launch."""
@@ -1010,7 +1001,6 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     pre = stages if pre is None else pre
     _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
     _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
-    _need(isinstance(half_tail, bool), f"half_tail must be a bool, got {half_tail!r}")
     if swiglu:
         _need(out_dtype == torch.bfloat16, "skinny_staged(swiglu=True) writes bf16")
         _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
@@ -1027,8 +1017,7 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
     _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (grid, 1, 1),
             (_SKINNY_STAGED_THREADS, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first)),
-             _i(skinny_staged_full(tiles, grid) if half_tail else tiles)),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first))),
             skinny_staged_smem(kc, stages))
     return out
 

@@ -191,8 +191,6 @@ class CudaRunner:
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
         self.staged_evict_first = True
-        #: ... and hands out its last wave of tiles as halves (``ops.skinny_staged(half_tail=)``)
-        self.staged_half_tail = True
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -290,7 +288,7 @@ class CudaRunner:
 
     def _staged_kw(self, st: tuple[int, int, int, int, int]) -> dict[str, int | bool]:
         return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4],
-                    evict_first=self.staged_evict_first, half_tail=self.staged_half_tail)
+                    evict_first=self.staged_evict_first)
 
     def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int, int, int] | None:
         """The staged kernel's configuration (``staged``) for this GEMM, or None."""

@@ -98,9 +98,9 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         return silu_mul(linear(x, w))
 
     def skinny_staged(x, w, *, out_dtype=torch.bfloat16, swiglu=False, kc=2048, stages=2, lanes=16, ctas_per_sm=1,
-                      pre=None, evict_first=True, half_tail=True):
+                      pre=None, evict_first=True):
         log.append(("skinny_staged", (x.shape[0], w.data_ptr(), out_dtype, swiglu, kc, stages, lanes, ctas_per_sm, pre,
-                                      (evict_first, half_tail))))
+                                      evict_first)))
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 

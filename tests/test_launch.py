@@ -172,19 +172,14 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert smem == 3 * 16 * (2 * 1024 + 64) == ops.skinny_staged_smem(1024, 3)
     assert [int(a) for a in args[4:7]] == [3, 6144, 4096] and int(args[8]) == 3        # M, N, K; pre = stages
     assert int(args[9]) == 1                                                            # evict-first copies
-    assert int(args[10]) == 384 - 120 == ops.skinny_staged_full(384, 264)  # 384 tiles: the last 120 in halves
     ops.skinny_staged(x, torch.randn(64, 4096).to(bf), kc=2048, stages=2, ctas_per_sm=1, evict_first=False)
     assert log[-1][1:3] == ("skinny_staged_k2048s2p16_bf16", (4, 1, 1)) and int(log[-1][4][8]) == 2   # 4 tiles
-    assert int(log[-1][4][9]) == 0 and int(log[-1][4][10]) == 4                        # 4 tiles, 4 CTAs: none halved
+    assert int(log[-1][4][9]) == 0
     out = ops.skinny_staged(x, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=4, ctas_per_sm=2,
                             pre=0)
     mod, name, grid, block, args, smem = log[-1]
     assert out.shape == (3, 2400) and name == "skinny_staged_k512s4p16_swiglu"
     assert grid == (264, 1, 1) and int(args[5]) == 2400 and int(args[8]) == 0        # 2 x 132 CTAs < 300 tiles; I
-    assert int(args[10]) == 300 - 36                                                  # the last 36 tiles in halves
-    assert [ops.skinny_staged_full(t, 264) for t in (1, 264, 265, 528, 1536)] == [1, 264, 264, 264, 1272]
-    ops.skinny_staged(x, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, half_tail=False)
-    assert int(log[-1][4][10]) == 300                                                 # every tile whole
     out = ops.skinny_staged(x[:1], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, kc=1024, stages=3,
                             ctas_per_sm=2)
     assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged_k1024s3p16_f32" and log[-1][2] == (7, 1, 1)
@@ -200,7 +195,6 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
                        (dict(ctas_per_sm=0), x, torch.randn(32, 4096).to(bf)),
                        (dict(pre=-1), x, torch.randn(32, 4096).to(bf)),
                        (dict(evict_first=1), x, torch.randn(32, 4096).to(bf)),                # a bool, not an int
-                       (dict(half_tail=None), x, torch.randn(32, 4096).to(bf)),
                        (dict(swiglu=True), x, torch.randn(40, 4096).to(bf)),                   # I not a multiple of 8
                        (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 4096).to(bf)),
                        (dict(), x, torch.randn(48, 2048).to(bf)),                              # K differs

@@ -124,8 +124,8 @@ def test_default_mode_staged_then_cublas_and_paged_prefill(opt_engine, launches)
     kinds = {k for k, _ in launches}
     assert "paged_prefill" in kinds and not {"gemm", "skinny_gemm", "skinny_swiglu"} & kinds, kinds
     staged = [d for k, d in launches if k == "skinny_staged"]
-    assert staged and all(m <= 8 and tuple(cfg) == (1024, 3, 16, 2, 2) and flags == (True, True)
-                          for m, _, _, _, *cfg, flags in staged), staged       # evict-first copies, halved tail
+    assert staged and all(m <= 8 and tuple(cfg) == (1024, 3, 16, 2, 2) and ef is True
+                          for m, _, _, _, *cfg, ef in staged), staged          # evict-first weight copies
     n_layers = TINY.num_hidden_layers
     swiglu = [m for m, _, dt, sw, *_ in staged if sw]
     head = [m for m, _, dt, sw, *_ in staged if dt == torch.float32]
@@ -256,8 +256,7 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
             eng = opt_engine()
             eng.runner.fuse_swiglu = fuse
             eng.runner.staged = {r: roles[r] for r in picked}
-            eng.runner.staged_evict_first = fuse               # the L2 policy and half-tail flags pass through
-            eng.runner.staged_half_tail = not fuse
+            eng.runner.staged_evict_first = fuse               # the L2 policy flag passes through either way
             assert _rollout(eng, PROMPTS[:3], sps, turns=2) == base, (picked, fuse)
             staged = [d for k, d in launches if k == "skinny_staged"]
             assert staged and all(m <= 8 for m, *_ in staged), staged
@@ -267,7 +266,7 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
                                 L["wgu"].data_ptr(): "gate_up", L["wd"].data_ptr(): "down"})
             seen = {role_of[ptr]: (dt, sw, cfg) for _, ptr, dt, sw, *cfg, _ef in staged}
             assert set(seen) == set(picked), (seen, picked)
-            assert {flags for *_, flags in staged} == {(fuse, not fuse)}, "the runner's evict_first and half_tail"
+            assert {ef for *_, ef in staged} == {fuse}, "evict_first is the runner's staged_evict_first"
             for r, (dt, sw, cfg) in seen.items():
                 assert tuple(cfg) == roles[r], (r, cfg)
                 assert sw == (r == "gate_up" and fuse), (r, sw, fuse)

@@ -11,8 +11,8 @@
 #   with that kernel: measured and reverted, docs/performance.md)
 #   (its "early" mode, the A/B of the norms' and RoPE's early loads against the late-loading kernels, with the
 #   check_kernels section "early" asserting their bits equal, is in commit aaf32ca)
-#   half:   check_kernels.py --only staged (CHECKS; half tiles bitwise whole ones), then the engine A/B of the
-#           default (the last wave of tiles in halves) against ht0 (V8, V06) as in ab
+#   (its "half" mode, the A/B of the staged kernel's last wave of tiles in halves, run as
+#   `bash benches/gpu/h200_evict_round.sh half; bash benches/gpu/h200_evict_round.sh final`, is in commit 2c428fc)
 #   final:  on the final tree: check_kernels.py --only staged skinny epilogue elementwise graph (CHECKS), the engine
 #           smoke test, the GPU-scale qwen3-8b conformance clauses beside conformance at CI scale, then the engine
 #           decode bench (its transformers peer included)
@@ -30,16 +30,6 @@ if [ "$mode" = ab ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
     --variants ${V06:-default ef0} > "$OUT/profile_l2_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_l2_06b.log"
-fi
-if [ "$mode" = half ]; then
-  checks 150 check_kernels_half.log ${CHECKS:-staged}
-  timeout 300 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
-    --timeline-batches 1 --rounds 3 --variants ${V8:-default ht0} > "$OUT/profile_half_8b.log" 2>&1
-  echo "profile 8b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_half_8b.log"
-  grep -E "^\s+[0-9]+x" "$OUT/profile_half_8b.log" | cut -c1-110
-  timeout 120 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
-    --variants ${V06:-default ht0} > "$OUT/profile_half_06b.log" 2>&1
-  echo "profile 0.6b rc=$?"; grep -vE "^\s+[0-9]+x" "$OUT/profile_half_06b.log"
 fi
 if [ "$mode" = final ]; then
   checks 200 check_kernels_final.log ${CHECKS:-staged skinny epilogue elementwise graph}

@@ -122,26 +122,16 @@ __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict_
 // fp32: tile `tile` of 16 weight rows (plain: output columns 16 tile .. +15; SwiGLU: 8 gate and 8 up
 // rows, output columns 8 tile .. +7). C fragment: c0, c1 -> (row gg, x rows 2tt, 2tt+1); c2, c3 -> row
 // gg + 8, the same x rows.
-// Half of a tile (the staged kernel's last units, sub 0 or 1; -1: the whole tile): its rows r with
-// in_half(r, sub) -- plain: rows 8 sub .. 8 sub + 7; SwiGLU: the gate and up rows of output columns
-// 4 sub .. 4 sub + 3 of the tile's 8. A row's sum does not depend on the other rows of its MMA, so a half
-// tile's rows get the bits of the whole tile's.
-template <int EPI>
-__device__ __forceinline__ bool in_half(int r, int sub) {
-  if (sub < 0) return true;
-  return EPI == kSwiGLU ? ((r & 7) >> 2) == sub : (r >> 3) == sub;
-}
-
 template <bool F32, int EPI>
 __device__ __forceinline__ void skinny_store(void* __restrict__ y, const float (&sum)[4], int tile, int m0, int l,
-                                             int M, int N, int sub = -1) {
+                                             int M, int N) {
   const int gg = l >> 2, tt = l & 3;
   if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8 tile + gg
     const int n = tile * 8 + gg;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int m = m0 + 2 * tt + c;
-      if (n < N && m < M && in_half<EPI>(gg, sub)) {
+      if (n < N && m < M) {
         const float gt = __bfloat162float(__float2bfloat16_rn(sum[c]));
         const float up = __bfloat162float(__float2bfloat16_rn(sum[c + 2]));
         reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(silu_mul1(gt, up));
@@ -152,7 +142,7 @@ __device__ __forceinline__ void skinny_store(void* __restrict__ y, const float (
     for (int c = 0; c < 4; ++c) {
       const int n = tile * 16 + gg + 8 * (c >> 1);
       const int m = m0 + 2 * tt + (c & 1);
-      if (n < N && m < M && in_half<EPI>(gg + 8 * (c >> 1), sub)) {
+      if (n < N && m < M) {
         if constexpr (F32)
           reinterpret_cast<float*>(y)[(long long)m * N + n] = sum[c];
         else
@@ -252,8 +242,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 //     of them. (A static split of the (tile, chunk) units into equal ranges, "stream-K", with the tiles
 //     split between CTAs folded by the last one through a workspace, was measured first: the CTAs' last
 //     stages landed up to 6 us apart on an 8B gate/up launch, and the fold cost each CTA ~3 us at its end;
-//     docs/performance.md, "The staged skinny GEMM".) The tiles past `full` go out as halves (8 of the 16
-//     rows, in_half), so that the last wave's units take half as long;
+//     docs/performance.md, "The staged skinny GEMM".)
 //   * warp kStCW is the producer: its lane 0 waits for a stage to be empty, writes the stage's tile to
 //     shared memory, announces the stage's bytes on its "full" barrier, and 16 lanes (PL = 16; lane 0
 //     alone for PL = 1) issue one bulk copy per weight row. Before the PDL wait it may issue the first
@@ -342,21 +331,15 @@ template <int KC, int S, int PL, bool F32, int EPI>
 __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
                                                    int M, int N, int K, int* __restrict__ counters, int pre,
-                                                   int evict, int full) {
+                                                   int evict) {
   constexpr int kRS = st_rs(KC), kStage = 16 * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
   static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64 && (PL == 1 || PL == 16), "staged layout");
   extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kRS bytes
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
-  __shared__ int stage_tile[S];                              // the unit a stage holds a chunk of; -1: no more
+  __shared__ int stage_tile[S];                              // the tile a stage holds a chunk of; -1: no more
   __shared__ float red[2][kStCW][4][32];                     // per-warp C fragments, two tiles' worth
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
-  // work units: tiles 0 .. full-1 whole, then the halves of the tiles after them (unit full + 2 j + sub: half
-  // sub of tile full + j), so that the last wave's units take half as long and the CTAs end closer together
-  const int units = full + 2 * (tiles - full);
-  auto unit_tile = [full](int u) { return u < full ? u : full + ((u - full) >> 1); };
-  auto unit_sub = [full](int u) { return u < full ? -1 : (u - full) & 1; };
-  auto unit_row = [&](int u, int r) { return in_half<EPI>(r, unit_sub(u)) ? weight_row<EPI>(unit_tile(u), r, N) : -1; };
   const int kch = (K + KC - 1) / KC;  // chunks of a tile
   const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   TK_ST_MARK(0);
@@ -383,7 +366,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         waited = true;
       }
       if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
-      if (t >= units) {  // no unit left: tell the consumers, count this CTA out
+      if (t >= tiles) {  // no tile left: tell the consumers, count this CTA out
         if (lane == 0) {
           stage_tile[s] = -1;
           mbar_arrive(bar_full + 8 * s);
@@ -400,14 +383,14 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
       if (lane == 0) {
         int rows = 0;
 #pragma unroll
-        for (int r = 0; r < 16; ++r) rows += unit_row(t, r) >= 0;
+        for (int r = 0; r < 16; ++r) rows += weight_row<EPI>(t, r, N) >= 0;
         stage_tile[s] = t;  // published by the arrive below (release), read after the consumers' wait
         mbar_expect_tx(bar_full + 8 * s, bytes * rows);
       }
       if constexpr (PL == 16) __syncwarp(0xffffu);  // the bytes are announced before any copy lands
 #pragma unroll
       for (int r = lane; r < 16; r += PL) {
-        const int row = unit_row(t, r);
+        const int row = weight_row<EPI>(t, r, N);
         if (row < 0) continue;
         const u32 dst = base + s * kStage + r * kRS;
         if (evict)
@@ -459,7 +442,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 #ifdef TK_STAGED_TRACE
     TK_ST_MARK(3);
 #endif
-    const bool ra = unit_row(t, g) >= 0, rb = unit_row(t, g + 8) >= 0;
+    const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
     const u32 st = base + s * kStage;
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
@@ -498,7 +481,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         for (int ww = 1; ww < kStCW; ++ww) v += red[par][ww][c][lane];
         sum[c] = v;
       }
-      skinny_store<F32, EPI>(y, sum, unit_tile(t), 0, lane, M, N, unit_sub(t));
+      skinny_store<F32, EPI>(y, sum, t, 0, lane, M, N);
     }
     par ^= 1;
   }
@@ -546,13 +529,12 @@ TK_SKINNY_W(2, 16, 16)
 // PL producer lanes (M <= 8; output bf16, fp32, or the SwiGLU epilogue with N = I). Grid: G persistent CTAs
 // (at most one per tile) of 32 (kStCW + 1) threads, S * 16 * st_rs(KC) bytes of dynamic shared memory;
 // counters: two ints, zero (and left zero). pre: stages the producer may issue before its PDL wait. evict:
-// 1: the weight copies at L2 priority evict-first (l2_evict_first), 0: copies without a hint. full: the tiles
-// handed out whole (<= the tile count); the rest go out as halves (in_half).
+// 1: the weight copies at L2 priority evict-first (l2_evict_first), 0: copies without a hint.
 #define TK_STAGED_K(KCV, SV, PLV, SUF, F32V, EPIV)                                                            \
   extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1) skinny_staged_k##KCV##s##SV##p##PLV##_##SUF( \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, void* __restrict__ y, \
-      int M, int N, int K, int* __restrict__ counters, int pre, int evict, int full) {                        \
-    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, counters, pre, evict, full);         \
+      int M, int N, int K, int* __restrict__ counters, int pre, int evict) {                                  \
+    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV>(x, ldx, w, y, M, N, K, counters, pre, evict);               \
   }
 #define TK_STAGED(KCV, SV, PLV)                        \
   TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
