@@ -923,7 +923,7 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
     and fp32 out, bf16 out == rounded fp32 out, a strided x, and the bits of ``skinny_gemm(warps=4)`` (the
     same sums in the same order) for every (chunk, stages, lanes, CTAs per SM) configuration, for a second
     launch (the tile counters reset), with no stage before the PDL wait, with the weight copies without an L2 hint
-    L2 priority and for a row alone; the SwiGLU
+    and for a row alone; the SwiGLU
     epilogue bitwise ``skinny_swiglu(warps=4)`` and against a float64 run of the whole step. Shapes with a
     ragged last chunk, a partial last tile, fewer tiles than CTAs."""
     shapes = [(1, 6144, 4096), (8, 4096, 12288), (1, 24576, 4096), (5, 151936, 1024), (3, 40, 40), (2, 24, 8),

@@ -31,7 +31,7 @@ namespace {
 // the V row -- is issued first, then the table entries at the position, all before the sum of squares'
 // reduction (loading the weight, the tables and the V row after it, as before the sixteenth session, put one
 // more trip to L2 on the critical path of this latency-bound launch; the same bits: docs/performance.md,
-// "Small kernels").
+// "The decode step's latency at small batch").
 __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q, int q_stride,
                                                   __nv_bfloat16* __restrict__ k, int k_stride,
                                                   const __nv_bfloat16* __restrict__ q_w,
