@@ -624,7 +624,8 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       max_splits: int | None = None, *, o_part: torch.Tensor | None = None,
                       lse_part: torch.Tensor | None = None, row_seq: torch.Tensor | None = None,
                       rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                      _fused_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      _fused_out: torch.Tensor | None = None,
+                      _qk: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial states of every split (twin: ``reference.attention.split_kv_partials``).
 
     ``q [B, n_q, D]`` bf16 (one query per sequence; row stride allowed). Split ``k`` covers key
@@ -636,7 +637,8 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     guards have checked the indices). ``rope``: fused RoPE, as in ``paged_prefill``.
     Returns fp32 ``o_part [B, max_splits, n_q, D]`` and natural-log ``lse_part [B, max_splits, n_q]``.
     (``_fused_out``, bf16 ``[B, n_q, D]``: ``split_kv_decode``'s one-launch mode, where the kernel also
-    folds the splits into it and the partials are scratch; see attention.cu.)
+    folds the splits into it and the partials are scratch; see attention.cu. ``_qk``: the arguments
+    ``split_kv_decode(norm_rope=...)`` checked, for ``split_kv_qk_partials``.)
     """
     B, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
@@ -665,6 +667,14 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                                    f"exceed the ticket array ({_TICKETS})")
         tickets = _kernel_tickets(q)
     smem = decode_smem_bytes(D)
+    if _qk is not None:  # qk_norm_rope and its KV store in the launch (split_kv_decode's norm_rope)
+        k, ks, v, vs, qw, kw, cos, sin, positions, slots, eps = _qk
+        _launch(q, "attention", f"split_kv_qk_partials_d{D}", grid, (128, 1, 1),
+                (_p(q), _i(qs), _p(k), _i(ks), _p(v), _i(vs), _p(qw), _p(kw), _p(cos), _p(sin), _i(cos.shape[0]),
+                 _f(eps), _p(positions), _p(slots), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens),
+                 _p(o_part), _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
+                 _p(_fused_out), _p(tickets)), smem, DECODE_CTAS_PER_SM)
+        return o_part, lse_part
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
              _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
@@ -712,7 +722,8 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     seq_lens: torch.Tensor, split_size: int | None, scale: float | None = None, *,
                     max_splits: int | None = None, out: torch.Tensor | None = None,
                     row_seq: torch.Tensor | None = None,
-                    rope: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None) -> torch.Tensor:
+                    rope: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None,
+                    norm_rope: tuple | None = None) -> torch.Tensor:
     """Decode attention of one query per sequence (twin: ``reference.attention.split_kv_decode``).
 
     ``split_size=None`` runs one split over all keys. Partials go to ``torch.empty`` scratch on the
@@ -723,9 +734,23 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (``max_splits == 1``, or ``split_size=None``). Both give
     the same bits; the fused launches of one device share a ticket array, so they must be ordered
     (one stream), as they are in the engine.
+
+    ``norm_rope = (k, v, q_weight, k_weight, cos, sin, positions, slot_mapping, eps)``: a decode step's
+    ``qk_norm_rope(q, k, q_weight, k_weight, cos, sin, positions, eps, store=(v, k_cache, v_cache,
+    slot_mapping))`` in the same launch (``split_kv_qk_partials``; the same bits as the two calls): ``q``,
+    ``k [B, n_kv, D]`` and ``v`` are the qkv GEMM's raw rows, which stay as they are (the normed rows go
+    to the attention and, K and V, to the caches). Each sequence's new key must be its last one:
+    ``positions[b] == seq_lens[b] - 1`` and ``slot_mapping[b]`` that position's slot in ``block_tables``
+    (a decode step; a row of length 0 is padding). The launch reads every other cached key before it
+    waits for the kernel before it (pdl.cuh), so no kernel still running may write them. No ``row_seq``
+    or ``rope``.
     """
     _tensor("block_tables", block_tables, torch.int32, 2)
     _tensor("k_cache", k_cache, torch.bfloat16, 4)
+    qk = None
+    if norm_rope is not None:
+        _need(row_seq is None and rope is None, "norm_rope takes neither row_seq nor rope")
+        qk = _norm_rope_args(q, k_cache, v_cache, norm_rope)
     if split_size is None:
         split_size = max(1, block_tables.shape[1] * k_cache.shape[1])
         max_splits = 1
@@ -733,14 +758,42 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         fused = q.shape[0] <= FUSED_DECODE_MAX_B or max_splits == 1
     if not fused:
         o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale,
-                                             max_splits, row_seq=row_seq, rope=rope)
+                                             max_splits, row_seq=row_seq, rope=rope, _qk=qk)
         return split_kv_reduce(o_part, lse_part, out=out)
     _tensor("q", q, torch.bfloat16, 3)
     out = _out("out", out, tuple(q.shape), torch.bfloat16, q)
     _contig("out", out)
     split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits,
-                      row_seq=row_seq, rope=rope, _fused_out=out)
+                      row_seq=row_seq, rope=rope, _fused_out=out, _qk=qk)
     return out
+
+
+def _norm_rope_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, norm_rope: tuple) -> tuple:
+    """``split_kv_decode``'s ``norm_rope``, checked as ``qk_norm_rope`` checks its arguments -> the launch's
+    (k, k row stride, v, v row stride, q_weight, k_weight, cos, sin, positions, slots, eps)."""
+    _need(isinstance(norm_rope, tuple) and len(norm_rope) == 9,
+          "norm_rope must be (k, v, q_weight, k_weight, cos, sin, positions, slot_mapping, eps)")
+    k, v, qw, kw, cos, sin, positions, slots, eps = norm_rope
+    B, n_q, D, _ = _attn_q("q", q)
+    _, _, c_kv, c_D = _cache_pair(k_cache, v_cache)
+    for name, t in (("k", k), ("v", v)):
+        _tensor(name, t, torch.bfloat16, 3)
+        _need(tuple(t.shape) == (B, c_kv, D), f"{name} must have shape {(B, c_kv, D)}, got {tuple(t.shape)}")
+        _need(t.stride(2) == 1 and (c_kv == 1 or t.stride(1) == D), f"{name}: heads and head_dim must be contiguous")
+    _need(c_D == D, f"cache head_dim {c_D} != q head_dim {D}")
+    for name, w in (("q_weight", qw), ("k_weight", kw)):
+        _tensor(name, w, torch.bfloat16, 1)
+        _contig(name, w)
+        _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
+    _cos_sin(cos, sin, D)
+    _int_vec("positions", positions, B)
+    _int_vec("slot_mapping", slots, B)
+    _need(math.isfinite(float(eps)) and float(eps) > 0, f"eps must be a positive number, got {eps}")
+    _same_device(q=q, k=k, v=v, q_weight=qw, k_weight=kw, cos=cos, sin=sin, positions=positions,
+                 slot_mapping=slots, k_cache=k_cache)
+    ks = _rows("k", k, 2) if B > 0 else c_kv * D
+    vs = _rows("v", v, 2) if B > 0 else c_kv * D
+    return k, ks, v, vs, qw, kw, cos, sin, positions, slots, float(eps)
 
 
 def merge_states(o: torch.Tensor, lse: torch.Tensor, *, out: torch.Tensor | None = None,

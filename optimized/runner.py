@@ -191,6 +191,10 @@ class CudaRunner:
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
         self.staged_evict_first = True
+        #: a decode step's qk_norm_rope (and its KV store) runs inside the attention launch
+        #: (``ops.split_kv_decode(norm_rope=...)``, the same bits), which reads the cached keys while the qkv
+        #: GEMM is still running; ``False``: the two launches, for A/B measurements
+        self.fuse_qk_attention = True
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -269,6 +273,11 @@ class CudaRunner:
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
                                    max_splits=max_splits, row_seq=qidx, rope=self.rope)
 
+    def _fuse_qk(self) -> bool:
+        """Whether a decode step's qk_norm_rope goes into its attention launch (not with fused RoPE, whose
+        cache holds pre-RoPE keys; context-parallel hook: CP attends through its own path)."""
+        return self.fuse_qk_attention and self.rope is None
+
     def _kv_slots(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """The slots this rank writes each token's K/V to (``-1``: none); context-parallel hook."""
         return slots
@@ -334,9 +343,15 @@ class CudaRunner:
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
-            ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps, rotate_k=self.rope is None,
-                             store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
-            o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
+            if qidx is None and self._fuse_qk():                                      # decode: one launch
+                o = ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
+                                        max_splits=max_splits, norm_rope=(k, v, L["q_norm"], L["k_norm"], self.cos,
+                                                                          self.sin, pos, kv_slots, eps))
+            else:
+                ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps,
+                                 rotate_k=self.rope is None,
+                                 store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
+                o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",     # [T, H]
                                          prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
             h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn

@@ -76,9 +76,19 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         kc = _rotated_cache(kc, bt, lens, rope)
         return attention.paged_prefill(q, kc, vc, bt.long(), lens.long(), qidx.long(), qpos.long(), scale)
 
-    def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None, row_seq=None, rope=None):
+    def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None, row_seq=None, rope=None,
+                        norm_rope=None):
         rows = bt.long() if row_seq is None else bt.long()[row_seq.long()]     # [B, M]: each row's table
-        log.append(("split_kv_decode", (row_seq is not None, lens.clone(), split, max_splits, rope is not None)))
+        log.append(("split_kv_decode", (row_seq is not None, lens.clone(), split, max_splits, rope is not None,
+                                        norm_rope is not None)))
+        if norm_rope is not None:        # qk_norm_rope + its KV store in the launch; the raw q, k stay as they are
+            assert row_seq is None and rope is None
+            k, v, qw, kw, cos, sin, positions, slots, eps = norm_rope
+            p = positions.long().clamp(min=0)
+            c = torch.cat([cos[p], cos[p]], -1)
+            s_ = torch.cat([sin[p], sin[p]], -1)
+            q = apply_rope(rms_norm(q, qw, eps), c, s_)
+            store_kvcache(apply_rope(rms_norm(k, kw, eps), c, s_), v, kc, vc, slots)
         kc = _rotated_cache(kc, rows, lens, rope)
         o, lse = attention.split_kv_partials(q, kc, vc, rows, lens.long(), split, scale, max_splits)
         return attention.reduce_splits(o, lse)[0].to(q.dtype)

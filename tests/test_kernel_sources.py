@@ -218,6 +218,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
             seen += 1
             if kname.startswith("skinny_staged"):
                 assert stmts[0].startswith("skinny_staged_impl<"), (kname, stmts)
+            elif kname.startswith("split_kv_qk_partials"):
+                assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
             elif name == "skinny_gemm":
                 assert stmts[0].startswith("if (prefetch) skinny_prefetch<") and \
                     stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], (kname, stmts)
@@ -244,6 +246,36 @@ def test_every_kernel_waits_for_its_predecessor_first():
     grab = producer.index("atomicAdd(counters, 1)")
     assert "if (!waited) {\n          pdl_wait();" in producer[:grab].rsplit("if (++kc == kch)", 1)[1]
     assert "int t = blockIdx.x;" in producer and producer.count("t = next;") == 1
+
+
+def test_the_fused_decode_attention_reads_before_its_wait_only_what_the_kernel_before_does_not_write():
+    """``split_kv_qk_partials`` (``split_kv_partials_impl<D, true>``) waits inside the impl: before its
+    ``pdl_entry()`` it reads only the step's metadata, the norm weights and RoPE tables (``job_weights``)
+    and the first two K/V tiles less the new key's row; every read of the qkv rows (``norm_jobs``), every
+    new-row fill and every write comes after it, on both the empty-split and the attending path."""
+    impl = kernels.source("attention").split("void split_kv_partials_impl(")[1].split("\n}\n")[0]
+    weights = impl.split("auto job_weights = [&]")[1].split("\n  };")[0]
+    assert set(re.findall(r"qk\.(\w+)", weights)) == {"q_w", "k_w", "cos_t", "sin_t"}
+    # the two waits of the QK path: the empty split's, and the attending CTAs' after the early copies
+    empty = impl.split("if (s0l >= slen) {")[1].split("const int s0 = (int)s0l;")[0]
+    qk_empty = empty.split("if constexpr (QK) {")[1].split("\n    }\n")[0]
+    assert qk_empty.index("pdl_entry();") < qk_empty.index("norm_jobs(")
+    assert empty.index("if constexpr (QK) {") < empty.index("out[") and empty.index("if constexpr (QK) {") < empty.index("o_part[")
+    main = impl.split("const int s0 = (int)s0l;")[1]
+    wait = main.index("pdl_entry();")
+    before = main[:wait]
+    assert before.count("load_kv_tile<D, BN, THREADS, true, true>(") == 2
+    assert "lt == 0 ? lr : -1" in before and "lt == 1 ? lr : -1" in before
+    code = re.sub(r"//[^\n]*", "", before)
+    code = code.split("auto fill_new_row")[0] if "auto fill_new_row" in code else code
+    assert not re.search(r"\b(norm_jobs|fill_new_row)\(|\bout\[|o_part\[|lse_part\[|tickets|qk\.(k|v|k_store|v_store)\b",
+                         code), "the early region reads the qkv rows or writes"
+    after = main[wait:]
+    assert after.index("norm_jobs(0,") < after.index("fill_new_row(lt)")
+    # the empty and the QK pre-wait regions before them (the prologue) read no qkv row either
+    prologue = re.sub(r"//[^\n]*", "", impl.split("if (s0l >= slen) {")[0])
+    prologue = prologue.split("auto norm_jobs = [&]")[0] + prologue.split("auto job_weights = [&]")[1]
+    assert not re.search(r"qk\.(k|v|k_store|v_store)\b|\bout\[|o_part\[", prologue)
 
 
 def test_auto_split_is_whole_decode_tiles():
@@ -300,12 +332,14 @@ def test_copies_take_their_cache_operator_per_kernel():
     prefill = attn[attn.index("void paged_prefill_impl("):attn.index("void split_kv_partials_impl(")]
     decode = attn[attn.index("void split_kv_partials_impl("):]
     assert decode.count("load_kv_tile<D, BN, THREADS, true>(") == 2
+    assert decode.count("load_kv_tile<D, BN, THREADS, true, true>(") == 3      # the fused decode's (QK) copies
+    assert decode.count("cp_async16_or_zero<true>(") == 2                      # ... and its new-key row's
     assert "load_kv_tile<D, BN, THREADS>(" not in decode
     assert prefill.count("load_kv_tile<D, BN, THREADS>(") == 2 and "load_kv_tile<D, BN, THREADS, true>(" not in prefill
     sw = attn[attn.index("void load_kv_tile_sw("):]
     sw = sw[:sw.index("\n}\n")]
     assert sw.count("cp_async16_or_zero(") == 2                  # the wgmma kernels' copies: .cg too
-    assert "bool L1 = false>\n__device__ __forceinline__ void load_kv_tile(" in attn     # .cg unless asked
+    assert "bool L1 = false, bool EXCEPT = false>\n__device__ __forceinline__ void load_kv_tile(" in attn  # .cg unless asked
     gemm = (kernels.KERNEL_DIR / "gemm.cu").read_text()
     assert "constexpr bool L1 = BM <= 16;" in gemm and gemm.count("cp_async16<L1>(") == 2
     header = (kernels.KERNEL_DIR / "mma.cuh").read_text()

@@ -267,6 +267,66 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
         ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
 
 
+def test_split_kv_decode_with_norm_rope_launches_the_qk_kernel_and_rejects_bad_input(launch_log, monkeypatch):
+    """``split_kv_decode(norm_rope=...)``: one ``split_kv_qk_partials`` launch (+ the reduce past
+    ``FUSED_DECODE_MAX_B`` rows with several splits) on the qkv buffer's raw rows -- k, v and their row
+    strides, the norm weights, tables, positions, slots and eps in the kernel's order, the grid of
+    ``split_kv_partials``. Bad arguments are typed errors that launch nothing."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    n_q, n_kv, D, bs = 8, 2, 64, 16
+    bf, i32 = torch.bfloat16, torch.int32
+    kc = torch.zeros(64, bs, n_kv, D, dtype=bf)
+    cos, sin = torch.zeros(100, D // 2), torch.zeros(100, D // 2)
+    qw, kw = torch.ones(D, dtype=bf), torch.ones(D, dtype=bf)
+
+    def inputs(B):
+        qkv = torch.zeros(B, (n_q + 2 * n_kv) * D, dtype=bf)
+        q = qkv[:, :n_q * D].view(B, n_q, D)
+        k = qkv[:, n_q * D:(n_q + n_kv) * D].view(B, n_kv, D)
+        v = qkv[:, (n_q + n_kv) * D:].view(B, n_kv, D)
+        return q, k, v, torch.zeros(B, 4, dtype=i32), torch.full((B,), 40, dtype=i32), torch.arange(B, dtype=i32)
+
+    for B, kernels in ((4, ["split_kv_qk_partials_d64"]), (40, ["split_kv_qk_partials_d64", "split_kv_reduce"])):
+        q, k, v, tables, lens, slots = inputs(B)
+        pos = lens - 1
+        del log[:]
+        out = ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3,
+                                  norm_rope=(k, v, qw, kw, cos, sin, pos, slots, 1e-6))
+        assert out.shape == (B, n_q, D) and [name for _, name, *_ in log] == kernels, B
+        _, _, grid, block, args, ctas = log[0]
+        assert grid == (3, n_kv, B) and block == (128, 1, 1) and ctas == ops.DECODE_CTAS_PER_SM
+        W = (n_q + 2 * n_kv) * D
+        assert [int(a) for a in args[:6]] == [q.data_ptr(), W, k.data_ptr(), W, v.data_ptr(), W]
+        assert [int(a) for a in args[6:11]] == [qw.data_ptr(), kw.data_ptr(), cos.data_ptr(), sin.data_ptr(), 100]
+        assert abs(float(args[11]) - 1e-6) < 1e-12 and int(args[12]) == pos.data_ptr() and int(args[13]) == slots.data_ptr()
+        assert int(args[14]) == int(args[15]) == kc.data_ptr() and int(args[16]) == tables.data_ptr()
+        assert [int(a) for a in args[17:19]] == [4, lens.data_ptr()]
+        assert [int(a) for a in args[21:26]] == [n_q, n_kv, bs, 16, 3] and abs(float(args[26]) - D ** -0.5) < 1e-6
+        assert (int(args[27]) != 0) == (B <= ops.FUSED_DECODE_MAX_B) and len(args) == 29
+    q, k, v, tables, lens, slots = inputs(3)
+    good = (k, v, qw, kw, cos, sin, lens - 1, slots, 1e-6)
+    n = len(log)
+    bad = [dict(norm_rope=good[:8]),                                                    # not 9 items
+           dict(norm_rope=(k[:2],) + good[1:]),                                          # k rows != q rows
+           dict(norm_rope=(k, v.float()) + good[2:]),                                    # v not bf16
+           dict(norm_rope=good[:2] + (qw[:8],) + good[3:]),                              # weight length
+           dict(norm_rope=good[:4] + (cos[:, :4],) + good[5:]),                          # table width
+           dict(norm_rope=good[:6] + ((lens - 1).long(),) + good[7:]),                   # positions not int32
+           dict(norm_rope=good[:7] + (slots[:2],) + good[8:]),                           # slots length
+           dict(norm_rope=good[:8] + (0.0,)),                                            # eps
+           dict(norm_rope=good, row_seq=torch.arange(3, dtype=i32)),                     # no row_seq
+           dict(norm_rope=good, rope=(cos, sin))]                                        # no fused K rotation
+    for kw_bad in bad:
+        with pytest.raises((ValueError, TypeError)):
+            ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, **kw_bad)
+    assert len(log) == n, "a rejected call launched"
+
+
 def test_decode_ctas_take_eight_query_heads_and_ask_for_two_per_multiprocessor(launch_log, monkeypatch):
     """A ``split_kv_partials`` CTA serves up to ``DECODE_QUERY_HEADS`` = 8 query heads of one KV head (the
     8-column side of its MMAs, ``DecodeCfg::NQ``): a GQA group of 16 takes two CTAs, of 5 or 8 one. Its

@@ -301,6 +301,27 @@ def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
 
 
+def test_decode_qk_norm_rope_goes_into_the_attention_launch(opt_engine, launches):
+    """A decode step's qk_norm_rope and KV store run in its attention launch (``split_kv_decode``'s
+    ``norm_rope``); prefill keeps its own qk_norm_rope launch, and so does a decode step with the fusion off
+    or with fused RoPE (a cache of pre-RoPE keys). With the stand-ins the tokens and logits equal the
+    two-launch engine's bitwise."""
+    runs = []
+    for fuse, kw in ((False, {}), (True, {}), (True, {"rope_in_attention": True})):
+        launches.clear()
+        eng = opt_engine(split_kv="fixed:5", **kw)
+        eng.runner.fuse_qk_attention = fuse
+        runs.append(rope_rollout(eng))
+        decode = [d for k, d in launches if k == "split_kv_decode"]
+        prefills = sum(k == "paged_prefill" for k, _ in launches)
+        norms = sum(k == "qk_norm_rope" for k, _ in launches)
+        one = fuse and not kw
+        assert decode and prefills and {d[5] for d in decode} == {one}, (fuse, kw)
+        assert norms == prefills + (0 if one else len(decode)), (fuse, kw, norms, prefills, len(decode))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+    assert runs[2][0] == runs[1][0] and torch.equal(runs[2][1], runs[1][1])
+
+
 def test_optimized_accepts_any_block_size_and_head_dim_16():
     from optimized.engine import shape_problems
     for bs in (1, 3, 5, 16, 24):

@@ -1032,12 +1032,77 @@ def check_fused_decode(C: Checks, dev, gen) -> None:
     C.run("fused", "split_kv_decode one launch", run_splitkv)
 
 
+def check_qk_attention(C: Checks, dev, gen) -> None:
+    """``split_kv_decode(norm_rope=...)`` (``split_kv_qk_partials``: qk_norm_rope, its KV store and the decode
+    attention in one launch) bitwise equal to ``qk_norm_rope(store=...)`` then ``split_kv_decode``: the
+    output and both caches, the qkv buffer left raw; GQA groups of 1-16 (two CTAs a group at 16), block
+    sizes 16 and 5, one to many splits, one launch and partials + reduce, twice in a row (the tickets
+    reset). Rows: decode rows (position = length - 1 at its slot), a padding row (length 0, slot -1), and
+    two rows outside a decode step's shape that take the kernel's other paths: the slot written is not the
+    table's slot of the last position (that row is then read from the cache), and a position before the
+    last key (no new key in the attention; the store by the split holding the position)."""
+    def run():
+        res = []
+        eps, max_pos = 1e-6, 8192
+        lens = [300, 1, 15, 4097, 64, 0, 129, 50]
+        for n_q, n_kv, D, bs in ((32, 8, 128, 16), (16, 8, 128, 16), (64, 4, 128, 16), (8, 2, 64, 5), (3, 3, 16, 8),
+                                 (8, 8, 32, 16)):
+            cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
+            cos_t, sin_t = cos[:, : D // 2].contiguous().to(dev), sin[:, : D // 2].contiguous().to(dev)
+            for B in (len(lens), 20):
+                L = (lens * 3)[:B]
+                kc0, vc0, bt, sl = build_paged(L, bs, n_kv, D, gen, dev, extra_pages=8)
+                btc = bt.cpu()
+                pos = torch.tensor([max(x - 1, 0) for x in L], dtype=torch.int32)
+                slots = torch.tensor([int(btc[b, (x - 1) // bs]) * bs + (x - 1) % bs if x > 0 else -1
+                                      for b, x in enumerate(L)], dtype=torch.int32)
+                spare = kc0.shape[0] - 1                  # an extra page (no sequence owns it, NaN)
+                if any(int(r) == spare for r in btc.flatten()):
+                    spare = next(pg for pg in range(kc0.shape[0]) if pg not in set(btc.flatten().tolist()))
+                slots[6] = spare * bs                     # row 6: the slot written is not the table's
+                pos[7] = L[7] - 3                         # row 7: a position before its last key,
+                slots[7] = spare * bs + 1                 # written to the spare page
+                pos, slots = pos.to(dev), slots.to(dev)
+                width = (n_q + 2 * n_kv) * D
+                qkv = (torch.randn(B, width, generator=gen) * 2).to(torch.bfloat16).to(dev)
+                qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+                kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+                for S in (16, 64, 128, 1000, None):
+                    for fused in ((True, False) if S is not None else (True,)):
+                        outs = []
+                        for one in (False, True):
+                            buf = qkv.clone()
+                            q = buf[:, : n_q * D].view(B, n_q, D)
+                            k = buf[:, n_q * D:(n_q + n_kv) * D].view(B, n_kv, D)
+                            v = buf[:, (n_q + n_kv) * D:].view(B, n_kv, D)
+                            kc, vc = kc0.clone(), vc0.clone()
+                            if one:
+                                nr = (k, v, qw, kw, cos_t, sin_t, pos, slots, eps)
+                                o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, norm_rope=nr)
+                                again = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, norm_rope=nr)
+                                res += exact(f"G={n_q // n_kv} D={D} bs={bs} B={B} S={S} fused={fused}: second launch",
+                                             again, o)
+                            else:
+                                ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, store=(v, kc, vc, slots))
+                                o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused)
+                            outs.append((o, kc, vc, buf))
+                        torch.cuda.synchronize()
+                        tag = f"G={n_q // n_kv} D={D} bs={bs} B={B} S={S} fused={fused}"
+                        res += exact(f"{tag}: output", outs[1][0], outs[0][0])
+                        res += exact(f"{tag}: k_cache", outs[1][1], outs[0][1])
+                        res += exact(f"{tag}: v_cache", outs[1][2], outs[0][2])
+                        res += exact(f"{tag}: qkv buffer left raw", outs[1][3], qkv)
+        return res
+
+    C.run("qk", "split_kv_decode(norm_rope) == qk_norm_rope + split_kv_decode", run)
+
+
 SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
-    "staged": check_skinny_staged,
+    "staged": check_skinny_staged, "qk": check_qk_attention,
 }
 
 

@@ -3,6 +3,7 @@
 // Reference twins: reference/attention.py
 //   paged_prefill_d{16,32,64,128}, _d{64,128}_x2, _d128_wg{64,128} (wgmma, sm_90a) <-> paged_prefill
 //   split_kv_partials_d{16,32,64,128} <-> split_kv_partials (and, with row_seq, invariant_attention)
+//   split_kv_qk_partials_d{16,...}    <-> qk_norm_rope (+ its KV store), then split_kv_partials, one launch
 //   split_kv_reduce                   <-> reduce_splits
 //   merge_states                      <-> merge_states / merge_two (sorting and duplicate checks stay in Python)
 //
@@ -46,6 +47,8 @@
 #include "pdl.cuh"
 
 #include "mma.cuh"
+
+#include "qk_norm.cuh"
 
 // Phase stamps of split_kv_partials (benches/gpu/trace_decode.py compiles this file with
 // -DTK_DECODE_TRACE=N): thread 0 of CTA c < N writes the SM clock at each TRACE(i) to tk_decode_trace[c][i]
@@ -360,12 +363,13 @@ __device__ __forceinline__ void tile_row_offsets(int (&s_off)[2][BN], const int*
 // (s_off[r]: 16-byte chunk index of row r's cache slot, -1: zero-fill, read nothing). Each thread copies
 // 16-byte chunk c of rows r0, r0 + RSTEP, ...: a compile-time count of rows, straight-line code with
 // constant shared-memory offsets; per row one shared load, a compare, a max, two wide multiply-adds and
-// the two copies.
-template <int D, int BN, int THREADS, bool L1 = false>
+// the two copies. EXCEPT: row `except` (if any) is left alone, neither copied nor zero-filled (the fused
+// decode attention writes this step's new key there itself, split_kv_partials_impl<D, true>).
+template <int D, int BN, int THREADS, bool L1 = false, bool EXCEPT = false>
 __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV,
                                              const __nv_bfloat16* __restrict__ k_cache,
                                              const __nv_bfloat16* __restrict__ v_cache, const int* s_off, int kvh,
-                                             int tid) {
+                                             int tid, int except = -1) {
   constexpr int LD = D + 8;
   constexpr int CH = D / 8;
   constexpr int RSTEP = THREADS / CH;
@@ -379,6 +383,8 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   for (int i = 0; i < ROWS; ++i) {
     const int r = r0 + i * RSTEP;
     if (BN % RSTEP != 0 && r >= BN) break;
+    if constexpr (EXCEPT)
+      if (r == except) continue;
     const int o = s_off[r];
     const bool skip = o < 0;
     const u32 off = (u32)max(o, 0);  // a skipped copy still gets an address inside the cache
@@ -1172,7 +1178,41 @@ struct SplitFold {
   __device__ __forceinline__ float lse() const { return s > 0.f ? __fadd_rn(ms, logf(s)) : neg_inf(); }
 };
 
-template <int D>
+// The fused q/k norm, RoPE and KV store of split_kv_qk_partials (split_kv_partials_impl<D, true>): the
+// impl's q is then the qkv GEMM's raw query rows, k and v its raw K and V rows (token strides k_stride,
+// v_stride); the rest is qk_norm_rope's arguments (rope.cu), k_store / v_store the caches written at
+// slots[b]. Unused (null) in split_kv_partials.
+struct DecodeQk {
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  int k_stride, v_stride;
+  const __nv_bfloat16* q_w;
+  const __nv_bfloat16* k_w;
+  const float* cos_t;
+  const float* sin_t;
+  int max_pos;
+  float eps;
+  const int* positions;
+  const int* slots;
+  __nv_bfloat16* k_store;
+  __nv_bfloat16* v_store;
+};
+
+// QK (split_kv_qk_partials, a decode step's attention with qk_norm_rope in the same launch): what the
+// launch reads before its griddepcontrol.wait -- so while the qkv GEMM before it is still running -- is
+// what that GEMM does not write: the lengths, positions, slots and block table (uploaded before the
+// step), the norm weights and RoPE tables, and the cached K/V rows of the first two tiles except the row
+// at position seq_lens[b] - 1, the one slot of the sequence this step writes. The earlier rows were
+// written by an earlier step, which has completed: the kernel before this one (the GEMM) waited for its
+// own predecessor before it let this one start (pdl.cuh). After the wait each warp normalizes and rotates
+// its rows (qk_norm.cuh: qk_norm_rope's arithmetic): the group's query heads into sQ, and in the CTA whose
+// split holds the new key, the K row with its V row into sQ rows NQ, NQ + 1 (free since keys became the
+// MMAs' rows); there the new key's tile row is written from those rows instead of from the cache (when
+// the block table puts position seq_lens[b] - 1 at slots[b], as a decode step does; otherwise the row is
+// copied from the cache after the wait). The CTA of the split that holds position positions[b] (head
+// group 0) also writes the K and V rows to the caches at slots[b] >= 0, the store qk_norm_rope makes.
+// q and k in the qkv buffer are left as they are.
+template <int D, bool QK = false>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
                                                        const __nv_bfloat16* __restrict__ v_cache,
@@ -1182,19 +1222,20 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                                                        int split_size, int max_splits, float scale,
                                                        const int* __restrict__ row_seq, const float* __restrict__ cos_t,
                                                        const float* __restrict__ sin_t, int max_pos,
-                                                       __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {
+                                                       __nv_bfloat16* __restrict__ out, int* __restrict__ tickets,
+                                                       const DecodeQk& qk = DecodeQk{}) {
   typedef DecodeCfg<D> C;
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int NQ = C::NQ;
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD], rows 0..NQ-1 used
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD], rows 0..NQ-1 used (QK: + 2)
   __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
   __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
   __shared__ float s_m[4][NQ];
   __shared__ float s_l[4][NQ];
 
-  TRACE(0);  // after pdl_entry
+  TRACE(0);  // after pdl_entry (QK: at the start)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = n_q / n_kv;
   const int HG = (G + NQ - 1) / NQ;
@@ -1219,14 +1260,96 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     blk = block_of((int)s0l + tid, block_size, bs_log2);
     page = bt[blk];
   }
-  for (int i = tid; i < NQ * CH; i += THREADS) {
-    const int r = i / CH, c = i % CH;
-    const bool skip = r >= nrows;  // rows past the group's heads are zeros
-    cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8),
-                       q + (long long)b * q_stride + (long long)(h0 + (skip ? 0 : r)) * D + c * 8, skip);
+  // QK: this step's position and slot; the split that stores the K/V rows (the one holding the position)
+  int p = -1, slot = -1;
+  bool store = false;
+  if constexpr (QK) {
+    p = qk.positions[b];
+    slot = qk.slots[b];
+    store = hg == 0 && slot >= 0 && split == min(max(p, 0) / split_size, max_splits - 1);
+  } else {
+    for (int i = tid; i < NQ * CH; i += THREADS) {
+      const int r = i / CH, c = i % CH;
+      const bool skip = r >= nrows;  // rows past the group's heads are zeros
+      cp_async16_or_zero(smem_u32(sQ + r * LD + c * 8),
+                         q + (long long)b * q_stride + (long long)(h0 + (skip ? 0 : r)) * D + c * 8, skip);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
+  // QK: the rows of a warp's norm jobs (job warp + 4i: query head h0 + job below nrows, the K head at nrows)
+  constexpr int JM = (NQ + 1 + 3) / 4;
+  constexpr int HALF = D / 2;
+  QkRow rows[JM];
+  const bool rot = QK && p >= 0 && p < qk.max_pos;
+  // the norm jobs j0 .. njobs-1 after the wait: x loads for all of the warp's jobs first, then each row's
+  // reduction and output; the K row (with its V row) goes to sQ rows NQ, NQ + 1 and, in the storing CTA,
+  // to the caches
+  auto norm_jobs = [&](int j0, int njobs) {
+#pragma unroll
+    for (int i = 0; i < JM; ++i) {
+      const int job = warp + 4 * i;
+      if (job >= j0 && job < njobs)
+        qk_row_x(rows[i], job < nrows ? q + (long long)b * q_stride + (long long)(h0 + job) * D
+                                      : qk.k + (long long)b * qk.k_stride + (long long)kvh * D, lane, HALF);
+    }
+    __nv_bfloat16 va[4], vb[4];
+    const bool kjob = warp == nrows % 4 && nrows < njobs;  // this warp has the K head's job
+    if (kjob) {
+      const __nv_bfloat16* vrow = qk.v + (long long)b * qk.v_stride + (long long)kvh * D;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = lane + 32 * c;
+        if (j < HALF) {
+          va[c] = vrow[j];
+          vb[c] = vrow[j + HALF];
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < JM; ++i) {
+      const int job = warp + 4 * i;
+      if (job < j0 || job >= njobs) continue;
+      const float inv = qk_row_inv_rms(rows[i], lane, HALF, D, qk.eps);
+      __nv_bfloat16* dst = sQ + (job < nrows ? job : NQ) * LD;
+      const long long gdst = (long long)slot * n_kv * D + (long long)kvh * D;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = lane + 32 * c;
+        if (j < HALF) {
+          __nv_bfloat16 ra, rb;
+          qk_row_out(rows[i], inv, rot, c, ra, rb);
+          dst[j] = ra;
+          dst[j + HALF] = rb;
+          if (job == nrows) {
+            dst[LD + j] = va[c];
+            dst[LD + j + HALF] = vb[c];
+            if (store) {
+              qk.k_store[gdst + j] = ra;
+              qk.k_store[gdst + j + HALF] = rb;
+              qk.v_store[gdst + j] = va[c];
+              qk.v_store[gdst + j + HALF] = vb[c];
+            }
+          }
+        }
+      }
+    }
+  };
+  auto job_weights = [&](int j0, int njobs) {
+#pragma unroll
+    for (int i = 0; i < JM; ++i) {
+      const int job = warp + 4 * i;
+      if (job >= j0 && job < njobs) {
+        qk_row_weight(rows[i], job < nrows ? qk.q_w : qk.k_w, lane, HALF);
+        if (rot) qk_row_tables(rows[i], qk.cos_t, qk.sin_t, p, lane, HALF);
+      }
+    }
+  };
   if (s0l >= slen) {  // empty split (uniform across the CTA)
+    if constexpr (QK) {  // nothing to attend; the store, if this CTA makes it (the K job only)
+      if (store) job_weights(nrows, nrows + 1);
+      pdl_entry();
+      if (store) norm_jobs(nrows, nrows + 1);
+    }
     TRACE(7);
     cp_async_wait<0>();
     if (out != nullptr) {  // fused: nothing to fold; an empty sequence's output is zeros (split 0 writes them)
@@ -1246,12 +1369,59 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int ntiles = (s1 - s0 + BN - 1) / BN;
   __shared__ int s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
   if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
+  // QK: the new key's tile lt and row lr (lt = -1: not in this split), and whether the table puts it at
+  // the slot this step writes (subst: its tile row comes from the new K/V rows, not from the cache)
+  int lt = -1, lr = 0, late_off = -1;
+  if constexpr (QK) {
+    if (slot >= 0 && p == slen - 1 && p >= s0 && p < s1) {
+      lt = (p - s0) / BN;
+      lr = p - s0 - lt * BN;
+      late_off = row_offset(bt, p, s1, n_kv, D, block_size, bs_log2);
+    }
+    job_weights(0, nrows + (lt >= 0 || store ? 1 : 0));
+  }
   __syncthreads();
   TRACE(1);  // the length and the first pages have arrived
-  load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
-  cp_async_commit();
+  if constexpr (QK) {  // tiles 0 and 1 before the wait, less the new key's row
+    load_kv_tile<D, BN, THREADS, true, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid, lt == 0 ? lr : -1);
+    if (ntiles > 1)
+      load_kv_tile<D, BN, THREADS, true, true>(sK + BN * LD, sV + BN * LD, k_cache, v_cache, s_off[1], kvh, tid,
+                                               lt == 1 ? lr : -1);
+    cp_async_commit();
+    pdl_entry();
+    norm_jobs(0, nrows + (lt >= 0 || store ? 1 : 0));
+    for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
+      sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
+  } else {
+    load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
+    cp_async_commit();
+  }
+  const bool subst = QK && lt >= 0 && late_off >= 0 && late_off == slot * (n_kv * CH);
+  // QK: the new key's row of tile lt, in stage st: from sQ rows NQ, NQ + 1 (subst), else from the cache
+  auto fill_new_row = [&](int st) {
+    if (tid < CH) {
+      const int o = (st * BN + lr) * LD + tid * 8;
+      if (subst) {
+        *reinterpret_cast<uint4*>(sK + o) = *reinterpret_cast<const uint4*>(sQ + NQ * LD + tid * 8);
+        *reinterpret_cast<uint4*>(sV + o) = *reinterpret_cast<const uint4*>(sQ + (NQ + 1) * LD + tid * 8);
+      } else {
+        const u32 off = (u32)max(late_off, 0);
+        cp_async16_or_zero<true>(smem_u32(sK + o), reinterpret_cast<const uint4*>(k_cache + (kvh * D + tid * 8)) + off,
+                                 late_off < 0);
+        cp_async16_or_zero<true>(smem_u32(sV + o), reinterpret_cast<const uint4*>(v_cache + (kvh * D + tid * 8)) + off,
+                                 late_off < 0);
+      }
+    }
+  };
 
-  cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
+  if constexpr (QK) {
+    __syncthreads();  // the norm jobs' rows are in sQ
+    if (lt == 0 || lt == 1) fill_new_row(lt);
+    cp_async_commit();
+    cp_async_wait<0>();  // tiles 0, 1 and the new key's row have landed
+  } else {
+    cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
+  }
   __syncthreads();
   u32 qb[D / 16][2];
   load_qt_frags<D>(qb, smem_u32(sQ), lane);
@@ -1269,9 +1439,17 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     // row tid of tile j + 2: page read now, table entry written at the end of the iteration (as in paged_prefill)
     const int ahead = s0 + (j + 2) * BN + tid;
     const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
-    if (j + 1 < ntiles)
-      load_kv_tile<D, BN, THREADS, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache, s_off[st ^ 1],
-                                   kvh, tid);
+    if (j + 1 < ntiles && (!QK || j + 1 >= 2)) {  // (QK: tile 1 went out before the wait)
+      if constexpr (QK) {
+        const bool mine = subst && j + 1 == lt;
+        load_kv_tile<D, BN, THREADS, true, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache,
+                                                 s_off[st ^ 1], kvh, tid, mine ? lr : -1);
+        if (mine) fill_new_row(st ^ 1);
+      } else {
+        load_kv_tile<D, BN, THREADS, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache,
+                                           s_off[st ^ 1], kvh, tid);
+      }
+    }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -1474,6 +1652,31 @@ TK_SPLITKV(16, 4)
 TK_SPLITKV(32, 4)
 TK_SPLITKV(64, 1)
 TK_SPLITKV(128, 1)
+
+// split_kv_partials with qk_norm_rope in the launch (split_kv_partials_impl<D, true>, DecodeQk): q, k, v
+// the qkv GEMM's raw head rows; the rest as split_kv_partials (one query row per sequence: no row_seq,
+// no fused K rotation) and qk_norm_rope (store=(v, k_cache, v_cache, slots)). Its first statement is
+// the impl: the prologue's loads come before the wait (pdl_entry inside).
+#define TK_SPLITKV_QK(DV, MINB)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_qk_partials_d##DV(                              \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k, int k_stride,       \
+      const __nv_bfloat16* __restrict__ v, int v_stride, const __nv_bfloat16* __restrict__ q_w,                   \
+      const __nv_bfloat16* __restrict__ k_w, const float* __restrict__ cos_t, const float* __restrict__ sin_t,     \
+      int max_pos, float eps, const int* __restrict__ positions, const int* __restrict__ slots,                   \
+      __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,                                   \
+      const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,                      \
+      float* __restrict__ o_part, float* __restrict__ lse_part, int n_q, int n_kv, int block_size,                \
+      int split_size, int max_splits, float scale, __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {  \
+    split_kv_partials_impl<DV, true>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part,    \
+                                     lse_part, n_q, n_kv, block_size, split_size, max_splits, scale, nullptr,     \
+                                     nullptr, nullptr, 0, out, tickets,                                           \
+                                     DecodeQk{k, v, k_stride, v_stride, q_w, k_w, cos_t, sin_t, max_pos, eps,     \
+                                              positions, slots, k_cache, v_cache});                               \
+  }
+TK_SPLITKV_QK(16, 4)
+TK_SPLITKV_QK(32, 4)
+TK_SPLITKV_QK(64, 1)
+TK_SPLITKV_QK(128, 1)
 
 // ------------------------------------------------------------------------------------------------
 // split_kv_reduce

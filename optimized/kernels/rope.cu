@@ -1,4 +1,5 @@
 // rope.cu -- fused per-head RMSNorm (q_norm / k_norm) + Qwen3 rotate-half RoPE, in place.
+// (The per-row arithmetic is qk_norm.cuh's, shared with attention.cu's split_kv_qk_partials.)
 //
 // Reference twin: reference/model.py, `apply_rope(rms_norm(q, q_norm.weight), cos, sin)` and the same
 // for k, in bf16 exactly as Hugging Face computes it:
@@ -24,6 +25,8 @@
 #include <cuda_bf16.h>
 
 #include "pdl.cuh"
+
+#include "qk_norm.cuh"
 
 namespace {
 
@@ -57,54 +60,30 @@ __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q,
 
   const int p = positions[t];
   const int slot = store ? slots[t] : -1;
-  float xa[4], xb[4], wa[4], wb[4], cs[4], sn[4];
+  QkRow row;
   __nv_bfloat16 va[4], vb[4];
-  float ss = 0.f;
+  qk_row_x(row, x, lane, half);
+  qk_row_weight(row, w, lane, half);
+  if (store) {
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int j = lane + 32 * c;
-    xa[c] = xb[c] = 0.f;
-    if (j < half) {
-      xa[c] = __bfloat162float(x[j]);
-      xb[c] = __bfloat162float(x[j + half]);
-      wa[c] = __bfloat162float(w[j]);
-      wb[c] = __bfloat162float(w[j + half]);
-      if (store) {
+    for (int c = 0; c < 4; ++c) {
+      const int j = lane + 32 * c;
+      if (j < half) {
         va[c] = vrow[j];
         vb[c] = vrow[j + half];
       }
     }
   }
   const bool rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int j = lane + 32 * c;
-    if (rot && j < half) {
-      cs[c] = cos_t[(long long)p * half + j];
-      sn[c] = sin_t[(long long)p * half + j];
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-    if (lane + 32 * c < half) ss += xa[c] * xa[c] + xb[c] * xb[c];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float r = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)D), eps)));
+  if (rot) qk_row_tables(row, cos_t, sin_t, p, lane, half);
+  const float r = qk_row_inv_rms(row, lane, half, D, eps);
   const long long dst = (long long)slot * n_kv * D + (long long)(hh - n_q) * D;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int j = lane + 32 * c;
     if (j < half) {
-      const float na = __bfloat162float(__float2bfloat16_rn(__fmul_rn(xa[c], r)));
-      const float nb = __bfloat162float(__float2bfloat16_rn(__fmul_rn(xb[c], r)));
-      const float ya = __bfloat162float(__float2bfloat16_rn(__fmul_rn(wa[c], na)));
-      const float yb = __bfloat162float(__float2bfloat16_rn(__fmul_rn(wb[c], nb)));
-      float oa = ya, ob = yb;
-      if (rot) {
-        oa = __fadd_rn(__fmul_rn(ya, cs[c]), __fmul_rn(-yb, sn[c]));
-        ob = __fadd_rn(__fmul_rn(yb, cs[c]), __fmul_rn(ya, sn[c]));
-      }
-      const __nv_bfloat16 ra = __float2bfloat16_rn(oa), rb = __float2bfloat16_rn(ob);
+      __nv_bfloat16 ra, rb;
+      qk_row_out(row, r, rot, c, ra, rb);
       x[j] = ra;
       x[j + half] = rb;
       if (slot >= 0) {
