@@ -143,9 +143,11 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
 #: variants on top of "default" with the staged kernel's weight copies at another L2 priority (the runner's
 #: ``staged_evict_first``; every other variant: the engine's default) or another count of early stages:
 #: ``ef0`` copies without a hint, as the fifteenth session ran them; ``ef-pre1`` / ``ef-pre3`` evict-first
-#: with 1 / 3 stages fetched early (o_proj too)
+#: with 1 / 3 stages fetched early (o_proj too); ``o-pre0`` / ``o-pre3``: o_proj with 0 / 3 early stages, the
+#: rest with the default 2 (seventeenth session: the attention before o_proj now reads its K/V before its wait)
 L2_VARIANTS: dict[str, tuple[bool, dict[str, tuple[int, int, int, int, int]] | None]] = {
     "ef0": (False, None), "ef-pre1": (True, _st(_K1, o_pre=1, pre=1)), "ef-pre3": (True, _st(_K1, o_pre=3)),
+    "o-pre0": (True, _st(_K1, o_pre=0, pre=2)), "o-pre3": (True, _st(_K1, o_pre=3, pre=2)),
 }
 #: variants on top of "default" with a decode step's qk_norm_rope in its own launch before the attention
 #: (the runner's ``fuse_qk_attention`` off; every other variant: on, the engine's default since the
