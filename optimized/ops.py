@@ -673,7 +673,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                 (_p(q), _i(qs), _p(k), _i(ks), _p(v), _i(vs), _p(qw), _p(kw), _p(cos), _p(sin), _i(cos.shape[0]),
                  _f(eps), _p(positions), _p(slots), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens),
                  _p(o_part), _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
-                 _p(_fused_out), _p(tickets), _i(QK_TRIGGER)), smem, DECODE_CTAS_PER_SM)
+                 _p(_fused_out), _p(tickets)), smem, DECODE_CTAS_PER_SM)
         return o_part, lse_part
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
@@ -709,11 +709,6 @@ def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.
             (_p(o_part), _p(lse_part), _p(out), _p(lse_out), _i(B), _i(n_q), _i(D), _i(S)))
     return out
 
-
-#: Where ``split_kv_qk_partials`` lets the next kernel be scheduled (griddepcontrol.launch_dependents): 0 right
-#: after its wait, 1 after its key loop, 2 after its ticket (the last CTA, before the fold). Read at launch (a
-#: CUDA graph keeps the value it was captured with).
-QK_TRIGGER = 0
 
 #: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows, and at any row count
 #: when each sequence has one split (then nothing is folded: each CTA writes its output, where two launches

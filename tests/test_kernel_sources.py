@@ -262,7 +262,7 @@ def test_the_fused_decode_attention_reads_before_its_wait_only_what_the_kernel_b
     assert qk_empty.index("pdl_entry();") < qk_empty.index("norm_jobs(")
     assert empty.index("if constexpr (QK) {") < empty.index("out[") and empty.index("if constexpr (QK) {") < empty.index("o_part[")
     main = impl.split("const int s0 = (int)s0l;")[1]
-    wait = main.index("pdl_wait();")
+    wait = main.index("pdl_entry();")
     before = main[:wait]
     assert before.count("load_kv_tile<D, BN, THREADS, true, true>(") == 2
     assert "lt == 0 ? lr : -1" in before and "lt == 1 ? lr : -1" in before

@@ -153,10 +153,6 @@ L2_VARIANTS: dict[str, tuple[bool, dict[str, tuple[int, int, int, int, int]] | N
 #: (the runner's ``fuse_qk_attention`` off; every other variant: on, the engine's default since the
 #: seventeenth session)
 QK_VARIANTS: dict[str, bool] = {"qk-apart": False}
-#: variants on top of "default" with ``ops.QK_TRIGGER`` (where the fused attention lets o_proj be scheduled: 1
-#: after its key loop, 2 after its ticket) and o_proj's early stages (-o3: 3): (trigger, o_proj's early stages)
-TRIGGER_VARIANTS: dict[str, tuple[int, int]] = {"trig1": (1, 2), "trig2": (2, 2), "trig0-o3": (0, 3),
-                                                 "trig1-o3": (1, 3), "trig2-o3": (2, 3)}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -262,7 +258,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="*",
                     choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
                     + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED) + tuple(L2_VARIANTS)
-                    + tuple(QK_VARIANTS) + tuple(TRIGGER_VARIANTS),
+                    + tuple(QK_VARIANTS),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -298,14 +294,9 @@ def main() -> int:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
-                    or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS or variant in QK_VARIANTS \
-                    or variant in TRIGGER_VARIANTS
+                    or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS or variant in QK_VARIANTS
                 eng.runner.fuse_qk_attention = QK_VARIANTS.get(variant, True)
-                trig, o_pre = TRIGGER_VARIANTS.get(variant, (0, None))
-                ops.QK_TRIGGER = trig                               # read at capture (each variant captures its own)
                 ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
-                if o_pre is not None:
-                    ef_staged = _st(_K1, o_pre=o_pre, pre=2)
                 eng.runner.staged_evict_first = ef
                 if ef_staged is not None:
                     eng.runner.staged, eng.runner.staged_min_elems = dict(ef_staged), 0

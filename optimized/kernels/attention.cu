@@ -1196,7 +1196,6 @@ struct DecodeQk {
   const int* slots;
   __nv_bfloat16* k_store;
   __nv_bfloat16* v_store;
-  int trigger;  // where the next kernel may be scheduled: 0 after the wait, 1 after the key loop, 2 after the ticket
 };
 
 // QK (split_kv_qk_partials, a decode step's attention with qk_norm_rope in the same launch): what the
@@ -1389,8 +1388,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       load_kv_tile<D, BN, THREADS, true, true>(sK + BN * LD, sV + BN * LD, k_cache, v_cache, s_off[1], kvh, tid,
                                                lt == 1 ? lr : -1);
     cp_async_commit();
-    pdl_wait();
-    if (qk.trigger == 0) pdl_launch_dependents();
+    pdl_entry();
     norm_jobs(0, nrows + (lt >= 0 || store ? 1 : 0));
     for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
       sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
@@ -1475,8 +1473,6 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   }
 
   TRACE(3);  // the key loop is done
-  if constexpr (QK)
-    if (qk.trigger == 1) pdl_launch_dependents();
   // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
   constexpr int OLD = C::OLD;
   float* sO = reinterpret_cast<float*>(sK);  // [4][NQ][OLD]
@@ -1543,8 +1539,6 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   }
   __syncthreads();
   TRACE(5);  // the ticket is known
-  if constexpr (QK)
-    if (qk.trigger == 2) pdl_launch_dependents();  // (the CTAs that exit here count as triggered)
   if (!s_last) {
     TRACE(7);
     return;
@@ -1672,13 +1666,12 @@ TK_SPLITKV(128, 1)
       __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,                                   \
       const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,                      \
       float* __restrict__ o_part, float* __restrict__ lse_part, int n_q, int n_kv, int block_size,                \
-      int split_size, int max_splits, float scale, __nv_bfloat16* __restrict__ out, int* __restrict__ tickets,    \
-      int trigger) {                                                                                                \
+      int split_size, int max_splits, float scale, __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {  \
     split_kv_partials_impl<DV, true>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part,    \
                                      lse_part, n_q, n_kv, block_size, split_size, max_splits, scale, nullptr,     \
                                      nullptr, nullptr, 0, out, tickets,                                           \
                                      DecodeQk{k, v, k_stride, v_stride, q_w, k_w, cos_t, sin_t, max_pos, eps,     \
-                                              positions, slots, k_cache, v_cache, trigger});                      \
+                                              positions, slots, k_cache, v_cache});                               \
   }
 TK_SPLITKV_QK(16, 4)
 TK_SPLITKV_QK(32, 4)
