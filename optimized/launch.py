@@ -27,6 +27,8 @@ import numpy as np
 
 #: ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` (cuda.h)
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+#: ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`` (cuda.h): value ``clusterDim`` = three unsigned ints x, y, z
+ATTR_CLUSTER_DIMENSION = 4
 
 
 class _LaunchAttr(ctypes.Structure):
@@ -97,21 +99,37 @@ def pdl_enabled(major: int) -> bool:
     return bool(on) and major >= 9 and _driver() is not None
 
 
-def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.generic], smem: int, stream: int) -> None:
+def launch_attrs(cluster_x: int = 1) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The launch attributes of ``launch_pdl`` as (id, value ints): programmatic stream serialization, and
+    with ``cluster_x > 1`` thread-block clusters of ``cluster_x`` CTAs along the grid's x."""
+    attrs: tuple[tuple[int, tuple[int, ...]], ...] = ((ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)),)
+    if cluster_x > 1:
+        attrs += ((ATTR_CLUSTER_DIMENSION, (int(cluster_x), 1, 1)),)
+    return attrs
+
+
+def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.generic], smem: int, stream: int,
+               cluster_x: int = 1) -> None:
     """``cuLaunchKernelEx`` of the CUfunction ``func_ptr`` on ``stream`` with programmatic stream
-    serialization allowed. Raises ``RuntimeError`` with the driver's error name on failure."""
+    serialization allowed (and, ``cluster_x > 1``, clusters of that many CTAs along x: the grid's x must be
+    a multiple of it). Raises ``RuntimeError`` with the driver's error name on failure."""
     lib = _driver()
     if lib is None:
         raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
     buf = ctypes.create_string_buffer(pack_args(args), 8 * max(1, len(args)))
     base = ctypes.addressof(buf)
     params = (ctypes.c_void_p * max(1, len(args)))(*[base + 8 * i for i in range(len(args))])
-    attr = _LaunchAttr()
-    attr.id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value[0] = 1
+    wanted = launch_attrs(cluster_x)
+    attrs = (_LaunchAttr * len(wanted))()
+    for a, (aid, vals) in zip(attrs, wanted):
+        a.id = aid
+        for i, v in enumerate(vals):
+            a.value[i] = v
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
-    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, ctypes.pointer(attr), 1)
+    if cluster_x > 1 and gx % cluster_x:
+        raise ValueError(f"grid x {gx} is not a multiple of the cluster's {cluster_x}")
+    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, attrs, len(wanted))
     rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
     if rc != 0:
         name = ctypes.c_char_p()

@@ -178,18 +178,21 @@ def _cc_major(dev: int) -> int:
 
 
 def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple, args: tuple, smem: int = 0,
-            ctas_per_sm: int | None = None) -> None:
+            ctas_per_sm: int | None = None, cluster_x: int = 1) -> None:
     """One launch on the current torch stream: with programmatic dependent launch through the driver
     (``optimized/launch.py``) on compute capability 9.0+ unless ``TURNKV_PDL=0``, else through CuPy.
-    ``ctas_per_sm``: see ``_function``."""
+    ``ctas_per_sm``: see ``_function``. ``cluster_x > 1``: clusters of that many CTAs along x, which only
+    the driver's path launches (the caller asks ``_clusters_ok`` first)."""
     import cupy
 
     dev = _device_index(ref)
     with cupy.cuda.Device(dev):
         fn, handle = _function(dev, module, name, smem, ctas_per_sm)
         if launch.pdl_enabled(_cc_major(dev)):
-            launch.launch_pdl(handle, grid, block, args, smem, torch.cuda.current_stream(dev).cuda_stream)
+            launch.launch_pdl(handle, grid, block, args, smem, torch.cuda.current_stream(dev).cuda_stream,
+                              cluster_x)
             return
+        _need(cluster_x == 1, f"{name}: a cluster launch needs the driver's launch path (PDL on, sm_90+)")
         with _stream(dev):
             fn(grid, block, args, shared_mem=smem)
 
@@ -669,11 +672,13 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     smem = decode_smem_bytes(D)
     if _qk is not None:  # qk_norm_rope and its KV store in the launch (split_kv_decode's norm_rope)
         k, ks, v, vs, qw, kw, cos, sin, positions, slots, eps = _qk
+        cluster = _fused_out is not None and DECODE_CLUSTER and 2 <= S <= DECODE_CLUSTER_MAX and _clusters_ok(q)
         _launch(q, "attention", f"split_kv_qk_partials_d{D}", grid, (128, 1, 1),
                 (_p(q), _i(qs), _p(k), _i(ks), _p(v), _i(vs), _p(qw), _p(kw), _p(cos), _p(sin), _i(cos.shape[0]),
                  _f(eps), _p(positions), _p(slots), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens),
                  _p(o_part), _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
-                 _p(_fused_out), _p(tickets)), smem, DECODE_CTAS_PER_SM)
+                 _p(_fused_out), _p(tickets), _i(1 if cluster else 0)), smem, DECODE_CTAS_PER_SM,
+                S if cluster else 1)
         return o_part, lse_part
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
@@ -708,6 +713,20 @@ def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.
     _launch(o_part, "attention", "split_kv_reduce", (-(-total // 256), 1, 1), (256, 1, 1),
             (_p(o_part), _p(lse_part), _p(out), _p(lse_out), _i(B), _i(n_q), _i(D), _i(S)))
     return out
+
+
+#: ``split_kv_decode(norm_rope=...)`` in one launch with 2 .. ``DECODE_CLUSTER_MAX`` splits a sequence: the
+#: splits of a sequence are one thread-block cluster and fold through distributed shared memory instead of
+#: a ticket (attention.cu, ``cluster_fold``; the same bits). Off (``False``): the ticket. Read at launch (a
+#: CUDA graph keeps what it was captured with).
+DECODE_CLUSTER = True
+#: the most CTAs of a cluster (8: the portable limit, attention.cu's ``kClusterMax``)
+DECODE_CLUSTER_MAX = 8
+
+
+def _clusters_ok(ref: torch.Tensor) -> bool:
+    """Whether a launch on ``ref``'s device can have clusters: the driver's path (PDL), sm_90+."""
+    return ref.device.type == "cuda" and launch.pdl_enabled(_cc_major(_device_index(ref)))
 
 
 #: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows, and at any row count

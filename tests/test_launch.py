@@ -98,16 +98,25 @@ def test_ops_launch_dispatch(monkeypatch):
         monkeypatch.setattr(launch, "_driver", lambda: object())
         ops._launch(ref, "rmsnorm", "rmsnorm", (2, 1, 1), (32, 1, 1), args, smem=64 * 1024)
         ops._launch(ref, "rmsnorm", "rmsnorm", (3, 1, 1), (32, 1, 1), args, smem=64 * 1024)
+        ops._launch(ref, "rmsnorm", "rmsnorm", (6, 1, 1), (32, 1, 1), args, smem=64 * 1024, cluster_x=3)
         launch.set_pdl(False)
         ops._launch(ref, "rmsnorm", "rmsnorm", (4, 1, 1), (32, 1, 1), args, smem=64 * 1024)
+        n = len(calls)
+        with pytest.raises(ValueError, match="cluster"):     # only the driver's path launches clusters
+            ops._launch(ref, "rmsnorm", "rmsnorm", (6, 1, 1), (32, 1, 1), args, smem=64 * 1024, cluster_x=3)
+        assert len(calls) == n
     finally:
         launch.set_pdl(None)
     assert calls[0] == ("load", "rmsnorm") and [c[0] for c in calls].count("load") == 1   # loaded once
     fn, handle = ops._functions[(0, "rmsnorm", "rmsnorm")]
     assert handle == 1000 and fn.max_dynamic_shared_size_bytes == 64 * 1024
-    assert calls[1] == ("pdl", 1000, (2, 1, 1), (32, 1, 1), args, 64 * 1024, 77)
-    assert calls[2] == ("pdl", 1000, (3, 1, 1), (32, 1, 1), args, 64 * 1024, 77)
-    assert calls[3] == ("cupy", "rmsnorm", (4, 1, 1), (32, 1, 1), args, 64 * 1024)
+    assert calls[1] == ("pdl", 1000, (2, 1, 1), (32, 1, 1), args, 64 * 1024, 77, 1)
+    assert calls[2] == ("pdl", 1000, (3, 1, 1), (32, 1, 1), args, 64 * 1024, 77, 1)
+    assert calls[3] == ("pdl", 1000, (6, 1, 1), (32, 1, 1), args, 64 * 1024, 77, 3)
+    assert calls[4] == ("cupy", "rmsnorm", (4, 1, 1), (32, 1, 1), args, 64 * 1024)
+    # the driver's attributes: PDL always, the cluster's dimensions (x, 1, 1) only when asked for
+    assert launch.launch_attrs() == ((launch.ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)),)
+    assert launch.launch_attrs(3) == ((6, (1,)), (4, (3, 1, 1)))
 
 
 @pytest.fixture
@@ -117,8 +126,8 @@ def launch_log(monkeypatch) -> list[tuple]:
     from optimized import ops
 
     log: list[tuple] = []
-    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
-                        log.append((module, name, grid, block, args, ctas_per_sm)))
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None,
+                        cluster_x=1: log.append((module, name, grid, block, args, ctas_per_sm, cluster_x)))
     monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
     return log
 
@@ -218,7 +227,7 @@ def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
     pk = ops.pack_sampling_params([SamplingParams(temperature=1.0)] * B, [5, 6, 7], "cpu")
     toks, lps = ops.sample(logits, **pk)
     assert toks.shape == (B,) and toks.dtype == torch.int32 and lps.dtype == torch.float32
-    (m1, n1, g1, b1, a1, _), (m2, n2, g2, b2, a2, _) = log
+    (m1, n1, g1, b1, a1, *_), (m2, n2, g2, b2, a2, *_) = log
     C = ops.sample_chunks(V)
     assert (m1, n1, g1, b1) == ("sampling", "sample_partial", (C, B, 1), (ops.SAMPLE_PARTIAL_THREADS, 1, 1))
     assert (m2, n2, g2, b2) == ("sampling", "sample", (B, 1, 1), (1024, 1, 1))
@@ -291,14 +300,19 @@ def test_split_kv_decode_with_norm_rope_launches_the_qk_kernel_and_rejects_bad_i
         v = qkv[:, (n_q + n_kv) * D:].view(B, n_kv, D)
         return q, k, v, torch.zeros(B, 4, dtype=i32), torch.full((B,), 40, dtype=i32), torch.arange(B, dtype=i32)
 
-    for B, kernels in ((4, ["split_kv_qk_partials_d64"]), (40, ["split_kv_qk_partials_d64", "split_kv_reduce"])):
+    for B, kernels, clusters in ((4, ["split_kv_qk_partials_d64"], True), (4, ["split_kv_qk_partials_d64"], False),
+                                 (40, ["split_kv_qk_partials_d64", "split_kv_reduce"], True)):
         q, k, v, tables, lens, slots = inputs(B)
         pos = lens - 1
+        monkeypatch.setattr(ops, "_clusters_ok", lambda ref, ok=clusters: ok)
         del log[:]
         out = ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3,
                                   norm_rope=(k, v, qw, kw, cos, sin, pos, slots, 1e-6))
         assert out.shape == (B, n_q, D) and [name for _, name, *_ in log] == kernels, B
-        _, _, grid, block, args, ctas = log[0]
+        _, _, grid, block, args, ctas, cluster_x = log[0]
+        fused = B <= ops.FUSED_DECODE_MAX_B
+        # the fold in a cluster of the 3 splits: one launch (fused), where clusters can be launched
+        assert (cluster_x, int(args[29])) == ((3, 1) if fused and clusters else (1, 0)), (B, clusters)
         assert grid == (3, n_kv, B) and block == (128, 1, 1) and ctas == ops.DECODE_CTAS_PER_SM
         W = (n_q + 2 * n_kv) * D
         assert [int(a) for a in args[:6]] == [q.data_ptr(), W, k.data_ptr(), W, v.data_ptr(), W]
@@ -307,7 +321,15 @@ def test_split_kv_decode_with_norm_rope_launches_the_qk_kernel_and_rejects_bad_i
         assert int(args[14]) == int(args[15]) == kc.data_ptr() and int(args[16]) == tables.data_ptr()
         assert [int(a) for a in args[17:19]] == [4, lens.data_ptr()]
         assert [int(a) for a in args[21:26]] == [n_q, n_kv, bs, 16, 3] and abs(float(args[26]) - D ** -0.5) < 1e-6
-        assert (int(args[27]) != 0) == (B <= ops.FUSED_DECODE_MAX_B) and len(args) == 29
+        assert (int(args[27]) != 0) == fused and len(args) == 30
+    q, k, v, tables, lens, slots = inputs(4)                         # more splits than a cluster takes: the ticket
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
+    del log[:]
+    ops.split_kv_decode(q, kc, kc, tables, lens, 4, max_splits=ops.DECODE_CLUSTER_MAX + 1,
+                        norm_rope=(k, v, qw, kw, cos, sin, lens - 1, slots, 1e-6))
+    assert log[0][6] == 1 and int(log[0][4][29]) == 0 and ops.DECODE_CLUSTER_MAX == 8
+    from optimized import kernels
+    assert "constexpr int kClusterMax = 8;" in kernels.source("attention")
     q, k, v, tables, lens, slots = inputs(3)
     good = (k, v, qw, kw, cos, sin, lens - 1, slots, 1e-6)
     n = len(log)

@@ -1044,12 +1044,15 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
     def run():
         res = []
         eps, max_pos = 1e-6, 8192
-        lens = [300, 1, 15, 4097, 64, 0, 129, 50]
+        long_lens = [300, 1, 15, 4097, 64, 0, 129, 50]
+        short_lens = [300, 1, 15, 1000, 64, 0, 129, 50]      # a 1024-key graph's rows: 2-8 splits, the cluster fold
         for n_q, n_kv, D, bs in ((32, 8, 128, 16), (16, 8, 128, 16), (64, 4, 128, 16), (8, 2, 64, 5), (3, 3, 16, 8),
                                  (8, 8, 32, 16)):
             cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
             cos_t, sin_t = cos[:, : D // 2].contiguous().to(dev), sin[:, : D // 2].contiguous().to(dev)
-            for B in (len(lens), 20):
+            for B, lens, splits in ((8, long_lens, ((16, None), (64, None), (128, None), (1000, None), (None, None))),
+                                    (20, long_lens, ((64, None), (1000, None))),
+                                    (8, short_lens, ((128, 8), (256, 4), (512, 2), (1024, 1)))):
                 L = (lens * 3)[:B]
                 kc0, vc0, bt, sl = build_paged(L, bs, n_kv, D, gen, dev, extra_pages=8)
                 btc = bt.cpu()
@@ -1067,8 +1070,10 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
                 qkv = (torch.randn(B, width, generator=gen) * 2).to(torch.bfloat16).to(dev)
                 qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
                 kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
-                for S in (16, 64, 128, 1000, None):
-                    for fused in ((True, False) if S is not None else (True,)):
+                for S, ms in splits:
+                    for fused, cluster in (((True, True), (True, False), (False, True)) if S is not None
+                                           else ((True, True),)):
+                        ops.DECODE_CLUSTER = cluster
                         outs = []
                         for one in (False, True):
                             buf = qkv.clone()
@@ -1078,16 +1083,18 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
                             kc, vc = kc0.clone(), vc0.clone()
                             if one:
                                 nr = (k, v, qw, kw, cos_t, sin_t, pos, slots, eps)
-                                o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, norm_rope=nr)
-                                again = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, norm_rope=nr)
-                                res += exact(f"G={n_q // n_kv} D={D} bs={bs} B={B} S={S} fused={fused}: second launch",
-                                             again, o)
+                                o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, norm_rope=nr, max_splits=ms)
+                                again = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, norm_rope=nr,
+                                                            max_splits=ms)
+                                res += exact(f"G={n_q // n_kv} D={D} bs={bs} B={B} S={S}/{ms} fused={fused} "
+                                             f"cluster={cluster}: second launch", again, o)
                             else:
                                 ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, store=(v, kc, vc, slots))
-                                o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused)
+                                o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, max_splits=ms)
                             outs.append((o, kc, vc, buf))
                         torch.cuda.synchronize()
-                        tag = f"G={n_q // n_kv} D={D} bs={bs} B={B} S={S} fused={fused}"
+                        ops.DECODE_CLUSTER = True
+                        tag = f"G={n_q // n_kv} D={D} bs={bs} B={B} S={S}/{ms} fused={fused} cluster={cluster}"
                         res += exact(f"{tag}: output", outs[1][0], outs[0][0])
                         res += exact(f"{tag}: k_cache", outs[1][1], outs[0][1])
                         res += exact(f"{tag}: v_cache", outs[1][2], outs[0][2])

@@ -1196,7 +1196,105 @@ struct DecodeQk {
   const int* slots;
   __nv_bfloat16* k_store;
   __nv_bfloat16* v_store;
+  int cluster;  // the launch's splits of a sequence form one thread-block cluster: the fold through DSMEM
 };
+
+// Thread-block clusters (sm_90): the barrier over every thread of the cluster, with release / acquire
+// semantics at cluster scope, and loads from another CTA's shared memory (DSMEM) at the same offset.
+__device__ __forceinline__ void cluster_sync_release_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+// the shared address `local` of this CTA as the same offset in cluster CTA `rank`
+__device__ __forceinline__ u32 dsmem_addr(u32 local, u32 rank) {
+  u32 a = local;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(local), "r"(rank));
+#endif
+  return a;
+}
+__device__ __forceinline__ float dsmem_f32(u32 a) {
+  float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ float4 dsmem_f4(u32 a) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(a) : "memory");
+#endif
+  return v;
+}
+
+// The fold of split_kv_qk_partials in a cluster (DecodeQk::cluster): the launch's grid x (the splits of a
+// sequence, at most kClusterMax) is one cluster, so split k is cluster rank k. Each live split has left its
+// partial in its own shared memory -- o fp32 [nrows][D] at sP, lse at s_lse -- and the splits past the
+// last live one have exited. Rank 0 folds splits 0 .. n_live-1 with split_kv_reduce's arithmetic (SplitFold:
+// the maximum over the splits' lse, then the weighted sums in split order and one division; the same bits as
+// the ticket's fold) from the others' shared memory, and writes out [nrows][D] bf16. The other ranks stay
+// until it has read them (the second barrier). In place of the partials' round trip through L2, the
+// ticket's atomic and the last CTA's loads: two cluster barriers and DSMEM loads.
+constexpr int kClusterMax = 8;
+template <int D>
+__device__ __forceinline__ void cluster_fold(const __nv_bfloat16* sQ, const float* s_lse, int n_live, int nrows,
+                                             __nv_bfloat16* __restrict__ out, int tid) {
+  static_assert(DecodeCfg<D>::NQ * D * 4 <= 16 * DecodeCfg<D>::LD * 2, "a split's partial must fit in sQ");
+  const float* sP = reinterpret_cast<const float*>(sQ);
+  cluster_sync_release_acquire();  // every live split's partial is in its shared memory
+  if (cluster_rank() != 0) {
+    cluster_arrive_relaxed();  // ... and stays there until rank 0 has read it
+    cluster_wait();
+    return;
+  }
+  const u32 p_base = smem_u32(sP), l_base = smem_u32(s_lse);
+  for (int i = tid; i < nrows * (D / 4); i += 128) {
+    const int r = i / (D / 4), d4 = (i - r * (D / 4)) * 4;
+    float lv[kClusterMax];
+    float4 ov[kClusterMax];
+#pragma unroll
+    for (int j = 0; j < kClusterMax; ++j) {  // a split past n_live reads the last live one's, unused
+      const u32 k = (u32)min(j, n_live - 1);
+      lv[j] = dsmem_f32(dsmem_addr(l_base + r * 4, k));
+      ov[j] = dsmem_f4(dsmem_addr(p_base + (r * D + d4) * 4, k));
+    }
+    float m = neg_inf();
+#pragma unroll
+    for (int j = 0; j < kClusterMax; ++j) m = fmaxf(m, lv[j]);  // the repeats change no maximum
+    SplitFold f(m);
+#pragma unroll
+    for (int j = 0; j < kClusterMax; ++j)
+      if (j < n_live) f.add(lv[j], ov[j]);
+    const float4 oa = f.o();
+    __nv_bfloat16* dst = out + r * D + d4;
+    dst[0] = __float2bfloat16_rn(oa.x);
+    dst[1] = __float2bfloat16_rn(oa.y);
+    dst[2] = __float2bfloat16_rn(oa.z);
+    dst[3] = __float2bfloat16_rn(oa.w);
+  }
+  cluster_arrive_relaxed();  // (each thread's loads were consumed above) the other ranks may exit
+  cluster_wait();
+}
 
 // QK (split_kv_qk_partials, a decode step's attention with qk_norm_rope in the same launch): what the
 // launch reads before its griddepcontrol.wait -- so while the qkv GEMM before it is still running -- is
@@ -1234,6 +1332,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
   __shared__ float s_m[4][NQ];
   __shared__ float s_l[4][NQ];
+  __shared__ float s_lse[NQ];  // QK with cluster: this split's lse per query row (its o in sQ)
 
   TRACE(0);  // after pdl_entry (QK: at the start)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1513,6 +1612,12 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       out[((long long)b * n_q + h0 + r) * D + d] = __float2bfloat16_rn(ov);
       continue;
     }
+    if constexpr (QK)
+      if (qk.cluster) {  // the partial stays in shared memory (sQ's bytes, free since Q is in registers)
+        reinterpret_cast<float*>(sQ)[r * D + d] = ov;
+        if (d == 0) s_lse[r] = Lsum > 0.f ? (Ms + log2f(Lsum)) * kLn2 : neg_inf();
+        continue;
+      }
     o_part[(part * n_q + h0 + r) * D + d] = ov;
     if (d == 0) lse_part[part * n_q + h0 + r] = Lsum > 0.f ? (Ms + log2f(Lsum)) * kLn2 : neg_inf();
   }
@@ -1521,6 +1626,12 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     TRACE(7);
     return;
   }
+  if constexpr (QK)
+    if (qk.cluster) {  // the fold in the cluster
+      cluster_fold<D>(sQ, s_lse, n_live, nrows, out + ((long long)b * n_q + h0) * D, tid);
+      TRACE(7);
+      return;
+    }
 
   // Fused reduce: the last of the sequence's n_live CTAs (for these heads) to finish folds the splits
   // 0, 1, ..., n_live-1 with split_kv_reduce's arithmetic (SplitFold; folding the empty splits past
@@ -1666,12 +1777,13 @@ TK_SPLITKV(128, 1)
       __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache,                                   \
       const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,                      \
       float* __restrict__ o_part, float* __restrict__ lse_part, int n_q, int n_kv, int block_size,                \
-      int split_size, int max_splits, float scale, __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {  \
+      int split_size, int max_splits, float scale, __nv_bfloat16* __restrict__ out, int* __restrict__ tickets,    \
+      int cluster) {                                                                                                \
     split_kv_partials_impl<DV, true>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part,    \
                                      lse_part, n_q, n_kv, block_size, split_size, max_splits, scale, nullptr,     \
                                      nullptr, nullptr, 0, out, tickets,                                           \
                                      DecodeQk{k, v, k_stride, v_stride, q_w, k_w, cos_t, sin_t, max_pos, eps,     \
-                                              positions, slots, k_cache, v_cache});                               \
+                                              positions, slots, k_cache, v_cache, cluster});                      \
   }
 TK_SPLITKV_QK(16, 4)
 TK_SPLITKV_QK(32, 4)
