@@ -6,9 +6,12 @@
 #           raw qkv buffer) and the split-KV / fused / elementwise sections, then the engine A/B in one process
 #           (profile_decode.py): the default (one launch) against qk-apart (two launches) at qwen3-8b batch 1 and
 #           8 with the batch-1 graph timeline, and at qwen3-0.6b batch 1 and 8, then the engine smoke test
+#           (CHECKS, V8, V06: other sections and variants; NOCHECK=1: no checks. The session's calls: `ab`;
+#           V8/V06 "default o-pre0 o-pre3 ef-pre1 ef-pre3"; the trigger points of 2ef48b2 (reverted); CHECKS=qk with
+#           "default ticket qk-apart" for the cluster fold; "default o-pre3 ef-pre3")
 #   final:  on the final tree: check_kernels.py (CHECKS), the engine smoke test, the GPU-scale qwen3-8b
-#           conformance clauses beside conformance at CI scale, then the engine decode bench (its transformers
-#           peer included)
+#           conformance clauses beside conformance at CI scale
+#   bench:  the engine decode bench (its transformers peer included)
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -26,12 +29,14 @@ if [ "$mode" = ab ]; then
   smoke 60
 fi
 if [ "$mode" = final ]; then
-  checks 200 check_kernels_final.log ${CHECKS:-qk splitkv fused elementwise graph}
+  checks 200 check_kernels_final.log ${CHECKS:-qk fused graph}
   smoke 100
   conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
   conformance_ci 250
   wait
   cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
-  run_benches 220 "engine_decode"
+fi
+if [ "$mode" = bench ]; then
+  run_benches 260 "engine_decode"
   pack_bench
 fi
