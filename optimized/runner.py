@@ -97,9 +97,15 @@ def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int)
     return ints.astype(np.uint32).view(np.int32), flts
 
 
-def _sample(logits: torch.Tensor, flts: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ops.sample`` with the per-row parameters packed as ``flts [2, n]`` and ``ints [5, n]``."""
-    return ops.sample(logits, flts[0], ints[0], flts[1], ints[1], ints[2], ints[3], ints[4])
+def _sample(logits: torch.Tensor, flts: torch.Tensor, ints: torch.Tensor, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.sample`` with the per-row parameters packed as ``flts [2, n]`` and ``ints [5, n]``; ``out``
+    (int32 ``[2n]``): the tokens go to its first half, the logprobs' bits to its second."""
+    kw = {}
+    if out is not None:
+        n = out.shape[0] // 2
+        kw = dict(tokens=out[:n], logprobs=out[n:].view(torch.float32))
+    return ops.sample(logits, flts[0], ints[0], flts[1], ints[1], ints[2], ints[3], ints[4], **kw)
 
 
 #: the decode GEMMs by role (``CudaRunner.staged``)
@@ -195,6 +201,11 @@ class CudaRunner:
         #: (``ops.split_kv_decode(norm_rope=...)``, the same bits), which reads the cached keys while the qkv
         #: GEMM is still running; ``False``: the two launches, for A/B measurements
         self.fuse_qk_attention = True
+        #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
+        #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
+        #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
+        #: copied on the device, for A/B measurements. Fixed per graph at its capture.
+        self.decode_handoff = True
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -488,14 +499,20 @@ class CudaRunner:
         g["dev"].copy_(host_t, non_blocking=True)
         g["uploaded"][i] = self._event()
         if ids_from is not None:
-            g["ids"][:B].copy_(ids_from["toks"][:B])
+            if ids_from["toks"].data_ptr() != g["ids"].data_ptr():   # (the same graph's hand-off: in place)
+                g["ids"][:B].copy_(ids_from["toks"][:B])
+        elif g["handoff"]:                                    # the graph reads its ids from its sample buffer
+            g["ids"][:B].copy_(g["dev"][:B])
         if self.use_graphs:
             g["graph"].replay()
         else:
             g["run"]()
         res = g["res"][i]                                     # int32 [2n]: tokens | logprobs (bits)
-        res[:n].copy_(g["toks"], non_blocking=True)
-        res[n:].copy_(g["lps"].view(torch.int32), non_blocking=True)
+        if g["handoff"]:
+            res.copy_(g["both"], non_blocking=True)
+        else:
+            res[:n].copy_(g["toks"], non_blocking=True)
+            res[n:].copy_(g["lps"].view(torch.int32), non_blocking=True)
         return {"B": B, "n": n, "split": split, "toks": g["toks"], "res": res, "done": self._event(),
                 "logits": g["logits"], "params": params}
 
@@ -530,14 +547,18 @@ class CudaRunner:
         ints = dev[4 * n:9 * n].view(5, n)
         flts = dev[9 * n:11 * n].view(torch.float32).view(2, n)
         tables = dev[11 * n:].view(n, M)
+        handoff = self.decode_handoff
+        both = torch.zeros(2 * n, dtype=torch.int32, device=self.dev) if handoff else None  # tokens | logprob bits
+        if handoff:
+            ids = both[:n]                                # the step's ids: what the step before sampled (or a copy)
         out: dict = {"host_t": host_ts, "res": res, "uploaded": [None, None], "turn": 0, "dev": dev, "ids": ids,
-                     "M": M}
+                     "M": M, "handoff": handoff, "both": both}
         split_size = split if split is not None else max_len
 
         def run() -> None:
             hidden = self.forward(ids, pos, slots, tables, lens, None, split_size, max_splits)
             logits = self.logits(hidden)
-            toks, lps = _sample(logits, flts, ints)
+            toks, lps = _sample(logits, flts, ints, both)
             out["toks"], out["lps"], out["logits"] = toks, lps, logits
 
         out["run"] = run

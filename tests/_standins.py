@@ -114,7 +114,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
-    def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode):
+    def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode, *, tokens=None, logprobs=None):
         toks, lps = [], []
         for b in range(logits.shape[0]):
             seed = (int(seed_lo[b]) & 0xFFFFFFFF) | ((int(seed_hi[b]) & 0xFFFFFFFF) << 32)
@@ -124,7 +124,12 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
             t, lp = sample_one(logits[b].float(), sp, int(pos[b]))
             toks.append(t)
             lps.append(lp)
-        return torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float32)
+        toks, lps = torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float32)
+        if tokens is not None:           # the kernel's output buffers
+            tokens.copy_(toks)
+            logprobs.copy_(lps)
+            return tokens, logprobs
+        return toks, lps
 
     return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,

@@ -80,6 +80,31 @@ def test_lookahead_changes_nothing(opt_engine, kw):
     assert r._ahead is None, "a lookahead step outlived its run loop"
 
 
+def test_the_decode_graphs_hand_off_their_tokens_as_the_next_ids(opt_engine):
+    """``decode_handoff``: a decode graph samples into one buffer (tokens | logprob bits) that is also its
+    input ids, read back with one copy; a foretold step of the same graph copies no ids, and a step from the
+    host or from another graph copies them into that buffer. The workload's record is the same as with
+    the ids uploaded and copied (``decode_handoff=False``), and the graphs read their ids from the buffer."""
+    kw = dict(block_size=4, max_model_len=64)
+    on, off = opt_engine(**kw), opt_engine(**kw)
+    off.runner.decode_handoff = False
+    copies: list = []
+    orig = on.runner._launch_decode
+
+    def spy(batch, ids_from=None):
+        run = orig(batch, ids_from)
+        g = next(g for g in on.runner.graphs.values() if g["toks"].data_ptr() == run["toks"].data_ptr())
+        copies.append(ids_from is not None and ids_from["toks"].data_ptr() == g["ids"].data_ptr())
+        return run
+
+    on.runner._launch_decode = spy
+    assert _workload(on) == _workload(off)
+    for g in on.runner.graphs.values():
+        assert g["handoff"] and g["ids"].data_ptr() == g["both"].data_ptr() and g["toks"].data_ptr() == g["ids"].data_ptr()
+    assert all(not g["handoff"] for g in off.runner.graphs.values())
+    assert any(copies) and not all(copies), "no foretold step of the same graph, or every step was one"
+
+
 def test_a_used_lookahead_keeps_no_chain_of_launches(opt_engine):
     """Each launched step refers to the one whose tokens it was fed only until it is checked: a long
     decode keeps at most the current launch and its foretold successor alive."""

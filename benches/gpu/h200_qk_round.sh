@@ -12,6 +12,9 @@
 #   final:  on the final tree: check_kernels.py (CHECKS), the engine smoke test, the GPU-scale qwen3-8b
 #           conformance clauses beside conformance at CI scale
 #   bench:  the engine decode bench (its transformers peer included)
+#   handoff: the engine A/B of the decode graphs' token hand-off (default against handoff0) at qwen3-8b and
+#           qwen3-0.6b batch 1 and 8, the engine smoke test, conformance (CI scale and the GPU-scale qwen3-8b
+#           clauses), then the engine decode bench
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -38,5 +41,20 @@ if [ "$mode" = final ]; then
 fi
 if [ "$mode" = bench ]; then
   run_benches 260 "engine_decode"
+  pack_bench
+fi
+if [ "$mode" = handoff ]; then
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --rounds 3 \
+    --variants default handoff0 > "$OUT/profile_handoff_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_handoff_8b.log"
+  timeout 90 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --rounds 3 \
+    --variants default handoff0 > "$OUT/profile_handoff_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_handoff_06b.log"
+  smoke 80
+  conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_handoff.log > "$OUT/c8.summary" &
+  conformance_ci 250
+  wait
+  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  run_benches 200 "engine_decode"
   pack_bench
 fi

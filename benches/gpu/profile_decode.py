@@ -20,7 +20,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   choice of skinny GEMMs by weight rows, and of o_proj's L2 prefetch before its PDL wait), the ``STAGED`` variants
   (decode GEMMs on the staged skinny kernel, by role), the ``L2_VARIANTS`` (the staged kernel's weight copies
   without an L2 hint, ``ef0``), the ``QK_VARIANTS`` (``qk-apart``: qk_norm_rope in its own launch), the
-  ``CLUSTER_VARIANTS`` (``ticket``: the fused attention's fold by its ticket, not in a cluster) and the
+  ``CLUSTER_VARIANTS`` (``ticket``: the fused attention's fold by its ticket, not in a cluster), the
+  ``HANDOFF_VARIANTS`` (``handoff0``: a decode graph's ids uploaded and copied, two read-back copies) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -157,6 +158,9 @@ QK_VARIANTS: dict[str, bool] = {"qk-apart": False}
 #: variants on top of "default" with the fused attention's fold by its ticket instead of in a cluster
 #: (``ops.DECODE_CLUSTER`` off)
 CLUSTER_VARIANTS: dict[str, bool] = {"ticket": False}
+#: variants on top of "default" with the decode graphs' ids in the uploaded metadata and two read-back copies
+#: (the runner's ``decode_handoff`` off)
+HANDOFF_VARIANTS: dict[str, bool] = {"handoff0": False}
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -262,7 +266,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="*",
                     choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
                     + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED) + tuple(L2_VARIANTS)
-                    + tuple(QK_VARIANTS) + tuple(CLUSTER_VARIANTS),
+                    + tuple(QK_VARIANTS) + tuple(CLUSTER_VARIANTS) + tuple(HANDOFF_VARIANTS),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -299,9 +303,10 @@ def main() -> int:
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
                     or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS or variant in QK_VARIANTS \
-                    or variant in CLUSTER_VARIANTS
+                    or variant in CLUSTER_VARIANTS or variant in HANDOFF_VARIANTS
                 eng.runner.fuse_qk_attention = QK_VARIANTS.get(variant, True)
                 ops.DECODE_CLUSTER = CLUSTER_VARIANTS.get(variant, True)   # read at capture (its own graphs)
+                eng.runner.decode_handoff = HANDOFF_VARIANTS.get(variant, True)   # read at capture
                 ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
                 eng.runner.staged_evict_first = ef
                 if ef_staged is not None:
