@@ -97,14 +97,21 @@ def _sampling_arrays(params: list[SamplingParams], positions: list[int], n: int)
     return ints.astype(np.uint32).view(np.int32), flts
 
 
+def _lps_offset(n: int) -> int:
+    """Where a decode graph's logprobs start in its sample buffer and read-back (int32 elements): after the
+    ``n`` tokens, on a 16-byte boundary (``ops.sample``'s outputs are 16-byte aligned)."""
+    return -(-n // 4) * 4
+
+
 def _sample(logits: torch.Tensor, flts: torch.Tensor, ints: torch.Tensor, out: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ops.sample`` with the per-row parameters packed as ``flts [2, n]`` and ``ints [5, n]``; ``out``
-    (int32 ``[2n]``): the tokens go to its first half, the logprobs' bits to its second."""
+    (int32 ``[_lps_offset(n) + n]``): the tokens go to its first ``n``, the logprobs' bits after the offset."""
     kw = {}
     if out is not None:
-        n = out.shape[0] // 2
-        kw = dict(tokens=out[:n], logprobs=out[n:].view(torch.float32))
+        n = flts.shape[1]
+        off = _lps_offset(n)
+        kw = dict(tokens=out[:n], logprobs=out[off:off + n].view(torch.float32))
     return ops.sample(logits, flts[0], ints[0], flts[1], ints[1], ints[2], ints[3], ints[4], **kw)
 
 
@@ -507,12 +514,13 @@ class CudaRunner:
             g["graph"].replay()
         else:
             g["run"]()
-        res = g["res"][i]                                     # int32 [2n]: tokens | logprobs (bits)
+        res = g["res"][i]                                     # int32: tokens | (16-byte boundary) logprobs (bits)
+        off = _lps_offset(n)
         if g["handoff"]:
             res.copy_(g["both"], non_blocking=True)
         else:
             res[:n].copy_(g["toks"], non_blocking=True)
-            res[n:].copy_(g["lps"].view(torch.int32), non_blocking=True)
+            res[off:off + n].copy_(g["lps"].view(torch.int32), non_blocking=True)
         return {"B": B, "n": n, "split": split, "toks": g["toks"], "res": res, "done": self._event(),
                 "logits": g["logits"], "params": params}
 
@@ -524,7 +532,8 @@ class CudaRunner:
         res = run["res"].numpy()
         run["tokens"] = res[:B].copy()
         logits = run["logits"][:B].cpu() if self.record_logits else None
-        return StepResult(res[:B].tolist(), res[n:n + B].view(np.float32).tolist(), run["split"], logits)
+        off = _lps_offset(n)
+        return StepResult(res[:B].tolist(), res[off:off + B].view(np.float32).tolist(), run["split"], logits)
 
     def _event(self) -> torch.cuda.Event | None:
         """An event recorded on the current stream (``None`` off the GPU, where copies are synchronous)."""
@@ -537,7 +546,7 @@ class CudaRunner:
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         M = -(-max_len // self.block_size)
         host_ts = [torch.zeros(11 * n + n * M, dtype=torch.int32) for _ in range(2)]
-        res = [torch.zeros(2 * n, dtype=torch.int32) for _ in range(2)]
+        res = [torch.zeros(_lps_offset(n) + n, dtype=torch.int32) for _ in range(2)]
         if self.dev.type == "cuda":   # so the upload and the read-back of a step are async DMAs
             host_ts = [t.pin_memory() for t in host_ts]
             res = [t.pin_memory() for t in res]
@@ -548,7 +557,7 @@ class CudaRunner:
         flts = dev[9 * n:11 * n].view(torch.float32).view(2, n)
         tables = dev[11 * n:].view(n, M)
         handoff = self.decode_handoff
-        both = torch.zeros(2 * n, dtype=torch.int32, device=self.dev) if handoff else None  # tokens | logprob bits
+        both = torch.zeros(_lps_offset(n) + n, dtype=torch.int32, device=self.dev) if handoff else None  # toks | lps
         if handoff:
             ids = both[:n]                                # the step's ids: what the step before sampled (or a copy)
         out: dict = {"host_t": host_ts, "res": res, "uploaded": [None, None], "turn": 0, "dev": dev, "ids": ids,

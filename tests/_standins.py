@@ -125,7 +125,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
             toks.append(t)
             lps.append(lp)
         toks, lps = torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float32)
-        if tokens is not None:           # the kernel's output buffers
+        if tokens is not None:           # the kernel's output buffers (ops.sample wants them 16-byte aligned)
+            assert tokens.data_ptr() % 16 == 0 and logprobs.data_ptr() % 16 == 0, "outputs off a 16-byte boundary"
             tokens.copy_(toks)
             logprobs.copy_(lps)
             return tokens, logprobs
