@@ -114,9 +114,9 @@ class ShardedCudaRunner(CudaRunner):
         owned = ((pos // self.block_size) % g.cp == g.cp_rank) & (slots >= 0)
         return torch.where(owned, slots, torch.full_like(slots, -1))                  # [T]
 
-    def _fuse_qk(self) -> bool:
+    def _fuse_qk(self, rows: int) -> bool:
         """CP attends over owned blocks through its own path (``_attend``), after the separate qk_norm_rope."""
-        return self.grid.cp == 1 and super()._fuse_qk()
+        return self.grid.cp == 1 and super()._fuse_qk(rows)
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                 tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,

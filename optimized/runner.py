@@ -208,6 +208,11 @@ class CudaRunner:
         #: (``ops.split_kv_decode(norm_rope=...)``, the same bits), which reads the cached keys while the qkv
         #: GEMM is still running; ``False``: the two launches, for A/B measurements
         self.fuse_qk_attention = True
+        #: ... for decode steps of at most this many rows: measured faster in one process at batch 1 and 8 on
+        #: the H200 (qwen3-8b 4.326 -> 4.238 ms with the cluster fold, batch 8 4.696 -> 4.629); above it the
+        #: A/B was not run, and two engine benches hinted at a few percent lost at qwen3-0.6b batch 64, so
+        #: larger steps keep the two launches (docs/performance.md, "qk_norm_rope in the attention launch")
+        self.fuse_qk_max_rows = 16
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
@@ -291,10 +296,10 @@ class CudaRunner:
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
                                    max_splits=max_splits, row_seq=qidx, rope=self.rope)
 
-    def _fuse_qk(self) -> bool:
-        """Whether a decode step's qk_norm_rope goes into its attention launch (not with fused RoPE, whose
-        cache holds pre-RoPE keys; context-parallel hook: CP attends through its own path)."""
-        return self.fuse_qk_attention and self.rope is None
+    def _fuse_qk(self, rows: int) -> bool:
+        """Whether the qk_norm_rope of a decode step of ``rows`` rows goes into its attention launch (not with
+        fused RoPE, whose cache holds pre-RoPE keys; context-parallel hook: CP attends through its own path)."""
+        return self.fuse_qk_attention and self.rope is None and rows <= self.fuse_qk_max_rows
 
     def _kv_slots(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """The slots this rank writes each token's K/V to (``-1``: none); context-parallel hook."""
@@ -361,7 +366,7 @@ class CudaRunner:
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
-            if qidx is None and self._fuse_qk():                                      # decode: one launch
+            if qidx is None and self._fuse_qk(T):                                     # decode: one launch
                 o = ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
                                         max_splits=max_splits, norm_rope=(k, v, L["q_norm"], L["k_norm"], self.cos,
                                                                           self.sin, pos, kv_slots, eps))

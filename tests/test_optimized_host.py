@@ -303,23 +303,26 @@ def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
 
 def test_decode_qk_norm_rope_goes_into_the_attention_launch(opt_engine, launches):
     """A decode step's qk_norm_rope and KV store run in its attention launch (``split_kv_decode``'s
-    ``norm_rope``); prefill keeps its own qk_norm_rope launch, and so does a decode step with the fusion off
-    or with fused RoPE (a cache of pre-RoPE keys). With the stand-ins the tokens and logits equal the
+    ``norm_rope``); prefill keeps its own qk_norm_rope launch, and so does a decode step with the fusion off,
+    with fused RoPE (a cache of pre-RoPE keys) or of more rows than ``fuse_qk_max_rows``. With the stand-ins the tokens and logits equal the
     two-launch engine's bitwise."""
     runs = []
-    for fuse, kw in ((False, {}), (True, {}), (True, {"rope_in_attention": True})):
+    for fuse, kw in ((False, {}), (True, {}), (True, {"rope_in_attention": True}), (True, {"max_rows": 0})):
         launches.clear()
+        rows = kw.pop("max_rows", 16)
         eng = opt_engine(split_kv="fixed:5", **kw)
         eng.runner.fuse_qk_attention = fuse
+        eng.runner.fuse_qk_max_rows = rows                # (0: every decode step is larger than the limit)
         runs.append(rope_rollout(eng))
         decode = [d for k, d in launches if k == "split_kv_decode"]
         prefills = sum(k == "paged_prefill" for k, _ in launches)
         norms = sum(k == "qk_norm_rope" for k, _ in launches)
-        one = fuse and not kw
+        one = fuse and not kw and rows > 0
         assert decode and prefills and {d[5] for d in decode} == {one}, (fuse, kw)
         assert norms == prefills + (0 if one else len(decode)), (fuse, kw, norms, prefills, len(decode))
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
     assert runs[2][0] == runs[1][0] and torch.equal(runs[2][1], runs[1][1])
+    assert runs[3][0] == runs[1][0] and torch.equal(runs[3][1], runs[1][1])
 
 
 def test_optimized_accepts_any_block_size_and_head_dim_16():
