@@ -762,7 +762,8 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ``positions[b] == seq_lens[b] - 1`` and ``slot_mapping[b]`` that position's slot in ``block_tables``
     (a decode step; a row of length 0 is padding). The launch reads every other cached key before it
     waits for the kernel before it (pdl.cuh), so no kernel still running may write them. No ``row_seq``
-    or ``rope``.
+    or ``rope``. In one launch with 2 .. ``DECODE_CLUSTER_MAX`` splits a sequence, the splits fold in a
+    thread-block cluster (``DECODE_CLUSTER``; the same bits as the ticket).
     """
     _tensor("block_tables", block_tables, torch.int32, 2)
     _tensor("k_cache", k_cache, torch.bfloat16, 4)

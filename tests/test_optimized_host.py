@@ -304,8 +304,8 @@ def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
 def test_decode_qk_norm_rope_goes_into_the_attention_launch(opt_engine, launches):
     """A decode step's qk_norm_rope and KV store run in its attention launch (``split_kv_decode``'s
     ``norm_rope``); prefill keeps its own qk_norm_rope launch, and so does a decode step with the fusion off,
-    with fused RoPE (a cache of pre-RoPE keys) or of more rows than ``fuse_qk_max_rows``. With the stand-ins the tokens and logits equal the
-    two-launch engine's bitwise."""
+    with fused RoPE (a cache of pre-RoPE keys) or of more rows than ``fuse_qk_max_rows``. With the stand-ins
+    the tokens and logits equal the two-launch engine's bitwise."""
     runs = []
     for fuse, kw in ((False, {}), (True, {}), (True, {"rope_in_attention": True}), (True, {"max_rows": 0})):
         launches.clear()

@@ -16,8 +16,11 @@
 // waits for its predecessor's completion, which itself waited for its own predecessor.
 //
 // Every `extern "C" __global__` kernel calls pdl_entry() (or, in skinny_gemm.cu, pdl_wait() and
-// pdl_launch_dependents() after its prefetch) before touching global memory; tests/test_kernels_source.py
-// checks that this is so.
+// pdl_launch_dependents() after its prefetch) before touching global memory; tests/test_kernel_sources.py
+// checks that this is so. The exception besides skinny_gemm's: attention.cu's split_kv_qk_partials reads
+// the step's metadata, norm weights, RoPE tables and the cached K/V rows of its first two tiles but each
+// sequence's new one before its wait (data no running kernel writes: the kernel before it has passed its
+// own wait, so every earlier writer has completed), and writes nothing before it.
 #pragma once
 
 namespace {
