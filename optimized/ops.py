@@ -459,6 +459,14 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     return out
 
 
+def _qk_weights(D: int, q_weight: torch.Tensor, k_weight: torch.Tensor) -> None:
+    """The q_norm / k_norm weights: contiguous bf16 ``[D]`` each."""
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        _tensor(name, w, torch.bfloat16, 1)
+        _contig(name, w)
+        _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
+
+
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float, *,
                  rotate_k: bool = True,
@@ -477,10 +485,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _need(k.shape[0] == T and k.shape[2] == D, f"k must have shape [{T}, n_kv, {D}], got {tuple(k.shape)}")
     n_kv = k.shape[1]
     _need(D % 2 == 0 and 2 <= D <= 256, f"head_dim {D} must be even and <= 256")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        _tensor(name, w, torch.bfloat16, 1)
-        _contig(name, w)
-        _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
+    _qk_weights(D, q_weight, k_weight)
     _cos_sin(cos, sin, D)
     _int_vec("positions", positions, T)
     _same_device(q=q, k=k, q_weight=q_weight, k_weight=k_weight, cos=cos, sin=sin, positions=positions)
@@ -801,10 +806,7 @@ def _norm_rope_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         _need(tuple(t.shape) == (B, c_kv, D), f"{name} must have shape {(B, c_kv, D)}, got {tuple(t.shape)}")
         _need(t.stride(2) == 1 and (c_kv == 1 or t.stride(1) == D), f"{name}: heads and head_dim must be contiguous")
     _need(c_D == D, f"cache head_dim {c_D} != q head_dim {D}")
-    for name, w in (("q_weight", qw), ("k_weight", kw)):
-        _tensor(name, w, torch.bfloat16, 1)
-        _contig(name, w)
-        _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
+    _qk_weights(D, qw, kw)
     _cos_sin(cos, sin, D)
     _int_vec("positions", positions, B)
     _int_vec("slot_mapping", slots, B)
