@@ -965,6 +965,19 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
         C.run("staged", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
+def rope_tables(D: int, max_pos: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runner's fp32 RoPE tables (theta 1e6): cos, sin ``[max_pos, D/2]`` on ``dev``."""
+    cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
+    return cos[:, : D // 2].contiguous().to(dev), sin[:, : D // 2].contiguous().to(dev)
+
+
+def qkv_views(buf: torch.Tensor, n_q: int, n_kv: int, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v ``[T, heads, D]`` views of a qkv GEMM's output rows ``buf [T, (n_q + 2 n_kv) D]``."""
+    T = buf.shape[0]
+    return (buf[:, : n_q * D].view(T, n_q, D), buf[:, n_q * D:(n_q + n_kv) * D].view(T, n_kv, D),
+            buf[:, (n_q + n_kv) * D:].view(T, n_kv, D))
+
+
 def check_fused_decode(C: Checks, dev, gen) -> None:
     """The two launch fusions of a decode layer. (1) ``qk_norm_rope(store=...)``: q, k and both caches
     bitwise those of ``qk_norm_rope`` then ``store_kvcache`` (strided k/v, -1 slots, NaN pages).
@@ -974,8 +987,7 @@ def check_fused_decode(C: Checks, dev, gen) -> None:
         res = []
         for T, n_q, n_kv, D, bs, rotate in ((29, 32, 8, 128, 16, True), (5, 8, 2, 64, 5, True), (7, 4, 4, 32, 8, False)):
             nb, max_pos, eps = 8, 4096, 1e-6
-            cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
-            cos_t, sin_t = cos[:, : D // 2].contiguous().to(dev), sin[:, : D // 2].contiguous().to(dev)
+            cos_t, sin_t = rope_tables(D, max_pos, dev)
             width = (n_q + 2 * n_kv) * D
             qkv = (torch.randn(T, width, generator=gen) * 2).to(torch.bfloat16).to(dev)
             pos = torch.randint(0, max_pos, (T,), generator=gen).to(torch.int32).to(dev)
@@ -987,9 +999,7 @@ def check_fused_decode(C: Checks, dev, gen) -> None:
             outs = []
             for fused in (False, True):
                 buf = qkv.clone()
-                q = buf[:, : n_q * D].view(T, n_q, D)
-                k = buf[:, n_q * D:(n_q + n_kv) * D].view(T, n_kv, D)
-                v = buf[:, (n_q + n_kv) * D:].view(T, n_kv, D)
+                q, k, v = qkv_views(buf, n_q, n_kv, D)
                 kc = torch.full((nb, bs, n_kv, D), float("nan"), dtype=torch.bfloat16, device=dev)
                 vc = kc.clone()
                 if fused:
@@ -1048,8 +1058,7 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
         short_lens = [300, 1, 15, 1000, 64, 0, 129, 50]      # a 1024-key graph's rows: 2-8 splits, the cluster fold
         for n_q, n_kv, D, bs in ((32, 8, 128, 16), (16, 8, 128, 16), (64, 4, 128, 16), (8, 2, 64, 5), (3, 3, 16, 8),
                                  (8, 8, 32, 16)):
-            cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
-            cos_t, sin_t = cos[:, : D // 2].contiguous().to(dev), sin[:, : D // 2].contiguous().to(dev)
+            cos_t, sin_t = rope_tables(D, max_pos, dev)
             for B, lens, splits in ((8, long_lens, ((16, None), (64, None), (128, None), (1000, None), (None, None))),
                                     (20, long_lens, ((64, None), (1000, None))),
                                     (8, short_lens, ((128, 8), (256, 4), (512, 2), (1024, 1)))):
@@ -1077,9 +1086,7 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
                         outs = []
                         for one in (False, True):
                             buf = qkv.clone()
-                            q = buf[:, : n_q * D].view(B, n_q, D)
-                            k = buf[:, n_q * D:(n_q + n_kv) * D].view(B, n_kv, D)
-                            v = buf[:, (n_q + n_kv) * D:].view(B, n_kv, D)
+                            q, k, v = qkv_views(buf, n_q, n_kv, D)
                             kc, vc = kc0.clone(), vc0.clone()
                             if one:
                                 nr = (k, v, qw, kw, cos_t, sin_t, pos, slots, eps)

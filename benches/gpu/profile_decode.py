@@ -161,6 +161,9 @@ CLUSTER_VARIANTS: dict[str, bool] = {"ticket": False}
 #: variants on top of "default" with the decode graphs' ids in the uploaded metadata and two read-back copies
 #: (the runner's ``decode_handoff`` off)
 HANDOFF_VARIANTS: dict[str, bool] = {"handoff0": False}
+#: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
+ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
+                 CLUSTER_VARIANTS, HANDOFF_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -264,9 +267,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens (the context the steps start from)")
     ap.add_argument("--variants", nargs="*",
-                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(ENGINE_VARIANTS) + tuple(SPLIT_RULES)
-                    + tuple(BLAS_VARIANTS) + tuple(SKINNY_N) + tuple(STAGED) + tuple(L2_VARIANTS)
-                    + tuple(QK_VARIANTS) + tuple(CLUSTER_VARIANTS) + tuple(HANDOFF_VARIANTS),
+                    choices=tuple(VARIANTS) + tuple(MAX_ELEMS) + tuple(v for group in ENGINE_GROUPS for v in group),
                     default=["cuBLAS", "skinny", "pdl"])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -301,9 +302,7 @@ def main() -> int:
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
-                engine_variant = variant in ENGINE_VARIANTS or variant in SPLIT_RULES or variant in BLAS_VARIANTS \
-                    or variant in SKINNY_N or variant in STAGED or variant in L2_VARIANTS or variant in QK_VARIANTS \
-                    or variant in CLUSTER_VARIANTS or variant in HANDOFF_VARIANTS
+                engine_variant = any(variant in group for group in ENGINE_GROUPS)
                 eng.runner.fuse_qk_attention = QK_VARIANTS.get(variant, True)
                 ops.DECODE_CLUSTER = CLUSTER_VARIANTS.get(variant, True)   # read at capture (its own graphs)
                 eng.runner.decode_handoff = HANDOFF_VARIANTS.get(variant, True)   # read at capture

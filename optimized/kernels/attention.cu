@@ -1393,17 +1393,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     }
     __nv_bfloat16 va[4], vb[4];
     const bool kjob = warp == nrows % 4 && nrows < njobs;  // this warp has the K head's job
-    if (kjob) {
-      const __nv_bfloat16* vrow = qk.v + (long long)b * qk.v_stride + (long long)kvh * D;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = lane + 32 * c;
-        if (j < HALF) {
-          va[c] = vrow[j];
-          vb[c] = vrow[j + HALF];
-        }
-      }
-    }
+    if (kjob) qk_row_v(va, vb, qk.v + (long long)b * qk.v_stride + (long long)kvh * D, lane, HALF);
 #pragma unroll
     for (int i = 0; i < JM; ++i) {
       const int job = warp + 4 * i;
@@ -1471,13 +1461,15 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   // QK: the new key's tile lt and row lr (lt = -1: not in this split), and whether the table puts it at
   // the slot this step writes (subst: its tile row comes from the new K/V rows, not from the cache)
   int lt = -1, lr = 0, late_off = -1;
+  int njobs = nrows;  // QK: the norm jobs, its query heads and the K head where it holds the new key or stores
   if constexpr (QK) {
     if (slot >= 0 && p == slen - 1 && p >= s0 && p < s1) {
       lt = (p - s0) / BN;
       lr = p - s0 - lt * BN;
       late_off = row_offset(bt, p, s1, n_kv, D, block_size, bs_log2);
     }
-    job_weights(0, nrows + (lt >= 0 || store ? 1 : 0));
+    njobs += lt >= 0 || store ? 1 : 0;
+    job_weights(0, njobs);
   }
   __syncthreads();
   TRACE(1);  // the length and the first pages have arrived
@@ -1488,7 +1480,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                                                lt == 1 ? lr : -1);
     cp_async_commit();
     pdl_entry();
-    norm_jobs(0, nrows + (lt >= 0 || store ? 1 : 0));
+    norm_jobs(0, njobs);
     for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
       sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
   } else {

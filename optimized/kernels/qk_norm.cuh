@@ -4,7 +4,8 @@
 // attention that does the same work in its own launch (attention.cu, split_kv_qk_partials): the two
 // give the same bits because they run this code. Lane l holds elements j = l + 32c (c < 4, j < D/2)
 // and j + D/2 of the row, so D <= 256.
-//   qk_row_weight / qk_row_x / qk_row_tables: the loads (weight, row, table entries at position p);
+//   qk_row_weight / qk_row_x / qk_row_tables / qk_row_v: the loads (weight, row, table entries at
+//   position p, the V row stored beside a K row);
 //   qk_row_inv_rms: 1 / sqrt(mean(x^2) + eps), the sum of squares reduced over the warp in a fixed tree;
 //   qk_row_out: element pair c of the finished row (bf16).
 #pragma once
@@ -36,6 +37,19 @@ __device__ __forceinline__ void qk_row_x(QkRow& r, const __nv_bfloat16* x, int l
     if (j < half) {
       r.xa[c] = __bfloat162float(x[j]);
       r.xb[c] = __bfloat162float(x[j + half]);
+    }
+  }
+}
+
+// the lane's elements j and j + half of a V row (copied as they are, beside the finished K row)
+__device__ __forceinline__ void qk_row_v(__nv_bfloat16 (&va)[4], __nv_bfloat16 (&vb)[4],
+                                         const __nv_bfloat16* vrow, int lane, int half) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int j = lane + 32 * c;
+    if (j < half) {
+      va[c] = vrow[j];
+      vb[c] = vrow[j + half];
     }
   }
 }

@@ -64,16 +64,7 @@ __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q,
   __nv_bfloat16 va[4], vb[4];
   qk_row_x(row, x, lane, half);
   qk_row_weight(row, w, lane, half);
-  if (store) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int j = lane + 32 * c;
-      if (j < half) {
-        va[c] = vrow[j];
-        vb[c] = vrow[j + half];
-      }
-    }
-  }
+  if (store) qk_row_v(va, vb, vrow, lane, half);
   const bool rot = p >= 0 && p < max_pos && (hh < n_q || rotate_k != 0);
   if (rot) qk_row_tables(row, cos_t, sin_t, p, lane, half);
   const float r = qk_row_inv_rms(row, lane, half, D, eps);
