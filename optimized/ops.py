@@ -30,7 +30,7 @@ import torch
 from . import kernels, launch
 
 __all__ = [
-    "store_kvcache", "embedding", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
+    "store_kvcache", "embedding", "embed_rmsnorm", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
@@ -439,6 +439,27 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Ten
     _launch(x, "rmsnorm", "rmsnorm", (T, 1, 1), (_norm_threads(H), 1, 1),
             (_p(x2), _i(xs), _p(weight), _p(o2), _i(H), _i(H), _f(eps)))
     return out
+
+
+def embed_rmsnorm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``embedding(ids, table)`` and its ``rmsnorm`` in one launch: (residual, normed), bf16 ``[T, H]`` each,
+    the bits of the two launches (out-of-range ids give zero rows)."""
+    _int_vec("ids", ids)
+    _tensor("table", table, torch.bfloat16, 2)
+    _contig("table", table)
+    _aligned16("table", table)
+    V, H = table.shape
+    _norm_weight(weight, H)
+    T = ids.shape[0]
+    residual = torch.empty((T, H), dtype=torch.bfloat16, device=table.device)
+    out = torch.empty((T, H), dtype=torch.bfloat16, device=table.device)
+    _same_device(ids=ids, table=table, weight=weight)
+    if T == 0:
+        return residual, out
+    _launch(table, "rmsnorm", "embed_rmsnorm", (T, 1, 1), (_norm_threads(H), 1, 1),
+            (_p(ids), _p(table), _i(V), _p(residual), _p(weight), _p(out), _i(H), _f(eps)))
+    return residual, out
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,

@@ -96,6 +96,13 @@ class ShardedCudaRunner(CudaRunner):
         """Sum over the TP group, accumulated in float32, rounded once to ``x``'s dtype."""
         return tp_all_reduce(x, self.shard.tp, self.group, self.comm_device)
 
+    def _embed_norm(self, ids: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One launch only with the whole vocabulary on this rank; else the sharded embedding's sum, then the norm."""
+        if self.shard.tp == 1:
+            return super()._embed_norm(ids, w, eps)
+        residual = self._embed(ids)
+        return residual, _runner.ops.rmsnorm(residual, w, eps)
+
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel embedding: rows of this shard, zeros elsewhere (the kernel's out-of-range rule), summed."""
         if self.shard.tp == 1:

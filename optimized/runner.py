@@ -218,6 +218,15 @@ class CudaRunner:
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
         #: copied on the device, for A/B measurements. Fixed per graph at its capture.
         self.decode_handoff = True
+        #: a decode graph key has two device slots used in turn, so that a step's metadata upload and its
+        #: tokens' read-back run on copy streams while the graphs before and after it run, instead of
+        #: between two graphs on the compute stream (``_launch_decode``); ``False``: one slot, the copies
+        #: inline, for A/B measurements. Fixed per graph key at its capture.
+        self.decode_copy_stream = True
+        #: a step's embedding and its first RMSNorm run as one launch (``ops.embed_rmsnorm``, the same bits);
+        #: ``False``: the two launches, for A/B measurements
+        self.fuse_embed_norm = True
+        self._copy_streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -281,6 +290,14 @@ class CudaRunner:
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """``[T]`` int32 -> ``[T, H]`` bf16 (tensor-parallel hook: ``optimized/parallel.py`` embeds its vocab shard)."""
         return ops.embedding(ids, self.embed)
+
+    def _embed_norm(self, ids: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream's first rows ``[T, H]`` (the embedding) and their RMSNorm with ``w``: one launch
+        (``ops.embed_rmsnorm``, the same bits) unless ``fuse_embed_norm`` is off (tensor-parallel hook)."""
+        if self.fuse_embed_norm:
+            return ops.embed_rmsnorm(ids, self.embed, w, eps)
+        residual = self._embed(ids)
+        return residual, ops.rmsnorm(residual, w, eps)
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                 tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,
@@ -359,8 +376,7 @@ class CudaRunner:
         nq, nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
-        residual = self._embed(ids)                                                   # [T, H]
-        h = ops.rmsnorm(residual, self.layers[0]["in_norm"], eps)                     # [T, H]
+        residual, h = self._embed_norm(ids, self.layers[0]["in_norm"], eps)          # [T, H] each
         for i, L in enumerate(self.layers):
             qkv = self._mm(h, L["wqkv"], role="qkv")                                  # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
@@ -472,7 +488,22 @@ class CudaRunner:
     def _launch_decode(self, batch: StepBatch, ids_from: dict | None = None) -> dict:
         """Upload the step's metadata, replay its graph and queue the copy of its tokens to the host;
         returns without waiting. ``ids_from``: a launched step whose sampled tokens are this step's
-        input ids (a lookahead step; they are copied on the device, ``batch.input_ids`` is unused)."""
+        input ids (a lookahead step; they are copied on the device, ``batch.input_ids`` is unused).
+
+        With ``decode_copy_stream`` a graph key has two device slots, used in turn: each its own graph,
+        metadata buffer and sample buffer, slot ``j`` reading its ids from slot ``1 - j``'s samples. The
+        upload and the read-back then run on two copy streams of their own, off the compute stream: the
+        upload of step N+1 while step N's graph runs (into the other slot's buffer), the read-back of step N
+        while step N+1's graph runs. (On one copy stream the upload of step N+1 would queue behind the
+        read-back of step N, which waits for step N's graph.) Events order every buffer's writer after its
+        last reader:
+
+        * the upload into a slot waits for that slot's last replay (``replayed``), and the replay waits
+          for the upload (``uploaded``);
+        * a replay, which writes its slot's samples, waits for their last read-back (``read``), and an ids
+          copy into the other slot's samples waits for theirs;
+        * the read-back waits for the replay.
+        """
         params, positions = _sampling_of(batch)
         B = len(batch.seqs)
         bucket = next((b for b in BUCKETS if b >= B), B)
@@ -488,9 +519,13 @@ class CudaRunner:
         # behind the step before it while the next one is packed
         i = g["turn"]
         g["turn"] ^= 1
-        if g["uploaded"][i] is not None:
-            g["uploaded"][i].synchronize()
-        host_t = g["host_t"][i]
+        slots = g["slots"]
+        slot = slots[i % len(slots)]
+        feeder = slots[(i + 1) % len(slots)]                  # the slot whose samples are this slot's ids
+        hb = g["host"][i]
+        if hb["uploaded"] is not None:
+            hb["uploaded"].synchronize()
+        host_t = hb["host_t"]
         # one packed int32 upload: ids | pos | slots | lens | ints(5) | flts(2, as bits) | tables
         M = g["M"]
         host = host_t.numpy()
@@ -508,26 +543,60 @@ class CudaRunner:
         tab = np.full((n, M), -1, dtype=np.int32)
         tab[:B, :batch.block_tables.shape[1]] = batch.block_tables
         host[11 * n:] = tab.reshape(-1)
-        g["dev"].copy_(host_t, non_blocking=True)
-        g["uploaded"][i] = self._event()
+        cs = self.copy_streams if g["cs"] else None
+        if cs is not None:
+            main = torch.cuda.current_stream(self.dev)
+            up, back = cs
+            if slot["replayed"] is not None:
+                up.wait_event(slot["replayed"])               # its last replay has read its metadata
+            with torch.cuda.stream(up):
+                slot["dev"].copy_(host_t, non_blocking=True)
+                hb["uploaded"] = self._event()
+            main.wait_event(hb["uploaded"])
+            if slot["read"] is not None:
+                main.wait_event(slot["read"])                 # its samples have been read back
+        else:
+            slot["dev"].copy_(host_t, non_blocking=True)
+            hb["uploaded"] = self._event()
+        copy_ids = None
         if ids_from is not None:
-            if ids_from["toks"].data_ptr() != g["ids"].data_ptr():   # (the same graph's hand-off: in place)
-                g["ids"][:B].copy_(ids_from["toks"][:B])
-        elif g["handoff"]:                                    # the graph reads its ids from its sample buffer
-            g["ids"][:B].copy_(g["dev"][:B])
+            if ids_from["toks"].data_ptr() != slot["ids"].data_ptr():   # (a hand-off in place: no copy)
+                copy_ids = ids_from["toks"]
+        elif g["handoff"]:                                    # the graph reads its ids from a sample buffer
+            copy_ids = slot["dev"]
+        if copy_ids is not None:
+            if cs is not None and g["handoff"] and feeder["read"] is not None:
+                main.wait_event(feeder["read"])               # the ids go into the feeder's samples
+            slot["ids"][:B].copy_(copy_ids[:B])
         if self.use_graphs:
-            g["graph"].replay()
+            slot["graph"].replay()
         else:
-            g["run"]()
-        res = g["res"][i]                                     # int32: tokens | (16-byte boundary) logprobs (bits)
+            slot["run"]()
+        res = hb["res"]                                       # int32: tokens | (16-byte boundary) logprobs (bits)
         off = _lps_offset(n)
-        if g["handoff"]:
-            res.copy_(g["both"], non_blocking=True)
+        if cs is not None:
+            slot["replayed"] = self._event()
+            back.wait_event(slot["replayed"])
+            with torch.cuda.stream(back):
+                if not self.use_graphs and slot["both"] is None:   # eager outputs: freed only after the copy
+                    slot["toks"].record_stream(back)
+                    slot["lps"].record_stream(back)
+                self._read_back(slot, res, n, off)
+                done = slot["read"] = self._event()
         else:
-            res[:n].copy_(g["toks"], non_blocking=True)
-            res[off:off + n].copy_(g["lps"].view(torch.int32), non_blocking=True)
-        return {"B": B, "n": n, "split": split, "toks": g["toks"], "res": res, "done": self._event(),
-                "logits": g["logits"], "params": params}
+            self._read_back(slot, res, n, off)
+            done = self._event()
+        return {"B": B, "n": n, "split": split, "toks": slot["toks"], "res": res, "done": done,
+                "logits": slot["logits"], "params": params}
+
+    @staticmethod
+    def _read_back(slot: dict, res: torch.Tensor, n: int, off: int) -> None:
+        """Queue the copy of a slot's tokens and logprob bits into the pinned ``res``."""
+        if slot["both"] is not None:
+            res.copy_(slot["both"], non_blocking=True)
+        else:
+            res[:n].copy_(slot["toks"], non_blocking=True)
+            res[off:off + n].copy_(slot["lps"].view(torch.int32), non_blocking=True)
 
     def _collect(self, run: dict) -> StepResult:
         """Wait for a launched decode step and read its tokens and logprobs."""
@@ -548,44 +617,70 @@ class CudaRunner:
         ev.record()
         return ev
 
+    @property
+    def copy_streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream] | None:
+        """The streams of the decode graphs' uploads and of their read-backs (``None`` off the GPU)."""
+        if self.dev.type != "cuda":
+            return None
+        if self._copy_streams is None:
+            self._copy_streams = (torch.cuda.Stream(self.dev), torch.cuda.Stream(self.dev))
+        return self._copy_streams
+
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
+        """The decode graph(s) of ``n`` rows and up to ``max_len`` keys: one device slot, or two used in turn
+        with ``decode_copy_stream`` (``_launch_decode``)."""
         M = -(-max_len // self.block_size)
-        host_ts = [torch.zeros(11 * n + n * M, dtype=torch.int32) for _ in range(2)]
-        res = [torch.zeros(_lps_offset(n) + n, dtype=torch.int32) for _ in range(2)]
-        if self.dev.type == "cuda":   # so the upload and the read-back of a step are async DMAs
-            host_ts = [t.pin_memory() for t in host_ts]
-            res = [t.pin_memory() for t in res]
-        host_t = host_ts[0]
-        dev = torch.zeros_like(host_t, device=self.dev)
-        ids, pos, slots, lens = (dev[i * n:(i + 1) * n] for i in range(4))
-        ints = dev[4 * n:9 * n].view(5, n)
-        flts = dev[9 * n:11 * n].view(torch.float32).view(2, n)
-        tables = dev[11 * n:].view(n, M)
-        handoff = self.decode_handoff
-        both = torch.zeros(_lps_offset(n) + n, dtype=torch.int32, device=self.dev) if handoff else None  # toks | lps
-        if handoff:
-            ids = both[:n]                                # the step's ids: what the step before sampled (or a copy)
-        out: dict = {"host_t": host_ts, "res": res, "uploaded": [None, None], "turn": 0, "dev": dev, "ids": ids,
-                     "M": M, "handoff": handoff, "both": both}
+        host = []
+        for _ in range(2):
+            host_t = torch.zeros(11 * n + n * M, dtype=torch.int32)
+            res = torch.zeros(_lps_offset(n) + n, dtype=torch.int32)
+            if self.dev.type == "cuda":   # so the upload and the read-back of a step are async DMAs
+                host_t, res = host_t.pin_memory(), res.pin_memory()
+            host.append({"host_t": host_t, "res": res, "uploaded": None})
+        handoff, two = self.decode_handoff, self.decode_copy_stream
+        cs = self.copy_streams if two else None
+        slots = []
+        for _ in range(2 if two else 1):
+            dev = torch.zeros_like(host[0]["host_t"], device=self.dev)
+            both = torch.zeros(_lps_offset(n) + n, dtype=torch.int32, device=self.dev) if handoff else None  # toks | lps
+            if cs is not None:            # buffers the copy streams use: freed only after their work on them
+                dev.record_stream(cs[0])
+                if both is not None:
+                    both.record_stream(cs[1])
+            slots.append({"dev": dev, "both": both, "replayed": None, "read": None})
+        for j, slot in enumerate(slots):
+            # the step's ids: what the step before sampled into the feeding slot (or a copy)
+            slot["ids"] = slots[(j + 1) % len(slots)]["both"][:n] if handoff else slot["dev"][:n]
+        g: dict = {"host": host, "slots": slots, "turn": 0, "M": M, "handoff": handoff, "cs": two}
         split_size = split if split is not None else max_len
 
-        def run() -> None:
-            hidden = self.forward(ids, pos, slots, tables, lens, None, split_size, max_splits)
-            logits = self.logits(hidden)
-            toks, lps = _sample(logits, flts, ints, both)
-            out["toks"], out["lps"], out["logits"] = toks, lps, logits
+        def runner_of(slot: dict):
+            dev = slot["dev"]
+            pos, kv_slots, lens = (dev[i * n:(i + 1) * n] for i in range(1, 4))
+            ints = dev[4 * n:9 * n].view(5, n)
+            flts = dev[9 * n:11 * n].view(torch.float32).view(2, n)
+            tables = dev[11 * n:].view(n, M)
 
-        out["run"] = run
+            def run() -> None:
+                hidden = self.forward(slot["ids"], pos, kv_slots, tables, lens, None, split_size, max_splits)
+                logits = self.logits(hidden)
+                toks, lps = _sample(logits, flts, ints, slot["both"])
+                slot["toks"], slot["lps"], slot["logits"] = toks, lps, logits
+            return run
+
+        for slot in slots:
+            slot["run"] = runner_of(slot)
         if self.use_graphs:
+            host_t = host[0]["host_t"]
             host_t.zero_()
             host_t[2 * n:3 * n] = -1                      # warm-up writes nothing into the pages
-            dev.copy_(host_t)
+            for slot in slots:
+                slot["dev"].copy_(host_t)
             s = torch.cuda.Stream(self.dev)
             s.wait_stream(torch.cuda.current_stream(self.dev))
             with torch.cuda.stream(s):
-                run()                                     # loads every kernel module before capture
+                slots[0]["run"]()                         # loads every kernel module before capture
             torch.cuda.current_stream(self.dev).wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             # No garbage collection inside the capture: collecting an old engine there frees pinned host
@@ -594,13 +689,15 @@ class CudaRunner:
             gc_was_on = gc.isenabled()
             gc.disable()
             try:
-                with torch.cuda.graph(graph, pool=self.pool):   # graphs replay one at a time: one shared pool
-                    run()
+                for slot in slots:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool):   # graphs replay one at a time: one shared pool
+                        slot["run"]()
+                    slot["graph"] = graph
             finally:
                 if gc_was_on:
                     gc.enable()
-            out["graph"] = graph
-        return out
+        return g
 
     @torch.no_grad()
     def score(self, ids: list[int], pages: list[int]) -> torch.Tensor:

@@ -52,6 +52,11 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     def embedding(ids, table):
         return table[ids.long()].clone()
 
+    def embed_rmsnorm(ids, table, w, eps):
+        log.append(("embed_rmsnorm", ids.shape[0]))
+        residual = embedding(ids, table)
+        return residual, rms_norm(residual, w, eps)
+
     def add_rmsnorm(x, residual, w, eps):
         residual.copy_(residual + x)
         return rms_norm(residual, w, eps)
@@ -132,7 +137,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
             return tokens, logprobs
         return toks, lps
 
-    return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, rmsnorm=rms_norm,
+    return types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, embed_rmsnorm=embed_rmsnorm, rmsnorm=rms_norm,
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,

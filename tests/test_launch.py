@@ -244,6 +244,28 @@ def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
     assert len(log) == n
 
 
+def test_embed_rmsnorm_launches_one_cta_per_row_and_rejects_bad_input(launch_log):
+    """``ops.embed_rmsnorm`` on the CPU with ``_launch`` recorded: one launch of ``embed_rmsnorm``, a CTA per
+    id with ``rmsnorm``'s thread count, the two outputs' pointers in its arguments; bad input launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    bf = torch.bfloat16
+    table, w, ids = torch.randn(50, 4096).to(bf), torch.rand(4096).to(bf), torch.tensor([3, 7, 1], dtype=torch.int32)
+    resid, normed = ops.embed_rmsnorm(ids, table, w, 1e-6)
+    assert resid.shape == normed.shape == (3, 4096) and resid.dtype == normed.dtype == bf
+    (module, name, grid, block, args, *_), = log
+    assert (module, name, grid, block) == ("rmsnorm", "embed_rmsnorm", (3, 1, 1), (ops._norm_threads(4096), 1, 1))
+    assert [int(a) for a in args[:6]] == [ids.data_ptr(), table.data_ptr(), 50, resid.data_ptr(), w.data_ptr(),
+                                          normed.data_ptr()] and int(args[6]) == 4096
+    for bad in ((ids.long(), table, w), (ids, table.float(), w), (ids, table, w[:64]), (ids, table[:, :4092], w[:4092])):
+        with pytest.raises((ValueError, TypeError)):
+            ops.embed_rmsnorm(*bad, 1e-6)
+    assert len(log) == 1
+
+
 def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, monkeypatch):
     """``ops.split_kv_decode``'s default launch mode: one launch (the reduce fused in) up to
     ``FUSED_DECODE_MAX_B`` rows or with one split per sequence; partials + reduce with several splits

@@ -80,29 +80,53 @@ def test_lookahead_changes_nothing(opt_engine, kw):
     assert r._ahead is None, "a lookahead step outlived its run loop"
 
 
-def test_the_decode_graphs_hand_off_their_tokens_as_the_next_ids(opt_engine):
-    """``decode_handoff``: a decode graph samples into one buffer (tokens | logprob bits) that is also its
-    input ids, read back with one copy; a foretold step of the same graph copies no ids, and a step from the
-    host or from another graph copies them into that buffer. The workload's record is the same as with
-    the ids uploaded and copied (``decode_handoff=False``), and the graphs read their ids from the buffer."""
+def _slots(runner) -> list[dict]:
+    return [slot for g in runner.graphs.values() for slot in g["slots"]]
+
+
+@pytest.mark.parametrize("two", [True, False], ids=["two-slots", "one-slot"])
+def test_the_decode_graphs_hand_off_their_tokens_as_the_next_ids(opt_engine, two):
+    """``decode_handoff``: a decode graph samples into one buffer (tokens | logprob bits) that is also the
+    input ids of the graph fed by it -- its own with one slot, the other slot's with two
+    (``decode_copy_stream``) -- read back with one copy; a foretold step of the same graph key copies no ids,
+    and a step from the host or from another graph key copies them into that buffer. The workload's record
+    is the same as with the ids uploaded and copied (``decode_handoff=False``)."""
     kw = dict(block_size=4, max_model_len=64)
     on, off = opt_engine(**kw), opt_engine(**kw)
+    on.runner.decode_copy_stream = off.runner.decode_copy_stream = two
     off.runner.decode_handoff = False
     copies: list = []
     orig = on.runner._launch_decode
 
     def spy(batch, ids_from=None):
         run = orig(batch, ids_from)
-        g = next(g for g in on.runner.graphs.values() if g["toks"].data_ptr() == run["toks"].data_ptr())
-        copies.append(ids_from is not None and ids_from["toks"].data_ptr() == g["ids"].data_ptr())
+        slot = next(s for s in _slots(on.runner) if s["toks"].data_ptr() == run["toks"].data_ptr())
+        copies.append(ids_from is not None and ids_from["toks"].data_ptr() == slot["ids"].data_ptr())
         return run
 
     on.runner._launch_decode = spy
     assert _workload(on) == _workload(off)
     for g in on.runner.graphs.values():
-        assert g["handoff"] and g["ids"].data_ptr() == g["both"].data_ptr() and g["toks"].data_ptr() == g["ids"].data_ptr()
-    assert all(not g["handoff"] for g in off.runner.graphs.values())
-    assert any(copies) and not all(copies), "no foretold step of the same graph, or every step was one"
+        slots = g["slots"]
+        assert g["handoff"] and len(slots) == (2 if two else 1)
+        for j, slot in enumerate(slots):
+            feeder = slots[(j + 1) % len(slots)]
+            assert slot["ids"].data_ptr() == feeder["both"].data_ptr() == feeder["toks"].data_ptr()
+    assert all(not g["handoff"] and len(g["slots"]) == (2 if two else 1) for g in off.runner.graphs.values())
+    assert any(copies) and not all(copies), "no foretold step of the same graph key, or every step was one"
+
+
+def test_two_slots_change_nothing(opt_engine):
+    """``decode_copy_stream``: two device slots per decode graph key, used in turn, give the record of one
+    slot, with and without the hand-off."""
+    kw = dict(block_size=4, max_model_len=64)
+    for handoff in (True, False):
+        two, one = opt_engine(**kw), opt_engine(**kw)
+        one.runner.decode_copy_stream = False
+        two.runner.decode_handoff = one.runner.decode_handoff = handoff
+        assert _workload(two) == _workload(one)
+        used = {id(s) for s in _slots(two.runner) if s.get("toks") is not None}
+        assert len(used) == len(_slots(two.runner)) and len(used) % 2 == 0, "a slot was never used"
 
 
 def test_a_used_lookahead_keeps_no_chain_of_launches(opt_engine):

@@ -325,6 +325,22 @@ def test_decode_qk_norm_rope_goes_into_the_attention_launch(opt_engine, launches
     assert runs[3][0] == runs[1][0] and torch.equal(runs[3][1], runs[1][1])
 
 
+def test_the_embedding_and_first_norm_are_one_launch(opt_engine, launches):
+    """Every step (prefill and decode) embeds its ids and takes the first layer's RMSNorm in one launch
+    (``ops.embed_rmsnorm``) unless ``fuse_embed_norm`` is off; the tokens and logits are the same."""
+    runs = []
+    for fuse in (False, True):
+        launches.clear()
+        eng = opt_engine(split_kv="fixed:5")
+        eng.runner.fuse_embed_norm = fuse
+        runs.append(rope_rollout(eng))
+        fused = [d for k, d in launches if k == "embed_rmsnorm"]
+        attn = sum(k in ("paged_prefill", "split_kv_decode") for k, _ in launches)
+        steps = attn // TINY.num_hidden_layers
+        assert steps > 1 and len(fused) == (steps if fuse else 0), (fuse, len(fused), steps)
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
 def test_optimized_accepts_any_block_size_and_head_dim_16():
     from optimized.engine import shape_problems
     for bs in (1, 3, 5, 16, 24):

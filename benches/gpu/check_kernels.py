@@ -409,6 +409,23 @@ def check_elementwise(C: Checks, dev, gen) -> None:
         ours = ops.embedding(ids.to(dev), table.to(dev))
         return exact("embedding", ours, table[ids.long()])
 
+    def run_embed_norm():
+        """``embed_rmsnorm`` bitwise ``embedding`` then ``rmsnorm`` (residual and normed rows), ids out of range
+        included (zero rows), at Qwen3's widths, one of more than 8 x 1024 columns (the kernel's loop path)."""
+        res = []
+        for V, H, T in ((1000, 4096, 33), (500, 1024, 1), (300, 5120, 7), (64, 16384, 3), (77, 64, 5)):
+            table = (torch.randn(V, H, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+            w = (torch.rand(H, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            ids = torch.randint(0, V, (T,), generator=gen).to(torch.int32)
+            if T > 2:
+                ids[1], ids[2] = -1, V                      # out of range: zero rows
+            ids = ids.to(dev)
+            resid, normed = ops.embed_rmsnorm(ids, table, w, eps)
+            want_r = ops.embedding(ids, table)
+            res += exact(f"embed_rmsnorm residual V={V} H={H} T={T}", resid, want_r)
+            res += exact(f"embed_rmsnorm normed V={V} H={H} T={T}", normed, ops.rmsnorm(want_r, w, eps))
+        return res
+
     def run_store():
         res = []
         for n_kv, D, bs in ((8, 128, 16), (2, 64, 32)):
@@ -437,6 +454,7 @@ def check_elementwise(C: Checks, dev, gen) -> None:
     C.run("rope", "qk_norm_rope (strided q/k)", run_rope)
     C.run("activation", "silu_mul", run_silu)
     C.run("embedding", "embedding", run_embed)
+    C.run("embedding", "embed_rmsnorm (= embedding + rmsnorm)", run_embed_norm)
     C.run("kv_cache", "store_kvcache (strided k/v, -1 slots)", run_store)
 
 

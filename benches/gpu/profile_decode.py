@@ -21,7 +21,10 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   (decode GEMMs on the staged skinny kernel, by role), the ``L2_VARIANTS`` (the staged kernel's weight copies
   without an L2 hint, ``ef0``), the ``QK_VARIANTS`` (``qk-apart``: qk_norm_rope in its own launch), the
   ``CLUSTER_VARIANTS`` (``ticket``: the fused attention's fold by its ticket, not in a cluster), the
-  ``HANDOFF_VARIANTS`` (``handoff0``: a decode graph's ids uploaded and copied, two read-back copies) and the
+  ``HANDOFF_VARIANTS`` (``handoff0``: a decode graph's ids uploaded and copied, two read-back copies), the
+  ``COPY_VARIANTS`` (``copies-inline``: one slot per graph key, its copies on the compute stream), the
+  ``EMBED_VARIANTS`` (``embed-apart``: the embedding and the first norm as two launches), the
+  ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -161,9 +164,16 @@ CLUSTER_VARIANTS: dict[str, bool] = {"ticket": False}
 #: variants on top of "default" with the decode graphs' ids in the uploaded metadata and two read-back copies
 #: (the runner's ``decode_handoff`` off)
 HANDOFF_VARIANTS: dict[str, bool] = {"handoff0": False}
+#: variants on top of "default" with one device slot per decode graph key and the upload and read-back inline
+#: on the compute stream (the runner's ``decode_copy_stream`` off)
+COPY_VARIANTS: dict[str, bool] = {"copies-inline": False}
+#: variants on top of "default" with the embedding and the first RMSNorm as two launches (``fuse_embed_norm`` off)
+EMBED_VARIANTS: dict[str, bool] = {"embed-apart": False}
+#: variants on top of "default" with qk_norm_rope in the attention launch at any batch (``fuse_qk_max_rows``)
+QK_ROWS_VARIANTS: dict[str, int] = {"qk-all": 1 << 30}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
-                 CLUSTER_VARIANTS, HANDOFF_VARIANTS)
+                 CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -288,6 +298,7 @@ def main() -> int:
         default_n = (eng.runner.skinny_max_n, eng.runner.skinny_prefetch_o_max_elems)
         default_staged = (dict(eng.runner.staged), eng.runner.staged_min_elems)
         default_ef = eng.runner.staged_evict_first
+        default_qk_rows = eng.runner.fuse_qk_max_rows
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -299,13 +310,17 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
-                    default_n=default_n, default_staged=default_staged, default_ef=default_ef) -> None:
+                    default_n=default_n, default_staged=default_staged, default_ef=default_ef,
+                    default_qk_rows=default_qk_rows) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
                 eng.runner.fuse_qk_attention = QK_VARIANTS.get(variant, True)
                 ops.DECODE_CLUSTER = CLUSTER_VARIANTS.get(variant, True)   # read at capture (its own graphs)
                 eng.runner.decode_handoff = HANDOFF_VARIANTS.get(variant, True)   # read at capture
+                eng.runner.decode_copy_stream = COPY_VARIANTS.get(variant, True)  # read at capture
+                eng.runner.fuse_embed_norm = EMBED_VARIANTS.get(variant, True)
+                eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
                 eng.runner.staged_evict_first = ef
                 if ef_staged is not None:
@@ -376,6 +391,9 @@ def main() -> int:
             eng.runner.lookahead = True
             eng.runner.staged, eng.runner.staged_min_elems = default_staged
             eng.runner.staged_evict_first = default_ef
+            eng.runner.decode_copy_stream = eng.runner.fuse_embed_norm = eng.runner.decode_handoff = True
+            eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
+            ops.DECODE_CLUSTER = True
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
                 print(f"   eager step at batch {batch}: kernels sum to {total / 1e3:.3f} ms GPU time "

@@ -5,6 +5,9 @@
 //   out = w * hs.to(bf16)          (bf16 x bf16: fp32 product rounded once to bf16)
 // add_rmsnorm: residual = bf16(residual + x) (written back in place, as the decoder layer's
 // `x = x + o` in bf16), then out = rms_norm(residual).
+// embed_rmsnorm: a decode step's first two launches in one (embedding.cu's gather, then rmsnorm):
+// residual = table[ids[t]] (a zero row for an id outside [0, V)), out = rms_norm(residual); the
+// bits of the pair, as both use rmsnorm_impl's arithmetic.
 // rsqrt is computed as 1 / sqrt (both correctly rounded), as torch's CPU rsqrt does; only the
 // order of the sum of squares differs from torch.
 //
@@ -122,6 +125,45 @@ __device__ __forceinline__ void rmsnorm_impl(const __nv_bfloat16* __restrict__ x
   }
 }
 
+// rmsnorm of row x (nullptr: a zero row) into orow, the row also copied to copy (embed_rmsnorm's residual):
+// rmsnorm_impl's chunks, reduction and second pass, so the bits are rmsnorm's of the copied row.
+__device__ __forceinline__ void copy_rmsnorm_row(const __nv_bfloat16* __restrict__ xr,
+                                                 const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ orow,
+                                                 __nv_bfloat16* __restrict__ copy, int H, float eps) {
+  __shared__ float s_warp[32];
+  const int chunks = H >> 3;
+  float ss = 0.f;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  if (chunks <= (int)blockDim.x) {
+    const int c = threadIdx.x;
+    float f[8];
+    uint4 wv = zero;
+    if (c < chunks) {
+      const uint4 xv = xr ? *reinterpret_cast<const uint4*>(xr + c * 8) : zero;
+      wv = *reinterpret_cast<const uint4*>(w + c * 8);
+      *reinterpret_cast<uint4*>(copy + c * 8) = xv;
+      unpack8(xv, f);
+      sq_chunk(f, ss);
+    }
+    const float r = inv_rms(block_sum(ss, s_warp), H, eps);
+    if (c < chunks) *reinterpret_cast<uint4*>(orow + c * 8) = norm8(f, wv, r);
+    return;
+  }
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float f[8];
+    const uint4 xv = xr ? *reinterpret_cast<const uint4*>(xr + c * 8) : zero;
+    *reinterpret_cast<uint4*>(copy + c * 8) = xv;  // the same thread re-reads this chunk below
+    unpack8(xv, f);
+    sq_chunk(f, ss);
+  }
+  const float r = inv_rms(block_sum(ss, s_warp), H, eps);
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float f[8];
+    unpack8(*reinterpret_cast<const uint4*>(copy + c * 8), f);
+    *reinterpret_cast<uint4*>(orow + c * 8) = norm8(f, *reinterpret_cast<const uint4*>(w + c * 8), r);
+  }
+}
+
 __device__ __forceinline__ void add_rmsnorm_impl(const __nv_bfloat16* __restrict__ x, int x_stride,
                                                  __nv_bfloat16* __restrict__ residual, int r_stride,
                                                  const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
@@ -175,4 +217,16 @@ extern "C" __global__ void __launch_bounds__(1024) add_rmsnorm(const __nv_bfloat
                                                                float eps) {
   pdl_entry();
   add_rmsnorm_impl(x, x_stride, residual, r_stride, w, out, out_stride, H, eps);
+}
+
+// One CTA per row t of ids [T]: residual [T, H] (contiguous) = table [V, H] row ids[t], out [T, H] = its rmsnorm.
+extern "C" __global__ void __launch_bounds__(1024) embed_rmsnorm(const int* __restrict__ ids,
+                                                                 const __nv_bfloat16* __restrict__ table, int V,
+                                                                 __nv_bfloat16* __restrict__ residual,
+                                                                 const __nv_bfloat16* __restrict__ w,
+                                                                 __nv_bfloat16* __restrict__ out, int H, float eps) {
+  pdl_entry();
+  const int id = ids[blockIdx.x];
+  const __nv_bfloat16* xr = id >= 0 && id < V ? table + (long long)id * H : nullptr;
+  copy_rmsnorm_row(xr, w, out + (long long)blockIdx.x * H, residual + (long long)blockIdx.x * H, H, eps);
 }
