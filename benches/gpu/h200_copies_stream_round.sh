@@ -7,8 +7,13 @@
 #           one launch) against copies-inline and embed-apart at qwen3-8b and qwen3-0.6b batch 1 and 8 (batch-1
 #           graph timelines), then qk-all (qk_norm_rope in the attention launch above 16 rows) against the default
 #           at batch 32, 64 and 256
-#   final:  check_kernels.py (CHECKS), the engine smoke test, conformance at CI scale beside the GPU-scale
-#           qwen3-8b clauses, then the engine decode bench (its transformers peer included)
+#   power:  the 8B A/B of the copy streams again (default against copies-inline, batch 1 and 8, five rounds)
+#           with nvidia-smi sampling power, clocks and the clock-event reasons every 100 ms beside it, then
+#           check_kernels.py (CHECKS), the engine smoke test, conformance at CI scale beside the GPU-scale
+#           qwen3-8b clauses
+#   bench:  the engine decode bench (its transformers peer included)
+#   waves:  the staged GEMM at 3 CTAs a multiprocessor (512-column chunks, 4 stages) for qwen3-8b's qkv and
+#           qwen3-0.6b's gate/up (384 tiles: about 1.45 waves of 264 CTAs) against the default, batch 1 and 8
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -28,13 +33,44 @@ if [ "$mode" = ab ]; then
     --rounds 3 --variants default qk-all > "$OUT/profile_qkrows.log" 2>&1
   echo "profile qk rows rc=$?"; grep -E "^ +[0-9]+ +(default|qk-all)|==" "$OUT/profile_qkrows.log"
 fi
-if [ "$mode" = final ]; then
+if [ "$mode" = power ]; then
+  q=timestamp,power.draw,power.limit,clocks.sm,clocks.mem,temperature.gpu,clocks_event_reasons.active
+  nvidia-smi --query-gpu=$q --format=csv -lms 100 > "$OUT/smi_power.csv" 2>&1 &
+  smi=$!
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --rounds 5 --variants default copies-inline > "$OUT/profile_copies_power_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_copies_power_8b.log"
+  kill $smi
+  head -3 "$OUT/smi_power.csv"
+  python3 - "$OUT/smi_power.csv" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))[1:]
+rows = [[c.strip() for c in r] for r in rows if len(r) >= 7]
+busy = [r for r in rows if float(r[1].split()[0]) > 200]
+print(f"{len(rows)} samples, {len(busy)} above 200 W")
+for name, col in (("power W", 1), ("sm MHz", 3), ("mem MHz", 4), ("temp C", 5)):
+    v = sorted(float(r[col].split()[0]) for r in busy) or [0]
+    print(f"  {name}: median {v[len(v) // 2]:.0f}, p10 {v[len(v) // 10]:.0f}, p90 {v[9 * len(v) // 10]:.0f}, max {v[-1]:.0f}")
+print("  clock-event reasons (busy samples):", dict(collections.Counter(r[6] for r in busy)))
+PY
   checks 200 check_kernels_final.log ${CHECKS:-elementwise qk fused graph}
   smoke 80
   conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
   conformance_ci 250
   wait
   cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
-  run_benches 260 "engine_decode"
+fi
+if [ "$mode" = bench ]; then
+  run_benches 300 "engine_decode"
   pack_bench
+fi
+if [ "$mode" = waves ]; then
+  # the staged GEMM at 3 CTAs a multiprocessor for the roles of about 1.45 waves (profile_decode.py's STAGED)
+  timeout 220 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --timeline-batches 1 --rounds 3 --variants default qkv3 qkv-k512 gu3 qkv3-gu3 > "$OUT/profile_waves_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_waves_8b.log"
+  grep -E "graph timeline|\[qkv\]|swiglu|\[o_proj\]|\[down\]" "$OUT/profile_waves_8b.log" | cut -c1-120
+  timeout 120 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
+    --rounds 3 --variants default qkv3 gu3 qkv3-gu3 > "$OUT/profile_waves_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_waves_06b.log"
 fi

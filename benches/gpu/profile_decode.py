@@ -144,6 +144,13 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "st1k-o1": _st(_K1, o_pre=1),
     "st1k4x1": _st((1024, 4, 16, 1), o_pre=4),
     "no-staged": {},
+    # eighteenth session: 3 CTAs a multiprocessor of 512-column chunks, 4 stages (69.6 KB each) for the roles
+    # whose 16-row tiles fill about 1.45 waves of the default's 2 x 132 CTAs (qwen3-8b's qkv, 384 tiles;
+    # qwen3-0.6b's gate/up, 384) -- 396 CTAs take them in one wave; ``qkv-k512``: the chunks alone, 2 a SM
+    "qkv3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=2)},
+    "gu3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("gate_up",), pre=2)},
+    "qkv3-gu3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv", "gate_up"), pre=2)},
+    "qkv-k512": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 2), ("qkv",), pre=2)},
 }
 #: variants on top of "default" with the staged kernel's weight copies at another L2 priority (the runner's
 #: ``staged_evict_first``; every other variant: the engine's default) or another count of early stages:
@@ -257,8 +264,14 @@ def graph_timeline(eng, prompts, steps: int = 8, sampling: dict | None = None
     step = steps_k[-2] if len(steps_k) > 2 else steps_k[-1]   # a warm decode step (the first ones prefill)
     agg: dict[str, list[float]] = {}
     prev_end = step[0][0]
+    prev_name = ""
     for start, end, name in step:
-        a = agg.setdefault(name[:60], [0, 0.0, 0.0])
+        key = name[:60]
+        if name.startswith("skinny_staged") and name.endswith("_bf16"):   # the role, by the kernel before it
+            key += " [o_proj]" if prev_name.startswith("split_kv") else " [down]" if prev_name.endswith("swiglu") \
+                else " [qkv]"
+        prev_name = name
+        a = agg.setdefault(key, [0, 0.0, 0.0])
         a[0] += 1
         a[1] += end - start
         a[2] += max(end, prev_end) - prev_end
