@@ -120,6 +120,12 @@ GEMM_ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 #: the staged skinny GEMM's configuration for every role by default: (chunk columns, stages, producer lanes,
 #: CTAs per multiprocessor, stages fetched before the PDL wait) -- see ``CudaRunner.staged``
 STAGED_DEFAULT = (1024, 3, 16, 2, 2)
+#: ... and the qkv GEMM's: 512-column chunks, 4 stages, 3 CTAs a multiprocessor (69.6 KB each), two stages early.
+#: qwen3-8b's qkv weight is 384 tiles of 16 rows, about 1.45 waves of the default's 264 CTAs, and one wave of
+#: 396: in one process on the H200 the 8B batch-1 step went from 4.213 to 4.178 ms (batch 8: 4.631 -> 4.552),
+#: qwen3-0.6b's from 0.816 to 0.799 (0.977 -> 0.962); the chunks alone at 2 a multiprocessor were slower (4.251),
+#: and the same for the gate/up GEMM slower at qwen3-8b (4.239) -- docs/performance.md, "The qkv GEMM in one wave"
+STAGED_QKV = (512, 4, 16, 3, 2)
 
 
 class CudaRunner:
@@ -200,6 +206,7 @@ class CudaRunner:
         #: (batch 8: 4.899 -> 4.845); qwen3-0.6b from 1.071 to 0.900 ms (batch 8: 1.195 -> 1.075) --
         #: docs/performance.md, "The staged skinny GEMM"
         self.staged: dict[str, tuple[int, int, int, int, int]] = {role: STAGED_DEFAULT for role in GEMM_ROLES}
+        self.staged["qkv"] = STAGED_QKV
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)

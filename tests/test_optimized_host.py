@@ -124,8 +124,10 @@ def test_default_mode_staged_then_cublas_and_paged_prefill(opt_engine, launches)
     kinds = {k for k, _ in launches}
     assert "paged_prefill" in kinds and not {"gemm", "skinny_gemm", "skinny_swiglu"} & kinds, kinds
     staged = [d for k, d in launches if k == "skinny_staged"]
-    assert staged and all(m <= 8 and tuple(cfg) == (1024, 3, 16, 2, 2) and ef is True
-                          for m, _, _, _, *cfg, ef in staged), staged          # evict-first weight copies
+    qkv = {L["wqkv"].data_ptr() for L in eng.runner.layers}
+    assert staged and all(m <= 8 and tuple(cfg) == ((512, 4, 16, 3, 2) if w in qkv else (1024, 3, 16, 2, 2))
+                          and ef is True for m, w, _, _, *cfg, ef in staged), staged   # evict-first weight copies
+    assert {w for _, w, *_ in staged} >= qkv, "every layer's qkv GEMM on its own configuration"
     n_layers = TINY.num_hidden_layers
     swiglu = [m for m, _, dt, sw, *_ in staged if sw]
     head = [m for m, _, dt, sw, *_ in staged if dt == torch.float32]

@@ -946,8 +946,8 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
     ragged last chunk, a partial last tile, fewer tiles than CTAs."""
     shapes = [(1, 6144, 4096), (8, 4096, 12288), (1, 24576, 4096), (5, 151936, 1024), (3, 40, 40), (2, 24, 8),
               (7, 100, 1544), (8, 17, 4104), (1, 4096, 4096), (4, 1024, 3072)]
-    configs = [(kc, S, pl, c) for kc, S, pl in ops.SKINNY_STAGED_CONFIGS for c in (1, 2)
-               if c * ops.skinny_staged_smem(kc, S) <= 200 * 1024]
+    configs = [(kc, S, pl, c) for kc, S, pl in ops.SKINNY_STAGED_CONFIGS for c in (1, 2, 3)
+               if c * ops.skinny_staged_smem(kc, S) <= 220 * 1024]
     for M, N, K in shapes:
         def run(M=M, N=N, K=K):
             x, w = skinny_inputs(M, N, K, gen, dev)

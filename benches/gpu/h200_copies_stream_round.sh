@@ -14,6 +14,8 @@
 #   bench:  the engine decode bench (its transformers peer included)
 #   waves:  the staged GEMM at 3 CTAs a multiprocessor (512-column chunks, 4 stages) for qwen3-8b's qkv and
 #           qwen3-0.6b's gate/up (384 tiles: about 1.45 waves of 264 CTAs) against the default, batch 1 and 8
+#   final:  (qkv on the 3-CTA configuration) check_kernels.py (CHECKS: staged at 1-3 CTAs a multiprocessor too),
+#           the engine smoke test, conformance at CI scale beside the GPU-scale qwen3-8b clauses, the engine bench
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -73,4 +75,14 @@ if [ "$mode" = waves ]; then
   timeout 120 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
     --rounds 3 --variants default qkv3 gu3 qkv3-gu3 > "$OUT/profile_waves_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_waves_06b.log"
+fi
+if [ "$mode" = final ]; then
+  checks 200 check_kernels_final_staged.log ${CHECKS:-staged elementwise graph}
+  smoke 80
+  conformance_gpu 150 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
+  conformance_ci 200
+  wait
+  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  run_benches 200 "engine_decode"
+  pack_bench
 fi
