@@ -16,6 +16,8 @@
 #           qwen3-0.6b's gate/up (384 tiles: about 1.45 waves of 264 CTAs) against the default, batch 1 and 8
 #   final:  (qkv on the 3-CTA configuration) check_kernels.py (CHECKS: staged at 1-3 CTAs a multiprocessor too),
 #           the engine smoke test, conformance at CI scale beside the GPU-scale qwen3-8b clauses, the engine bench
+#   more:   o_proj or down at 3 CTAs a multiprocessor too (o3, d3), qkv back at 2 (qkv2), qwen3-0.6b's gate/up at 3
+#           with qkv (qkv3-gu3), against the default; then the engine decode bench again (another machine)
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -83,6 +85,18 @@ if [ "$mode" = final ]; then
   conformance_ci 200
   wait
   cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  run_benches 200 "engine_decode"
+  pack_bench
+fi
+if [ "$mode" = more ]; then
+  # (qkv at 3 CTAs a SM, the default) o_proj / down there too, qkv back at 2 (qkv2); then the engine bench again
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --timeline-batches 1 --rounds 3 --variants default qkv2 o3 d3 > "$OUT/profile_more_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_more_8b.log"
+  grep -E "graph timeline|\[qkv\]|\[o_proj\]|\[down\]" "$OUT/profile_more_8b.log" | cut -c1-120
+  timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
+    --rounds 3 --variants default qkv2 qkv3-gu3 o3 d3 > "$OUT/profile_more_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_more_06b.log"
   run_benches 200 "engine_decode"
   pack_bench
 fi

@@ -151,6 +151,10 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "gu3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("gate_up",), pre=2)},
     "qkv3-gu3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv", "gate_up"), pre=2)},
     "qkv-k512": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 2), ("qkv",), pre=2)},
+    # on top of the engine's default since (qkv at 3 a SM): o_proj or down there too; ``qkv2``: qkv back at 2
+    "o3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv", "o_proj"), pre=2)},
+    "d3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv", "down"), pre=2)},
+    "qkv2": _st(_K1, o_pre=2, pre=2),
 }
 #: variants on top of "default" with the staged kernel's weight copies at another L2 priority (the runner's
 #: ``staged_evict_first``; every other variant: the engine's default) or another count of early stages:
