@@ -125,9 +125,16 @@ def test_default_mode_staged_then_cublas_and_paged_prefill(opt_engine, launches)
     assert "paged_prefill" in kinds and not {"gemm", "skinny_gemm", "skinny_swiglu"} & kinds, kinds
     staged = [d for k, d in launches if k == "skinny_staged"]
     qkv = {L["wqkv"].data_ptr() for L in eng.runner.layers}
-    assert staged and all(m <= 8 and tuple(cfg) == ((512, 4, 16, 3, 2) if w in qkv else (1024, 3, 16, 2, 2))
+    gu = {L["wgu"].data_ptr() for L in eng.runner.layers}            # a few tiles: one wave of qkv's configuration
+    three = (512, 4, 16, 3, 2)
+    assert staged and all(m <= 8 and tuple(cfg) == (three if w in qkv | gu else (1024, 3, 16, 2, 2))
                           and ef is True for m, w, _, _, *cfg, ef in staged), staged   # evict-first weight copies
-    assert {w for _, w, *_ in staged} >= qkv, "every layer's qkv GEMM on its own configuration"
+    assert {w for _, w, *_ in staged} >= qkv | gu, "every layer's qkv and gate/up GEMMs on their configuration"
+    launches.clear()
+    eng.runner.num_sms = 1                                          # gate/up's tiles now exceed one wave of 3
+    _rollout(eng, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=1)
+    big = [d for k, d in launches if k == "skinny_staged"]
+    assert big and all(tuple(cfg) == (three if w in qkv else (1024, 3, 16, 2, 2)) for _, w, _, _, *cfg, _ in big)
     n_layers = TINY.num_hidden_layers
     swiglu = [m for m, _, dt, sw, *_ in staged if sw]
     head = [m for m, _, dt, sw, *_ in staged if dt == torch.float32]
@@ -241,8 +248,8 @@ def test_swiglu_epilogue_switch(opt_engine, launches):
 
 
 def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
-    """``staged``: the decode GEMMs of the roles it names -- and only those, only at <= 8 rows -- go to
-    ``skinny_staged`` with the role's (stages, CTAs per SM, early stages): gate/up with the SwiGLU
+    """``staged`` (``staged_one_wave`` off): the decode GEMMs of the roles it names -- and only those, only at
+    <= 8 rows -- go to ``skinny_staged`` with the role's (stages, CTAs per SM, early stages): gate/up with the SwiGLU
     epilogue (or, with ``fuse_swiglu`` off, unfused then ``silu_mul``), the LM head with fp32 out; the
     rollout is the one of the engine without it (the stand-ins compute the same product); weights below
     ``staged_min_elems`` take the register kernels' rules; batch-invariant mode ignores it."""
@@ -258,6 +265,7 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
             eng = opt_engine()
             eng.runner.fuse_swiglu = fuse
             eng.runner.staged = {r: roles[r] for r in picked}
+            eng.runner.staged_one_wave = {}                    # (the one-wave rule: the test above)
             eng.runner.staged_evict_first = fuse               # the L2 policy flag passes through either way
             assert _rollout(eng, PROMPTS[:3], sps, turns=2) == base, (picked, fuse)
             staged = [d for k, d in launches if k == "skinny_staged"]

@@ -17,7 +17,9 @@
 #   final:  (qkv on the 3-CTA configuration) check_kernels.py (CHECKS: staged at 1-3 CTAs a multiprocessor too),
 #           the engine smoke test, conformance at CI scale beside the GPU-scale qwen3-8b clauses, the engine bench
 #   more:   o_proj or down at 3 CTAs a multiprocessor too (o3, d3), qkv back at 2 (qkv2), qwen3-0.6b's gate/up at 3
-#           with qkv (qkv3-gu3), against the default; then the engine decode bench again (another machine)
+#           with qkv (qkv3-gu3), against the default; then the engine decode bench again
+#   wave:   (gate/up on qkv's configuration where its tiles fit one wave of it) the rule off (gu-wave0) and qkv's
+#           early stages 1, 3, 4 (of 4) against the default; the engine smoke test; the engine decode bench
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -97,6 +99,18 @@ if [ "$mode" = more ]; then
   timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
     --rounds 3 --variants default qkv2 qkv3-gu3 o3 d3 > "$OUT/profile_more_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_more_06b.log"
+  run_benches 200 "engine_decode"
+  pack_bench
+fi
+if [ "$mode" = wave ]; then
+  # the one-wave rule for gate/up (qwen3-0.6b) and qkv's early stages, then the smoke test and the engine bench
+  timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
+    --rounds 3 --variants default gu-wave0 qkv-p1 qkv-p3 qkv-p4 > "$OUT/profile_wave_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_wave_06b.log"
+  timeout 120 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --rounds 3 --variants default qkv-p1 qkv-p3 qkv-p4 > "$OUT/profile_wave_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_wave_8b.log"
+  smoke 80
   run_benches 200 "engine_decode"
   pack_bench
 fi

@@ -24,7 +24,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``HANDOFF_VARIANTS`` (``handoff0``: a decode graph's ids uploaded and copied, two read-back copies), the
   ``COPY_VARIANTS`` (``copies-inline``: one slot per graph key, its copies on the compute stream), the
   ``EMBED_VARIANTS`` (``embed-apart``: the embedding and the first norm as two launches), the
-  ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch) and the
+  ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch), the ``WAVE_VARIANTS``
+  (``gu-wave0``: gate/up never on qkv's one-wave configuration) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -155,6 +156,10 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "o3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv", "o_proj"), pre=2)},
     "d3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv", "down"), pre=2)},
     "qkv2": _st(_K1, o_pre=2, pre=2),
+    # qkv's early stages (of 4)
+    "qkv-p1": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=1)},
+    "qkv-p3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=3)},
+    "qkv-p4": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=4)},
 }
 #: variants on top of "default" with the staged kernel's weight copies at another L2 priority (the runner's
 #: ``staged_evict_first``; every other variant: the engine's default) or another count of early stages:
@@ -180,11 +185,14 @@ HANDOFF_VARIANTS: dict[str, bool] = {"handoff0": False}
 COPY_VARIANTS: dict[str, bool] = {"copies-inline": False}
 #: variants on top of "default" with the embedding and the first RMSNorm as two launches (``fuse_embed_norm`` off)
 EMBED_VARIANTS: dict[str, bool] = {"embed-apart": False}
+#: variants on top of "default" without the runner's one-wave rule (``staged_one_wave``: gate/up on qkv's
+#: configuration where its tiles fit one wave of it)
+WAVE_VARIANTS: dict[str, dict] = {"gu-wave0": {}}
 #: variants on top of "default" with qk_norm_rope in the attention launch at any batch (``fuse_qk_max_rows``)
 QK_ROWS_VARIANTS: dict[str, int] = {"qk-all": 1 << 30}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
-                 CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS)
+                 CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -316,6 +324,7 @@ def main() -> int:
         default_staged = (dict(eng.runner.staged), eng.runner.staged_min_elems)
         default_ef = eng.runner.staged_evict_first
         default_qk_rows = eng.runner.fuse_qk_max_rows
+        default_wave = dict(eng.runner.staged_one_wave)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -328,7 +337,7 @@ def main() -> int:
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
-                    default_qk_rows=default_qk_rows) -> None:
+                    default_qk_rows=default_qk_rows, default_wave=default_wave) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -338,6 +347,7 @@ def main() -> int:
                 eng.runner.decode_copy_stream = COPY_VARIANTS.get(variant, True)  # read at capture
                 eng.runner.fuse_embed_norm = EMBED_VARIANTS.get(variant, True)
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
+                eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
                 eng.runner.staged_evict_first = ef
                 if ef_staged is not None:
@@ -410,6 +420,7 @@ def main() -> int:
             eng.runner.staged_evict_first = default_ef
             eng.runner.decode_copy_stream = eng.runner.fuse_embed_norm = eng.runner.decode_handoff = True
             eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
+            eng.runner.staged_one_wave = dict(default_wave)
             ops.DECODE_CLUSTER = True
             if batch in args.profile_batches:
                 rows, total = kernel_table(eng, prompts)
