@@ -3,10 +3,11 @@
 torch holds the memory and runs the GEMMs (``torch.matmul``, cuBLAS); every other device
 computation is one of our CUDA kernels (``optimized/kernels/*.cu``) launched through CuPy on
 torch's current stream (``optimized/ops.py``). Decode steps are captured in CUDA graphs, one
-per batch-size bucket; prefill runs eagerly. Per-step metadata (ids, positions, slots, block
-tables, lengths, sampling parameters) is built with numpy by the scheduler and uploaded with
-one host-to-device copy. A decode step that can be foretold is launched one step ahead, its input
-ids copied on the device from the step before (``optimized/lookahead.py``; ``execute``).
+per batch-size bucket (two, used in turn: ``_launch_decode``); prefill runs eagerly. Per-step metadata
+(ids, positions, slots, block tables, lengths, sampling parameters) is built with numpy by the scheduler
+and uploaded with one host-to-device copy, on a copy stream of its own. A decode step that can be foretold
+is launched one step ahead, its input ids read on the device where the step before sampled them
+(``optimized/lookahead.py``; ``execute``).
 
 Batch-invariant mode (``batch_invariant=True``, twin: the reference runner's) changes two things:
 every GEMM runs through ``ops.gemm`` (``gemm.cu``: one fixed k-step order per output element,
