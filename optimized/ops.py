@@ -1059,7 +1059,8 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
 
 #: (chunk columns KC, stages S, producer lanes PL) the staged skinny kernels are built for
 #: (``skinny_staged_k{KC}s{S}p{PL}_*`` in skinny_gemm.cu)
-SKINNY_STAGED_CONFIGS = ((512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 16), (2048, 3, 16))
+SKINNY_STAGED_CONFIGS = ((512, 2, 16), (512, 3, 16), (512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 16),
+                         (2048, 3, 16))
 _SKINNY_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp
 
 

@@ -350,3 +350,17 @@ def test_copies_take_their_cache_operator_per_kernel():
         body = body[:body.index("\n}\n")]
         assert "if constexpr (TK_CP_L1(L1))" in body and "cp.async.ca." in body and "cp.async.cg." in body
         assert body.index("cp.async.ca.") < body.index("else") < body.index("cp.async.cg."), fn
+
+
+def test_every_plain_kernel_definition_is_inventoried():
+    """Each ``extern "C" __global__`` kernel a source defines by name (not through a macro) is listed in
+    ``kernels.SOURCES`` under that source (``load_all`` and the launch checks go by the inventory)."""
+    pattern = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(')
+    found = 0
+    for name, listed in kernels.SOURCES.items():
+        text = (kernels.KERNEL_DIR / f"{name}.cu").read_text()
+        text = re.sub(r"#define(?:[^\n]*\\\n)*[^\n]*", "", text)            # macro bodies name no kernel
+        for kernel in pattern.findall(text):
+            found += 1
+            assert kernel in listed, f"{name}.cu defines {kernel}, which kernels.SOURCES[{name!r}] does not list"
+    assert found >= 10, "the pattern matched almost nothing: it no longer fits the sources"

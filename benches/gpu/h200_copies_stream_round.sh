@@ -20,6 +20,8 @@
 #           with qkv (qkv3-gu3), against the default; then the engine decode bench again
 #   wave:   (gate/up on qkv's configuration where its tiles fit one wave of it) the rule off (gu-wave0) and qkv's
 #           early stages 1, 3, 4 (of 4) against the default; the engine smoke test; the engine decode bench
+#   stages: qkv at 3 CTAs a multiprocessor with 3 or 2 stages (qkv-s3, qkv-s2) against the default; if one is
+#           faster at all four points, STAGED_QKV takes it (on the device copy) and the smoke test and bench run
 source benches/gpu/_env.sh
 mode=${1:-ab}
 shift
@@ -113,4 +115,44 @@ if [ "$mode" = wave ]; then
   smoke 80
   run_benches 200 "engine_decode"
   pack_bench
+fi
+if [ "$mode" = stages ]; then
+  # qkv at 3 CTAs a SM with 3 or 2 stages (room for the attention's CTAs during the GEMM); if one is faster than
+  # the default at all four points (qwen3-8b and qwen3-0.6b, batch 1 and 8), STAGED_QKV takes it on this copy of
+  # the tree and the smoke test and the engine decode bench run on it
+  checks 120 check_kernels_stages.log staged
+  timeout 120 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 1 8 --profile-batches \
+    --timeline-batches 1 --rounds 3 --variants default qkv-s3 qkv-s2 > "$OUT/profile_stages_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_stages_8b.log"
+  grep -E "graph timeline|\[qkv\]|split_kv_qk" "$OUT/profile_stages_8b.log" | cut -c1-120
+  timeout 80 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 --profile-batches \
+    --rounds 3 --variants default qkv-s3 qkv-s2 > "$OUT/profile_stages_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_stages_06b.log"
+  pick=$(python3 - "$OUT/profile_stages_8b.log" "$OUT/profile_stages_06b.log" <<'PY'
+import re, sys
+t = {}
+for f in sys.argv[1:]:
+    for line in open(f):
+        m = re.match(r"\s+(\d+)\s+(\S+)\s+([\d.]+)\s", line)
+        if m:
+            t[(f, m[1], m[2])] = float(m[3])
+best = None
+for v in ("qkv-s3", "qkv-s2"):
+    keys = [k for k in t if k[2] == "default"]
+    if len(keys) == 4 and all(t.get((f, b, v), 1e9) < t[(f, b, "default")] for f, b, _ in keys):
+        gain = sum(t[(f, b, "default")] - t[(f, b, v)] for f, b, _ in keys)
+        if gain > 0.02 and (best is None or gain > best[1]):   # more than 20 us over the four points
+            best = (v, gain)
+print(best[0][-1] if best else "")
+PY
+)
+  if [ -n "$pick" ]; then
+    sed -i "s/^STAGED_QKV = (512, 4, 16, 3, 2)/STAGED_QKV = (512, $pick, 16, 3, 2)/" optimized/runner.py
+    echo "STAGED_QKV now: $(grep '^STAGED_QKV' optimized/runner.py)"
+    smoke 80
+    run_benches 200 "engine_decode"
+    pack_bench
+  else
+    echo "no variant faster at all four points: STAGED_QKV kept"
+  fi
 fi

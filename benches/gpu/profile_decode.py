@@ -160,6 +160,10 @@ STAGED: dict[str, dict[str, tuple[int, int, int, int, int]]] = {
     "qkv-p1": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=1)},
     "qkv-p3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=3)},
     "qkv-p4": {**_st(_K1, o_pre=2, pre=2), **_st((512, 4, 16, 3), ("qkv",), pre=4)},
+    # qkv at 3 a SM with fewer stages (52.2 / 34.8 KB a CTA), leaving shared memory for the attention's CTAs,
+    # which PDL schedules while the qkv GEMM runs
+    "qkv-s3": {**_st(_K1, o_pre=2, pre=2), **_st((512, 3, 16, 3), ("qkv",), pre=2)},
+    "qkv-s2": {**_st(_K1, o_pre=2, pre=2), **_st((512, 2, 16, 3), ("qkv",), pre=2)},
 }
 #: variants on top of "default" with the staged kernel's weight copies at another L2 priority (the runner's
 #: ``staged_evict_first``; every other variant: the engine's default) or another count of early stages:

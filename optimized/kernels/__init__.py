@@ -42,11 +42,12 @@ SOURCES: dict[str, tuple[str, ...]] = {
                   for out in ("bf16", "f32")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
                          for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}"))
-    + tuple(f"skinny_staged_k{kc}s{s}p{pl}_{kind}" for kc, s, pl in ((512, 4, 16), (1024, 3, 16), (1024, 4, 16),
-                                                                     (2048, 2, 16), (2048, 3, 16))
+    + tuple(f"skinny_staged_k{kc}s{s}p{pl}_{kind}" for kc, s, pl in ((512, 2, 16), (512, 3, 16), (512, 4, 16),
+                                                                     (1024, 3, 16), (1024, 4, 16), (2048, 2, 16),
+                                                                     (2048, 3, 16))
             for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
-    "rmsnorm": ("rmsnorm", "add_rmsnorm"),
+    "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),
     "rope": ("qk_norm_rope",),
     "activation": ("silu_mul",),
     "embedding": ("embedding",),

@@ -540,6 +540,8 @@ TK_SKINNY_W(2, 16, 16)
   TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
   TK_STAGED_K(KCV, SV, PLV, f32, true, kPlain)         \
   TK_STAGED_K(KCV, SV, PLV, swiglu, false, kSwiGLU)
+TK_STAGED(512, 2, 16)
+TK_STAGED(512, 3, 16)
 TK_STAGED(512, 4, 16)
 TK_STAGED(1024, 3, 16)
 TK_STAGED(1024, 4, 16)
