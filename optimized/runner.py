@@ -125,7 +125,8 @@ STAGED_DEFAULT = (1024, 3, 16, 2, 2)
 #: qwen3-8b's qkv weight is 384 tiles of 16 rows, about 1.45 waves of the default's 264 CTAs, and one wave of
 #: 396: in one process on the H200 the 8B batch-1 step went from 4.213 to 4.178 ms (batch 8: 4.631 -> 4.552),
 #: qwen3-0.6b's from 0.816 to 0.799 (0.977 -> 0.962); the chunks alone at 2 a multiprocessor were slower (4.251),
-#: and the same for the gate/up GEMM slower at qwen3-8b (4.239) -- docs/performance.md, "The qkv GEMM in one wave"
+#: and the same for the gate/up GEMM slower at qwen3-8b (4.239) -- docs/performance.md, "The decode step's fixed
+#: costs and the qkv GEMM's waves"
 STAGED_QKV = (512, 4, 16, 3, 2)
 
 
@@ -201,8 +202,8 @@ class CudaRunner:
         #: decode GEMMs (default mode, at most ``min(8, skinny_max_m)`` rows) that take the staged skinny kernel
         #: (``ops.skinny_staged``), by role -- "qkv", "o_proj", "gate_up", "down", "lm_head" -> (chunk columns,
         #: stages, producer lanes, CTAs per multiprocessor, stages fetched before the PDL wait); a role not
-        #: named takes the rules above. Every role: 1024-column chunks, 3 stages, 2 CTAs a multiprocessor, two
-        #: stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602 to
+        #: named takes the rules above. Every role but qkv (``STAGED_QKV``): 1024-column chunks, 3 stages, 2 CTAs
+        #: a multiprocessor, two stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602 to
         #: 4.456 ms with all three stages early (batch 8: 5.012 -> 4.891), and from 4.460 to 4.404 ms with two
         #: (batch 8: 4.899 -> 4.845); qwen3-0.6b from 1.071 to 0.900 ms (batch 8: 1.195 -> 1.075) --
         #: docs/performance.md, "The staged skinny GEMM"
