@@ -45,6 +45,15 @@ conformance_gpu() {
   echo "conformance gpu ($2) rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$3" | head -8; tail -1 "$OUT/$3"
 }
 
+# conformance_both GPU_SECONDS GPU_LOG CI_SECONDS: the GPU-scale qwen3-8b clauses (into $OUT/GPU_LOG) beside the
+# suite at CI scale, then both summaries
+conformance_both() {
+  conformance_gpu "$1" qwen3-8b "$2" > "$OUT/c8.summary" &
+  conformance_ci "$3"
+  wait
+  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+}
+
 # checks SECONDS LOG SECTIONS...: check_kernels.py on some sections (all of them without SECTIONS), its
 # failures and its summary; all_checks SECONDS LOG: on every section
 checks() {

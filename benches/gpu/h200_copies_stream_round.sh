@@ -63,10 +63,7 @@ print("  clock-event reasons (busy samples):", dict(collections.Counter(r[6] for
 PY
   checks 200 check_kernels_final.log ${CHECKS:-elementwise qk fused graph}
   smoke 80
-  conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
-  conformance_ci 250
-  wait
-  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  conformance_both 200 conformance_gpu_qwen3-8b_final.log 250
 fi
 if [ "$mode" = bench ]; then
   run_benches 300 "engine_decode"
@@ -85,10 +82,7 @@ fi
 if [ "$mode" = final ]; then
   checks 200 check_kernels_final_staged.log ${CHECKS:-staged elementwise graph}
   smoke 80
-  conformance_gpu 150 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
-  conformance_ci 200
-  wait
-  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  conformance_both 150 conformance_gpu_qwen3-8b_final.log 200
   run_benches 200 "engine_decode"
   pack_bench
 fi

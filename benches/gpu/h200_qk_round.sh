@@ -34,10 +34,7 @@ fi
 if [ "$mode" = final ]; then
   checks 200 check_kernels_final.log ${CHECKS:-qk fused graph}
   smoke 100
-  conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_final.log > "$OUT/c8.summary" &
-  conformance_ci 250
-  wait
-  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  conformance_both 200 conformance_gpu_qwen3-8b_final.log 250
 fi
 if [ "$mode" = bench ]; then
   run_benches 260 "engine_decode"
@@ -51,10 +48,7 @@ if [ "$mode" = handoff ]; then
     --variants default handoff0 > "$OUT/profile_handoff_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+[18] +" "$OUT/profile_handoff_06b.log"
   smoke 80
-  conformance_gpu 200 qwen3-8b conformance_gpu_qwen3-8b_handoff.log > "$OUT/c8.summary" &
-  conformance_ci 250
-  wait
-  cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+  conformance_both 200 conformance_gpu_qwen3-8b_handoff.log 250
   run_benches 200 "engine_decode"
   pack_bench
 fi
