@@ -35,7 +35,7 @@ __all__ = [
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
-    "skinny_staged", "SKINNY_STAGED_CONFIGS",
+    "skinny_staged", "SKINNY_STAGED_CONFIGS", "SKINNY_STAGED_WIDE", "SKINNY_STAGED_MAX_M",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -1061,39 +1061,69 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
 #: (``skinny_staged_k{KC}s{S}p{PL}_*`` in skinny_gemm.cu)
 SKINNY_STAGED_CONFIGS = ((512, 2, 16), (512, 3, 16), (512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 16),
                          (2048, 3, 16))
+#: the wider staged kernels (``skinny_staged_k{KC}s{S}p{PL}t{TP}_m{16,32}_*``): rows (16 or 32) -> the
+#: (chunk columns KC, stages S, producer lanes PL, 16-row tiles a stage TP) built for that many rows
+SKINNY_STAGED_WIDE = {16: ((1024, 3, 16, 1), (512, 4, 16, 1), (512, 3, 16, 1)),
+                      32: ((512, 4, 16, 1), (512, 3, 16, 1), (512, 2, 16, 2), (512, 3, 16, 2))}
+#: the most rows a staged launch takes
+SKINNY_STAGED_MAX_M = 32
 _SKINNY_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp
 
 
-def skinny_staged_smem(kc: int, stages: int) -> int:
-    """Dynamic shared memory of a staged launch: ``stages`` x 16 rows of ``kc`` bf16, rows 64 bytes apart
-    past ``2 kc`` (``st_rs`` in skinny_gemm.cu)."""
-    return stages * 16 * (kc * 2 + 64)
+def skinny_staged_smem(kc: int, stages: int, tp: int = 1) -> int:
+    """Dynamic shared memory of a staged launch: ``stages`` x 16 ``tp`` rows of ``kc`` bf16, rows 64 bytes
+    apart past ``2 kc`` (``st_rs`` in skinny_gemm.cu)."""
+    return stages * 16 * tp * (kc * 2 + 64)
+
+
+def skinny_staged_static_smem(rows: int, tp: int = 1) -> int:
+    """Static shared memory of a staged kernel for ``rows`` (8, 16 or 32) and ``tp``: the per-warp partials
+    of one or two units (``st_red_bufs``: two when ``tp * rows / 8 <= 2``), the barriers and the stage table
+    (at most 4 stages' worth; what ptxas reports, within 64 bytes)."""
+    frags = tp * (rows // 8)
+    return (2 if frags <= 2 else 1) * 4 * frags * 4 * 32 * 4 + 128
+
+
+def skinny_staged_rows(M: int) -> int:
+    """The row width (8, 16 or 32) of the staged kernel a launch of ``M`` rows takes."""
+    return 8 if M <= 8 else (16 if M <= 16 else 32)
 
 
 def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
-    """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per 16-row tile."""
+    """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per unit (``tiles``: the
+    launch's units, 16-row tiles for ``tp = 1``)."""
     return max(1, min(tiles, sms * ctas_per_sm))
 
 
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                   out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 1024, stages: int = 3, lanes: int = 16,
-                  ctas_per_sm: int = 2, pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
+                  ctas_per_sm: int = 2, pre: int | None = None, evict_first: bool = True, tp: int = 1) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
     stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
     ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
     multiprocessor that take the 16-row tiles from a counter (``skinny_gemm.cu``, "The staged
     kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS`` (the defaults: the configuration the
-    engine runs, ``runner.STAGED_DEFAULT``). ``M <= 8``. ``pre``: stages each CTA may fetch before the
+    engine runs, ``runner.STAGED_DEFAULT``) for ``M <= 8``; for ``8 < M <= 32``, ``(kc, stages, lanes, tp)`` one
+    of ``SKINNY_STAGED_WIDE[16]`` (``M <= 16``) or ``[32]``, where ``tp`` (1 or 2) is the 16-row tiles a stage holds
+    and the counter hands out (``tp = 1`` for ``M <= 8``). ``pre``: stages each CTA may fetch before the
     programmatic-dependent-launch wait (default ``stages``; 0: none; the engine fetches 2). ``evict_first``:
     the weight copies bring their lines into L2 at evict-first priority (else with no hint), so that a
     step's weight stream does not push the activations and the KV cache out of L2.
-    The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order), whatever
-    the configuration and the grid. Launches that share a device must be ordered (one stream): the
+    The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order; ``M <= 16``),
+    whatever the configuration, ``tp`` and the grid, and a row's bits do not depend on the other rows (any
+    ``M <= 32``). Launches that share a device must be ordered (one stream): the
     tile counters are the per-device ticket array's first two entries, left zero by every launch."""
     M, N, K = _linear_shape(x, w)
-    _need(M <= 8, f"skinny_staged takes at most 8 rows, got {M}")
-    _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,
-          f"(kc, stages, lanes) = {(kc, stages, lanes)} is not built; built: {SKINNY_STAGED_CONFIGS}")
+    _need(M <= SKINNY_STAGED_MAX_M, f"skinny_staged takes at most {SKINNY_STAGED_MAX_M} rows, got {M}")
+    rows = skinny_staged_rows(M)
+    if rows == 8:
+        _need(tp == 1, f"tp must be 1 for M <= 8, got {tp!r}")
+        _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,
+              f"(kc, stages, lanes) = {(kc, stages, lanes)} is not built; built: {SKINNY_STAGED_CONFIGS}")
+    else:
+        built = SKINNY_STAGED_WIDE[rows]
+        _need((kc, stages, lanes, tp) in built,
+              f"(kc, stages, lanes, tp) = {(kc, stages, lanes, tp)} is not built for {M} rows; built: {built}")
     _need(isinstance(ctas_per_sm, int) and ctas_per_sm >= 1, f"ctas_per_sm must be a positive int, got {ctas_per_sm!r}")
     pre = stages if pre is None else pre
     _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
@@ -1110,12 +1140,13 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     if M == 0:
         return out
     dev = _device_index(x)
-    grid = skinny_staged_grid(tiles, ctas_per_sm, _num_sms(dev))
+    grid = skinny_staged_grid(-(-tiles // tp), ctas_per_sm, _num_sms(dev))  # at most one CTA a unit of tp tiles
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
-    _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}_{kind}", (grid, 1, 1),
+    wide = "" if rows == 8 else f"t{tp}_m{rows}"
+    _launch(x, "skinny_gemm", f"skinny_staged_k{kc}s{stages}p{lanes}{wide}_{kind}", (grid, 1, 1),
             (_SKINNY_STAGED_THREADS, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first))),
-            skinny_staged_smem(kc, stages))
+            skinny_staged_smem(kc, stages, tp))
     return out
 
 

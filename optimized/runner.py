@@ -216,6 +216,10 @@ class CudaRunner:
         self.staged_one_wave: dict[str, tuple[int, int, int, int, int]] = {"gate_up": STAGED_QKV}
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
             else 132
+        #: decode GEMMs of 9-16 and 17-32 rows (default mode) on the wide staged kernels, by row width (16, 32)
+        #: and role -> (chunk columns, stages, producer lanes, CTAs per multiprocessor, stages fetched before the
+        #: PDL wait, 16-row tiles a stage): one of ``ops.SKINNY_STAGED_WIDE[width]``; a role not named takes cuBLAS
+        self.staged_wide: dict[int, dict[str, tuple[int, int, int, int, int, int]]] = {}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
@@ -351,15 +355,18 @@ class CudaRunner:
             return ops.skinny_gemm(x, w, prefetch=prefetch)
         return torch.matmul(x, w.t())
 
-    def _staged_kw(self, st: tuple[int, int, int, int, int]) -> dict[str, int | bool]:
+    def _staged_kw(self, st: tuple[int, ...]) -> dict[str, int | bool]:
         return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4],
-                    evict_first=self.staged_evict_first)
+                    tp=st[5] if len(st) > 5 else 1, evict_first=self.staged_evict_first)
 
-    def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int, int, int, int] | None:
-        """The staged kernel's configuration (``staged``) for this GEMM, or None."""
-        if self.invariant or role not in self.staged or w.shape[1] % 8 or w.numel() < self.staged_min_elems:
+    def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
+        """The staged kernel's configuration (``staged``; ``staged_wide`` for 9-32 rows) for this GEMM, or None."""
+        if self.invariant or w.shape[1] % 8 or w.numel() < self.staged_min_elems:
             return None
-        if x.shape[0] > min(8, self.skinny_max_m):
+        rows = x.shape[0]
+        if 8 < rows <= ops.SKINNY_STAGED_MAX_M:
+            return self.staged_wide.get(ops.skinny_staged_rows(rows), {}).get(role)
+        if role not in self.staged or rows > min(8, self.skinny_max_m):
             return None
         wave = self.staged_one_wave.get(role)
         if wave is not None and -(-w.shape[0] // 16) <= wave[3] * self.num_sms:   # its tiles fit one wave of it

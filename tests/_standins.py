@@ -14,6 +14,7 @@ import reference
 from reference import attention
 from reference.model import apply_rope, linear, rms_norm
 from reference.sampling import sample_one
+from optimized import ops as real_ops
 
 from _helpers import TINY, tiny_weights
 
@@ -113,9 +114,11 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         return silu_mul(linear(x, w))
 
     def skinny_staged(x, w, *, out_dtype=torch.bfloat16, swiglu=False, kc=2048, stages=2, lanes=16, ctas_per_sm=1,
-                      pre=None, evict_first=True):
-        log.append(("skinny_staged", (x.shape[0], w.data_ptr(), out_dtype, swiglu, kc, stages, lanes, ctas_per_sm, pre,
-                                      evict_first)))
+                      pre=None, evict_first=True, tp=1):
+        assert x.shape[0] <= 32 and (tp == 1 or x.shape[0] > 8), "the staged kernels' row widths"
+        # (the log's configuration: with tp only for the wide kernels, so that the 8-row records keep their shape)
+        cfg = (kc, stages, lanes, ctas_per_sm, pre) + ((tp,) if x.shape[0] > 8 else ())
+        log.append(("skinny_staged", (x.shape[0], w.data_ptr(), out_dtype, swiglu, *cfg, evict_first)))
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
@@ -141,7 +144,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,
-                                 SKINNY_MAX_M=16,
+                                 SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
+                                 skinny_staged_rows=real_ops.skinny_staged_rows,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))
 
 

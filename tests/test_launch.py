@@ -159,9 +159,10 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(launch_log)
 
 def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, producer lanes,
-    output kind), a persistent grid of CTAs-per-SM x SMs capped at the 16-row tiles, 160 threads, the
-    stages' dynamic shared memory, the kernel's N (I with SwiGLU) and the early-stage count; every built
-    configuration has its kernels; bad input is a ValueError that launches nothing."""
+    output kind; for 9-32 rows tiles a stage and row width), a persistent grid of CTAs-per-SM x SMs capped at
+    the units, 160 threads, the stages' dynamic shared memory, the kernel's N (I with SwiGLU) and the
+    early-stage count; every built configuration has its kernels; bad input is a ValueError that launches
+    nothing."""
     import torch
 
     from optimized import kernels, ops
@@ -192,12 +193,32 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     out = ops.skinny_staged(x[:1], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, kc=1024, stages=3,
                             ctas_per_sm=2)
     assert out.dtype == torch.float32 and log[-1][1] == "skinny_staged_k1024s3p16_f32" and log[-1][2] == (7, 1, 1)
+    # 9-16 rows and 17-32 rows: the wide kernels, named by (kc, stages, lanes, tp) and the row width; with tp = 2
+    # the grid is capped at the units of two tiles
+    x16, x32 = torch.randn(16, 4096).to(bf), torch.randn(17, 4096).to(bf)
+    ops.skinny_staged(x16, torch.randn(6144, 4096).to(bf))
+    assert log[-1][1:3] == ("skinny_staged_k1024s3p16t1_m16_bf16", (264, 1, 1)) and int(log[-1][4][4]) == 16
+    out = ops.skinny_staged(x32, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=3, tp=2)
+    mod, name, grid, block, args, smem = log[-1]
+    assert out.shape == (17, 2400) and name == "skinny_staged_k512s3p16t2_m32_swiglu" and grid == (150, 1, 1)
+    assert smem == 3 * 32 * (2 * 512 + 64) == ops.skinny_staged_smem(512, 3, 2) and int(args[4]) == 17
+    ops.skinny_staged(x32[:9], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, kc=512, stages=4)
+    assert log[-1][1:3] == ("skinny_staged_k512s4p16t1_m16_f32", (7, 1, 1))
     names = set(kernels.SOURCES["skinny_gemm"])
     for kc, S, pl in ops.SKINNY_STAGED_CONFIGS:
         assert {f"skinny_staged_k{kc}s{S}p{pl}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
-    assert sum(n.startswith("skinny_staged") for n in names) == 3 * len(ops.SKINNY_STAGED_CONFIGS)
+    for rows, built in ops.SKINNY_STAGED_WIDE.items():
+        for kc, S, pl, tp in built:
+            assert {f"skinny_staged_k{kc}s{S}p{pl}t{tp}_m{rows}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+    wide = sum(len(b) for b in ops.SKINNY_STAGED_WIDE.values())
+    assert sum(n.startswith("skinny_staged") for n in names) == 3 * (len(ops.SKINNY_STAGED_CONFIGS) + wide)
+    assert [ops.skinny_staged_rows(m) for m in (1, 8, 9, 16, 17, 32)] == [8, 8, 16, 16, 32, 32]
     n = len(log)
-    for kw, bx, bw in ((dict(), torch.randn(9, 64).to(bf), torch.randn(32, 64).to(bf)),       # more than 8 rows
+    for kw, bx, bw in ((dict(), torch.randn(33, 64).to(bf), torch.randn(32, 64).to(bf)),      # more than 32 rows
+                       (dict(tp=2), x, torch.randn(32, 4096).to(bf)),                          # tp = 2 needs > 8 rows
+                       (dict(tp=3, kc=512, stages=3), x32, torch.randn(32, 4096).to(bf)),      # no such tp
+                       (dict(kc=2048, stages=2), x16, torch.randn(32, 4096).to(bf)),           # not built for 16
+                       (dict(kc=1024, stages=3, tp=1), x32, torch.randn(32, 4096).to(bf)),     # not built for 32
                        (dict(stages=5), x, torch.randn(32, 4096).to(bf)),                      # no such kernel
                        (dict(kc=256), x, torch.randn(32, 4096).to(bf)),
                        (dict(lanes=1), x, torch.randn(32, 4096).to(bf)),

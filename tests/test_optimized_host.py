@@ -298,6 +298,57 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     assert "skinny_staged" not in {k for k, _ in launches}
 
 
+def test_staged_wide_routes_decode_gemms_of_9_to_32_rows(opt_engine, launches):
+    """``staged_wide``: the GEMMs of 9-16 and 17-32 rows (decode steps of that batch, short prefills) go to
+    ``skinny_staged`` with the configuration of their row width and role, tiles a stage included; GEMMs of 8 rows
+    or fewer keep ``staged``, those of more than 32 rows and roles not named go to cuBLAS; the rollout is the one
+    of the engine without it (the stand-ins compute the same product); batch-invariant mode ignores it."""
+    prompts = [[(5 * i + j) % 512 for j in range(2 + i % 5)] for i in range(20)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 20
+    want = {}
+    for n in (12, 20):                                # (a fresh engine each: the observations follow the ids)
+        plain = opt_engine()
+        plain.runner.staged = {}
+        want[n] = _rollout(plain, prompts[:n], sps[:n], turns=2)
+    wide = {16: {"qkv": (1024, 3, 16, 2, 2, 1), "gate_up": (512, 3, 16, 3, 1, 1), "lm_head": (512, 4, 16, 2, 0, 1)},
+            32: {"qkv": (512, 2, 16, 2, 2, 2), "o_proj": (512, 3, 16, 3, 2, 1), "down": (512, 3, 16, 1, 3, 2)}}
+    for n in (12, 20):
+        launches.clear()
+        eng = opt_engine()
+        eng.runner.staged = {}
+        eng.runner.staged_wide = {w: dict(d) for w, d in wide.items()}
+        assert _rollout(eng, prompts[:n], sps[:n], turns=2) == want[n], n
+        role_of = {eng.runner.lm_head.data_ptr(): "lm_head"}
+        for L in eng.runner.layers:
+            role_of.update({L["wqkv"].data_ptr(): "qkv", L["wo"].data_ptr(): "o_proj",
+                            L["wgu"].data_ptr(): "gate_up", L["wd"].data_ptr(): "down"})
+        staged = [d for k, d in launches if k == "skinny_staged"]
+        assert staged and all(8 < m <= 32 for m, *_ in staged), staged      # ``staged`` is empty: no 8-row ones
+        widths = {16 if m <= 16 else 32 for m, *_ in staged}
+        assert (16 if n == 12 else 32) in widths, (n, widths)   # decode steps of 12 rows: the 16-row kernels
+        for m, ptr, dt, sw, *cfg, _ef in staged:
+            w = 16 if m <= 16 else 32
+            role = role_of[ptr]
+            assert tuple(cfg) == wide[w][role], (m, role, cfg)
+            assert sw == (role == "gate_up") and dt == (torch.float32 if role == "lm_head" else torch.bfloat16)
+        seen = {(16 if m <= 16 else 32, role_of[ptr]) for m, ptr, *_ in staged}
+        assert all(role in wide[w] for w, role in seen), seen       # the roles not named: cuBLAS
+        if n == 20:
+            assert (32, "qkv") in seen and (32, "down") in seen, seen
+    launches.clear()
+    eng = opt_engine()                                # 8 rows or fewer keep ``staged``; beyond 32 rows cuBLAS
+    eng.runner.staged_wide = {w: dict(d) for w, d in wide.items()}
+    long_prompt = [(7 * i) % 512 for i in range(40)]
+    _rollout(eng, prompts[:2] + [long_prompt], sps[:3], turns=2)
+    rows = [d[0] for k, d in launches if k == "skinny_staged"]
+    assert rows and max(rows) <= 8, rows
+    launches.clear()
+    eng = opt_engine(batch_invariant=True)
+    eng.runner.staged_wide = {w: dict(d) for w, d in wide.items()}
+    _rollout(eng, prompts[:12], sps[:12], turns=2)
+    assert "skinny_staged" not in {k for k, _ in launches}
+
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

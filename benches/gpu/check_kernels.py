@@ -983,6 +983,69 @@ def check_skinny_staged(C: Checks, dev, gen) -> None:
         C.run("staged", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
+def check_skinny_staged_wide(C: Checks, dev, gen) -> None:
+    """``ops.skinny_staged`` at 9-32 rows (the wide kernels, ``ops.SKINNY_STAGED_WIDE``): the flash rule vs a
+    float64 product for bf16 and fp32 out, bf16 out == rounded fp32 out, a strided x; every built configuration
+    (chunk, stages, lanes, tiles a stage) at 1-3 CTAs a multiprocessor where it fits, a second launch, no stage
+    before the PDL wait and copies without an L2 hint bitwise equal; the bits of ``skinny_gemm(warps=4)`` up to 16
+    rows, and of the 8-row staged kernel row by row (every row alone, and in blocks of 8) at any M -- a row's sum
+    is the same chain whatever the row width; the SwiGLU epilogue bitwise ``silu_mul`` of the plain kernel's
+    bf16 output (which is ``skinny_swiglu(warps=4)``'s rule) and against a float64 run of the whole step. Shapes
+    with a ragged last chunk, partial last tiles and units, fewer units than CTAs, an odd tile count with two
+    tiles a stage."""
+    shapes = [(16, 6144, 4096), (9, 4096, 12288), (32, 6144, 4096), (17, 24576, 4096), (32, 4096, 12288),
+              (24, 151936, 1024), (13, 40, 40), (32, 24, 8), (31, 100, 1544), (20, 17, 4104), (32, 48, 520)]
+    for M, N, K in shapes:
+        rows = ops.skinny_staged_rows(M)
+        configs = [(kc, S, pl, tp, c) for kc, S, pl, tp in ops.SKINNY_STAGED_WIDE[rows] for c in (1, 2, 3)
+                   if c * (ops.skinny_staged_smem(kc, S, tp) + ops.skinny_staged_static_smem(rows, tp) + 1024)
+                   <= 228 * 1024]
+        kc0, S0, pl0, tp0 = ops.SKINNY_STAGED_WIDE[rows][0]
+        base = dict(kc=kc0, stages=S0, lanes=pl0, tp=tp0)
+
+        def run(M=M, N=N, K=K, configs=configs, base=base):
+            x, w = skinny_inputs(M, N, K, gen, dev)
+            y32, res = linear_accuracy(lambda a, b, **kw: ops.skinny_staged(a, b, **base, **kw), x, w)
+            if M <= 16:
+                res += exact("== skinny_gemm(warps=4)", y32, ops.skinny_gemm(x, w, out_dtype=torch.float32, warps=4))
+            by8 = torch.cat([ops.skinny_staged(x[r:r + 8], w, out_dtype=torch.float32) for r in range(0, M, 8)])
+            res += exact("== the 8-row staged kernel over blocks of 8 rows", y32, by8)
+            alone = torch.cat([ops.skinny_staged(x[r:r + 1], w, out_dtype=torch.float32) for r in (0, M - 1)])
+            res += exact(f"rows 0 and {M - 1} alone == theirs of M={M}", alone, y32[[0, M - 1]])
+            res += exact("second launch", ops.skinny_staged(x, w, out_dtype=torch.float32, **base), y32)
+            res += exact("no stage before the PDL wait, no L2 hint",
+                         ops.skinny_staged(x, w, out_dtype=torch.float32, pre=0, evict_first=False, **base), y32)
+            for kc, S, pl, tp, Cs in configs:
+                kw = dict(out_dtype=torch.float32, kc=kc, stages=S, lanes=pl, tp=tp, ctas_per_sm=Cs)
+                res += exact(f"kc {kc}, {S} stages, {pl} lanes, {tp} tiles a stage, {Cs} CTAs/SM",
+                             ops.skinny_staged(x, w, **kw), y32)
+            return res
+        C.run("staged_wide", f"M={M} N={N} K={K}", run)
+    for M, I, K in ((32, 12288, 4096), (16, 3072, 1024), (21, 24, 40), (9, 1544, 2056), (32, 8, 64)):
+        rows = ops.skinny_staged_rows(M)
+
+        def run_swiglu(M=M, I=I, K=K, rows=rows):
+            x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
+            outs = [ops.skinny_staged(x, w, swiglu=True, kc=kc, stages=S, lanes=pl, tp=tp)
+                    for kc, S, pl, tp in ops.SKINNY_STAGED_WIDE[rows]]
+            kc0, S0, pl0, tp0 = ops.SKINNY_STAGED_WIDE[rows][0]
+            plain = ops.skinny_staged(x, w, kc=kc0, stages=S0, lanes=pl0, tp=tp0)
+            torch.cuda.synchronize()
+            gu = x.double() @ w.double().t()
+            ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+            gbf = torch.matmul(x, w.t())
+            refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
+            fused = outs[0]
+            res = fa_rule("vs float64", fused, ref32, refbf)
+            res += exact("== silu_mul(the plain kernel)", fused, ops.silu_mul(plain))
+            if M <= 16:
+                res += exact("== skinny_swiglu(warps=4)", fused, ops.skinny_swiglu(x, w, warps=4))
+            for (kc, S, _pl, tp), o in zip(ops.SKINNY_STAGED_WIDE[rows][1:], outs[1:]):
+                res += exact(f"kc {kc}, {S} stages, {tp} tiles a stage", o, fused)
+            return res
+        C.run("staged_wide", f"swiglu M={M} I={I} K={K}", run_swiglu)
+
+
 def rope_tables(D: int, max_pos: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
     """The runner's fp32 RoPE tables (theta 1e6): cos, sin ``[max_pos, D/2]`` on ``dev``."""
     cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
@@ -1134,7 +1197,7 @@ SECTIONS = {
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
-    "staged": check_skinny_staged, "qk": check_qk_attention,
+    "staged": check_skinny_staged, "staged_wide": check_skinny_staged_wide, "qk": check_qk_attention,
 }
 
 

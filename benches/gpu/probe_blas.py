@@ -1,6 +1,6 @@
 """Which call of cuBLAS is fastest for a decode step's GEMMs?
 
-    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 ...] [--swiglu] [--no-lt] [--out DIR]
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--swiglu] [--no-lt] [--out DIR]
 
 Diagnostic. For the qwen3-8b decode GEMMs (and the LM head in fp32) at M rows it times, each from a
 CUDA graph of ``--reps`` calls that cycles over copies of the weight that together exceed the L2
@@ -12,9 +12,10 @@ CUDA graph of ``--reps`` calls that cycles over copies of the weight that togeth
 * ``w@xT``: ``torch.matmul(w, x.t())``, the transposed problem (N rows of weights on the M side of the
   library's GEMM; at M = 1 its [N, 1] output read as [1, N] is the same memory);
 * ``skinny``: ``ops.skinny_gemm`` (our decode GEMM, M <= 16);
-* ``k{KC}s{S}p{PL}x{C}``: ``ops.skinny_staged`` with chunks of KC columns, S stages, PL producer lanes
-  and C CTAs a multiprocessor (``--staged KC:S:PL:C ...``; M <= 8), the weights through shared memory by
-  bulk copies.
+* ``k{KC}s{S}p{PL}x{C}`` (``t{TP}``): ``ops.skinny_staged`` with chunks of KC columns, S stages, PL producer
+  lanes, C CTAs a multiprocessor and TP 16-row tiles a stage (``--staged KC:S:PL:C[:TP] ...``), the weights
+  through shared memory by bulk copies; each configuration is timed at the rows it is built for (TP = 1 and
+  ``ops.SKINNY_STAGED_CONFIGS`` up to 8 rows, ``ops.SKINNY_STAGED_WIDE`` at 9-32).
 
 ``--swiglu`` adds the gate/up GEMM with its activation (``gate_up+act``): ``torch.matmul`` then
 ``ops.silu_mul``, ``ops.skinny_swiglu``, and the staged kernel's SwiGLU epilogue.
@@ -70,12 +71,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ms", nargs="*", type=int, default=[1, 8])
-    ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations KC:STAGES:LANES:CTAS_PER_SM")
+    ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations KC:STAGES:LANES:CTAS_PER_SM[:TP]")
     ap.add_argument("--swiglu", action="store_true", help="also gate/up with its activation")
     ap.add_argument("--no-lt", action="store_true", help="leave out the cuBLASLt and transposed calls")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    staged = [tuple(int(v) for v in c.split(":")) for c in args.staged]
+    staged = [tuple(int(v) for v in c.split(":")) + ((1,) if c.count(":") == 3 else ()) for c in args.staged]
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -110,12 +111,18 @@ def main() -> int:
 
             ref = mm(0)
             variants = {"matmul": mm} if args.no_lt or act else {"matmul": mm, "lt": mm, "w@xT": wxt}
-            variants["skinny"] = skinny
-            for kc, S, pl, C in staged if M <= 8 else ():
-                def st(i, x=x, ws=ws, f32=f32, act=act, kc=kc, S=S, pl=pl, C=C):
+            if M <= ops.SKINNY_MAX_M:
+                variants["skinny"] = skinny
+            rows = ops.skinny_staged_rows(M)
+            built = [c + (1,) for c in ops.SKINNY_STAGED_CONFIGS] if rows == 8 else ops.SKINNY_STAGED_WIDE.get(rows, ())
+            for kc, S, pl, C, tp in staged if M <= ops.SKINNY_STAGED_MAX_M else ():
+                if (kc, S, pl, tp) not in built:
+                    continue
+
+                def st(i, x=x, ws=ws, f32=f32, act=act, kc=kc, S=S, pl=pl, C=C, tp=tp):
                     return ops.skinny_staged(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
-                                             swiglu=act, kc=kc, stages=S, lanes=pl, ctas_per_sm=C)
-                variants[f"k{kc}s{S}p{pl}x{C}"] = st
+                                             swiglu=act, kc=kc, stages=S, lanes=pl, ctas_per_sm=C, tp=tp)
+                variants[f"k{kc}s{S}p{pl}x{C}" + (f"t{tp}" if tp > 1 else "")] = st
             line = f"{name:>11} M={M:<3}"
             for v, fn in variants.items():
                 torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else lib0)

@@ -327,19 +327,41 @@ __device__ __forceinline__ void st_mark(int k) {
 #define TK_ST_MARK(k)
 #endif
 
-template <int KC, int S, int PL, bool F32, int EPI>
+// Wider decode steps (M up to 16 or 32): MT n8 tiles of x rows (1, 2 or 4) share every A fragment, and
+// each stage may hold TP (1 or 2) 16-row tiles -- a "unit" of 16 TP rows, the counter's grain -- so that a
+// stage's x, read by every unit, serves 16 TP weight rows. Neither changes a sum: each output element is
+// still the chain of its row's 32-column blocks w, w + 4, .. in warp w, the warps added 0 .. 3, so the
+// bits are those of MT = TP = 1 for every row (and skinny_gemm(warps=4)'s where that takes M).
+// The per-warp partials of a unit: two units' worth when TP MT <= 2, else one, with a second consumer
+// barrier after the fold (static shared memory stays at 16 KB for TP MT = 8).
+template <int TP, int MT>
+__host__ __device__ constexpr int st_red_bufs() { return TP * MT <= 2 ? 2 : 1; }
+
+// The weight row behind row r (0 .. 16 TP - 1) of unit u, or -1 (weight_row of its tile r / 16)
+template <int EPI, int TP>
+__device__ __forceinline__ int unit_row(int u, int r, int N) {
+  if constexpr (TP == 1)
+    return weight_row<EPI>(u, r, N);
+  else
+    return weight_row<EPI>(u * TP + r / 16, r % 16, N);
+}
+
+template <int KC, int S, int PL, bool F32, int EPI, int MT = 1, int TP = 1>
 __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
                                                    int M, int N, int K, int* __restrict__ counters, int pre,
                                                    int evict) {
-  constexpr int kRS = st_rs(KC), kStage = 16 * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
+  constexpr int kRS = st_rs(KC), kStage = 16 * TP * kRS, kBlocks = KC / 32, kNB = kBlocks / kStCW;
+  constexpr int kRed = st_red_bufs<TP, MT>();
   static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64 && (PL == 1 || PL == 16), "staged layout");
-  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 rows x kRS bytes
+  static_assert((MT == 1 || MT == 2 || MT == 4) && (TP == 1 || TP == 2), "staged widths");
+  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 TP rows x kRS bytes
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
-  __shared__ int stage_tile[S];                              // the tile a stage holds a chunk of; -1: no more
-  __shared__ float red[2][kStCW][4][32];                     // per-warp C fragments, two tiles' worth
+  __shared__ int stage_tile[S];                              // the unit a stage holds a chunk of; -1: no more
+  __shared__ float red[kRed][kStCW][TP * MT][4][32];         // per-warp C fragments of kRed units
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
+  const int units = (tiles + TP - 1) / TP;  // unit u: tiles TP u .. TP u + TP - 1
   const int kch = (K + KC - 1) / KC;  // chunks of a tile
   const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   TK_ST_MARK(0);
@@ -357,7 +379,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
     if (lane >= PL) return;
     const u64 policy = l2_evict_first();
     bool waited = false;
-    int t = blockIdx.x;  // the first tile is the CTA's own; later ones come from counters[0]
+    int t = blockIdx.x;  // the first unit is the CTA's own; later ones come from counters[0]
     for (int i = 0, kc = 0;; ++i) {
       const int s = i % S;
       if (i == pre && !waited) {  // stages from `pre` on wait for the kernel before
@@ -366,7 +388,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         waited = true;
       }
       if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
-      if (t >= tiles) {  // no tile left: tell the consumers, count this CTA out
+      if (t >= units) {  // no unit left: tell the consumers, count this CTA out
         if (lane == 0) {
           stage_tile[s] = -1;
           mbar_arrive(bar_full + 8 * s);
@@ -383,14 +405,14 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
       if (lane == 0) {
         int rows = 0;
 #pragma unroll
-        for (int r = 0; r < 16; ++r) rows += weight_row<EPI>(t, r, N) >= 0;
+        for (int r = 0; r < 16 * TP; ++r) rows += unit_row<EPI, TP>(t, r, N) >= 0;
         stage_tile[s] = t;  // published by the arrive below (release), read after the consumers' wait
         mbar_expect_tx(bar_full + 8 * s, bytes * rows);
       }
       if constexpr (PL == 16) __syncwarp(0xffffu);  // the bytes are announced before any copy lands
 #pragma unroll
-      for (int r = lane; r < 16; r += PL) {
-        const int row = weight_row<EPI>(t, r, N);
+      for (int r = lane; r < 16 * TP; r += PL) {
+        const int row = unit_row<EPI, TP>(t, r, N);
         if (row < 0) continue;
         const u32 dst = base + s * kStage + r * kRS;
         if (evict)
@@ -398,7 +420,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
         else
           bulk_copy(dst, w + (long long)row * K + k0, bytes, bar_full + 8 * s);
       }
-      if (++kc == kch) {  // the next tile: the counter hands them out in order after the first wave
+      if (++kc == kch) {  // the next unit: the counter hands them out in order after the first wave
         kc = 0;
         if (!waited) {
           pdl_wait();
@@ -418,20 +440,30 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   pdl_launch_dependents();
   TK_ST_MARK(1);
   const int g = lane >> 2, t4 = lane & 3;
-  const bool xr = g < M;
-  const int xm = xr ? g : 0;
+  bool xr[MT];
+  int xm[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    xr[mt] = g + 8 * mt < M;
+    xm[mt] = xr[mt] ? g + 8 * mt : 0;
+  }
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  int par = 0;  // which half of red this tile's partials go to
+  float acc[TP][MT][4];
+#pragma unroll
+  for (int p = 0; p < TP; ++p)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc[p][mt][0] = acc[p][mt][1] = acc[p][mt][2] = acc[p][mt][3] = 0.f;
+  int par = 0;  // which of red's units this unit's partials go to
   for (int i = 0, kc = 0;; ++i) {
     const int s = i % S;
     const int k0 = kc * KC;
     const int cols = min(KC, K - k0);
-    uint4 xv[kNB];
+    uint4 xv[kNB][MT];
 #pragma unroll
-    for (int j = 0; j < kNB; ++j) {  // x first: chunk kc of x is the same for every tile
+    for (int j = 0; j < kNB; ++j) {  // x first: chunk kc of x is the same for every unit
       const int kk = (warp + j * kStCW) * 32 + 8 * t4;
-      xv[j] = load_x8(x, ldx, xm, kk < cols ? k0 + kk : 0);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) xv[j][mt] = load_x8(x, ldx, xm[mt], kk < cols ? k0 + kk : 0);
     }
     mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
 #ifdef TK_STAGED_TRACE
@@ -442,48 +474,66 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 #ifdef TK_STAGED_TRACE
     TK_ST_MARK(3);
 #endif
-    const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
-    const u32 st = base + s * kStage;
 #pragma unroll
-    for (int j = 0; j < kNB; ++j) {
-      const int b = warp + j * kStCW;
-      if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
-        const int kk = b * 32 + 8 * t4;
-        const bool in = kk < cols;
-        uint4 wa = lds128(st + g * kRS + kk * 2), wb = lds128(st + (g + 8) * kRS + kk * 2);
-        if (!(in && ra)) wa = z;  // rows past N were not copied, columns past K belong to no row
-        if (!(in && rb)) wb = z;
-        const uint4 xx = in && xr ? xv[j] : z;
-        const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y};
-        const u32 a1[4] = {wa.z, wb.z, wa.w, wb.w};
-        mma_bf16(acc, a0, xx.x, xx.y);
-        mma_bf16(acc, a1, xx.z, xx.w);
+    for (int p = 0; p < TP; ++p) {  // tile t TP + p of the unit: rows 16 p .. 16 p + 15 of the stage
+      const bool ra = weight_row<EPI>(t * TP + p, g, N) >= 0, rb = weight_row<EPI>(t * TP + p, g + 8, N) >= 0;
+      const u32 st = base + s * kStage + p * 16 * kRS;
+#pragma unroll
+      for (int j = 0; j < kNB; ++j) {
+        const int b = warp + j * kStCW;
+        if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
+          const int kk = b * 32 + 8 * t4;
+          const bool in = kk < cols;
+          uint4 wa = lds128(st + g * kRS + kk * 2), wb = lds128(st + (g + 8) * kRS + kk * 2);
+          if (!(in && ra)) wa = z;  // rows past N were not copied, columns past K belong to no row
+          if (!(in && rb)) wb = z;
+          uint4 xx[MT];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) xx[mt] = in && xr[mt] ? xv[j][mt] : z;
+          const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y};
+          const u32 a1[4] = {wa.z, wb.z, wa.w, wb.w};
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {  // every n8 tile of x rows takes the same A fragments
+            mma_bf16(acc[p][mt], a0, xx[mt].x, xx[mt].y);
+            mma_bf16(acc[p][mt], a1, xx[mt].z, xx[mt].w);
+          }
+        }
       }
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_empty + 8 * s);
     if (++kc != kch) continue;
 
-    // ---- the end of tile t: the warps' partials summed in warp order, stored
+    // ---- the end of unit t: the warps' partials summed in warp order, stored (fragment f = (p, mt) by warp
+    // f mod kStCW)
     kc = 0;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      red[par][warp][c][lane] = acc[c];
-      acc[c] = 0.f;
-    }
+    for (int p = 0; p < TP; ++p)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          red[par][warp][p * MT + mt][c][lane] = acc[p][mt][c];
+          acc[p][mt][c] = 0.f;
+        }
     asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // the consumer warps only
-    if (warp == 0) {
+#pragma unroll
+    for (int f = 0; f < TP * MT; ++f) {
+      if (f % kStCW != warp) continue;
       float sum[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        float v = red[par][0][c][lane];
+        float v = red[par][0][f][c][lane];
 #pragma unroll
-        for (int ww = 1; ww < kStCW; ++ww) v += red[par][ww][c][lane];
+        for (int ww = 1; ww < kStCW; ++ww) v += red[par][ww][f][c][lane];
         sum[c] = v;
       }
-      skinny_store<F32, EPI>(y, sum, t, 0, lane, M, N);
+      skinny_store<F32, EPI>(y, sum, t * TP + f / MT, 8 * (f % MT), lane, M, N);
     }
-    par ^= 1;
+    if constexpr (kRed == 1)
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // folded: red is free again
+    else
+      par ^= 1;
   }
   TK_ST_MARK(4);
 }
@@ -540,6 +590,19 @@ TK_SKINNY_W(2, 16, 16)
   TK_STAGED_K(KCV, SV, PLV, bf16, false, kPlain)       \
   TK_STAGED_K(KCV, SV, PLV, f32, true, kPlain)         \
   TK_STAGED_K(KCV, SV, PLV, swiglu, false, kSwiGLU)
+// skinny_staged_k{KC}s{S}p{PL}t{TP}_m{16,32}_{bf16,f32,swiglu}: the same for M <= 16 or 32 rows (MT = 2, 4)
+// with TP 16-row tiles a stage; S * 16 * TP * st_rs(KC) bytes of dynamic shared memory.
+#define TK_STAGED_WK(KCV, SV, PLV, TPV, MV, MTV, SUF, F32V, EPIV)                                             \
+  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1)                                          \
+      skinny_staged_k##KCV##s##SV##p##PLV##t##TPV##_m##MV##_##SUF(                                            \
+          const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w,                  \
+          void* __restrict__ y, int M, int N, int K, int* __restrict__ counters, int pre, int evict) {        \
+    skinny_staged_impl<KCV, SV, PLV, F32V, EPIV, MTV, TPV>(x, ldx, w, y, M, N, K, counters, pre, evict);     \
+  }
+#define TK_STAGED_W(KCV, SV, PLV, TPV, MV, MTV)                        \
+  TK_STAGED_WK(KCV, SV, PLV, TPV, MV, MTV, bf16, false, kPlain)        \
+  TK_STAGED_WK(KCV, SV, PLV, TPV, MV, MTV, f32, true, kPlain)          \
+  TK_STAGED_WK(KCV, SV, PLV, TPV, MV, MTV, swiglu, false, kSwiGLU)
 TK_STAGED(512, 2, 16)
 TK_STAGED(512, 3, 16)
 TK_STAGED(512, 4, 16)
@@ -547,3 +610,10 @@ TK_STAGED(1024, 3, 16)
 TK_STAGED(1024, 4, 16)
 TK_STAGED(2048, 2, 16)
 TK_STAGED(2048, 3, 16)
+TK_STAGED_W(1024, 3, 16, 1, 16, 2)
+TK_STAGED_W(512, 4, 16, 1, 16, 2)
+TK_STAGED_W(512, 3, 16, 1, 16, 2)
+TK_STAGED_W(512, 4, 16, 1, 32, 4)
+TK_STAGED_W(512, 3, 16, 1, 32, 4)
+TK_STAGED_W(512, 2, 16, 2, 32, 4)
+TK_STAGED_W(512, 3, 16, 2, 32, 4)

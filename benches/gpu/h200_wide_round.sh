@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Nineteenth session's device calls: the staged skinny GEMM for decode steps of 9-32 rows (run from the repository
+# root):
+#   bash benches/gpu/h200_wide_round.sh MODE
+#   probe:  check_kernels.py --only staged staged_wide (the 8-row kernels unchanged, the wide kernels' bits), then
+#           probe_blas.py at 8, 16 and 32 rows (cuBLAS, the register kernel, every staged configuration built for
+#           the rows; each GEMM alone, weights from DRAM), then the engine A/B in one process at qwen3-8b batch 32
+#           (profile_decode.py: the default, cuBLAS above 8 rows, against the WIDE_VARIANTS; graph timelines of
+#           the default and w32-512x3)
+#   rows16: the same A/B at qwen3-8b batch 16 and qwen3-0.6b batch 16 and 32
+#   final:  (the wide kernels in the engine's default) check_kernels.py (CHECKS), the engine smoke test,
+#           conformance at CI scale beside the GPU-scale qwen3-8b clauses, the engine decode bench
+source benches/gpu/_env.sh
+mode=${1:-probe}
+shift
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = probe ]; then
+  checks 150 check_kernels_wide.log ${CHECKS:-staged staged_wide}
+  timeout 100 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu --ms 8 16 32 \
+    --staged 1024:3:16:2 512:4:16:3 512:4:16:2 512:3:16:3 512:2:16:2:2 512:3:16:1:2 > "$OUT/probe_blas_wide.log" 2>&1
+  echo "probe_blas rc=$?"; cat "$OUT/probe_blas_wide.log" | cut -c1-400
+  timeout 220 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 --profile-batches \
+    --timeline-batches 32 --rounds 3 --variants ${V32:-default w32-512x2 w32-512x3 w32-t2 w32-t2x1 w32-nohead} \
+    > "$OUT/profile_wide_8b_b32.log" 2>&1
+  echo "profile 8b b32 rc=$?"; grep -E "^\s+32 +" "$OUT/profile_wide_8b_b32.log"
+  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_wide_8b_b32.log" | cut -c1-120 | head -30
+fi
+if [ "$mode" = rows16 ]; then
+  timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 16 --profile-batches \
+    --rounds 3 --variants ${V16:-default w16-1k w16-512x2 w16-512x3} > "$OUT/profile_wide_8b_b16.log" 2>&1
+  echo "profile 8b b16 rc=$?"; grep -E "^\s+16 +" "$OUT/profile_wide_8b_b16.log"
+  timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 16 32 --profile-batches \
+    --rounds 3 --variants ${V06:-default w16-1k w16-512x3 w32-512x2 w32-512x3 w32-t2} > "$OUT/profile_wide_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(16|32) +" "$OUT/profile_wide_06b.log"
+fi
+if [ "$mode" = final ]; then
+  checks 150 check_kernels_wide_final.log ${CHECKS:-staged staged_wide graph}
+  smoke 80
+  conformance_both 150 conformance_gpu_qwen3-8b_wide.log 200
+  run_benches 220 "engine_decode"
+  pack_bench
+fi
