@@ -7,7 +7,8 @@
 #           the rows; each GEMM alone, weights from DRAM), then the engine A/B in one process at qwen3-8b batch 32
 #           (profile_decode.py: the default, cuBLAS above 8 rows, against the WIDE_VARIANTS; graph timelines of
 #           the default and w32-512x3)
-#   rows16: the same A/B at qwen3-8b batch 16 and qwen3-0.6b batch 16 and 32
+#   rows16: (PROBE=1: probe_blas.py as in probe first) the same A/B at qwen3-8b batch 16 (graph timelines) and
+#           qwen3-0.6b batch 16 and 32
 #   final:  (the wide kernels in the engine's default) check_kernels.py (CHECKS), the engine smoke test,
 #           conformance at CI scale beside the GPU-scale qwen3-8b clauses, the engine decode bench
 source benches/gpu/_env.sh
@@ -27,11 +28,16 @@ if [ "$mode" = probe ]; then
   grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_wide_8b_b32.log" | cut -c1-120 | head -30
 fi
 if [ "$mode" = rows16 ]; then
+  [ -n "$PROBE" ] && { timeout 100 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu --ms 8 16 32 \
+    --staged 1024:3:16:2 512:4:16:3 512:4:16:2 512:3:16:3 512:2:16:2:2 512:3:16:1:2 > "$OUT/probe_blas_wide.log" 2>&1
+  echo "probe_blas rc=$?"; cut -c1-400 "$OUT/probe_blas_wide.log"; }
   timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 16 --profile-batches \
-    --rounds 3 --variants ${V16:-default w16-1k w16-512x2 w16-512x3} > "$OUT/profile_wide_8b_b16.log" 2>&1
+    --timeline-batches 16 --rounds 3 --variants ${V16:-default w16-1k w16-512x2 w16-512x3} \
+    > "$OUT/profile_wide_8b_b16.log" 2>&1
   echo "profile 8b b16 rc=$?"; grep -E "^\s+16 +" "$OUT/profile_wide_8b_b16.log"
+  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_wide_8b_b16.log" | cut -c1-120 | head -60
   timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 16 32 --profile-batches \
-    --rounds 3 --variants ${V06:-default w16-1k w16-512x3 w32-512x2 w32-512x3 w32-t2} > "$OUT/profile_wide_06b.log" 2>&1
+    --rounds 3 --variants ${V06:-default w16-1k w16-512x3 w32-512x3 w32-t2} > "$OUT/profile_wide_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+(16|32) +" "$OUT/profile_wide_06b.log"
 fi
 if [ "$mode" = final ]; then

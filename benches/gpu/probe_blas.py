@@ -113,8 +113,8 @@ def main() -> int:
             variants = {"matmul": mm} if args.no_lt or act else {"matmul": mm, "lt": mm, "w@xT": wxt}
             if M <= ops.SKINNY_MAX_M:
                 variants["skinny"] = skinny
-            rows = ops.skinny_staged_rows(M)
-            built = [c + (1,) for c in ops.SKINNY_STAGED_CONFIGS] if rows == 8 else ops.SKINNY_STAGED_WIDE.get(rows, ())
+            width = ops.skinny_staged_rows(M)
+            built = [c + (1,) for c in ops.SKINNY_STAGED_CONFIGS] if width == 8 else ops.SKINNY_STAGED_WIDE.get(width, ())
             for kc, S, pl, C, tp in staged if M <= ops.SKINNY_STAGED_MAX_M else ():
                 if (kc, S, pl, tp) not in built:
                     continue
