@@ -1062,9 +1062,11 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
 SKINNY_STAGED_CONFIGS = ((512, 2, 16), (512, 3, 16), (512, 4, 16), (1024, 3, 16), (1024, 4, 16), (2048, 2, 16),
                          (2048, 3, 16))
 #: the wider staged kernels (``skinny_staged_k{KC}s{S}p{PL}t{TP}_m{16,32}_*``): rows (16 or 32) -> the
-#: (chunk columns KC, stages S, producer lanes PL, 16-row tiles a stage TP) built for that many rows
-SKINNY_STAGED_WIDE = {16: ((1024, 3, 16, 1), (512, 4, 16, 1), (512, 3, 16, 1)),
-                      32: ((512, 4, 16, 1), (512, 3, 16, 1), (512, 2, 16, 2), (512, 3, 16, 2))}
+#: (chunk columns KC, stages S, producer lanes PL, 16-row tiles a stage TP) built for that many rows. The engine
+#: runs the first of the 16-row ones (``runner.STAGED_WIDE16``); the others are kept for the A/B measurements
+#: (at 32 rows none beat cuBLAS on the H200; docs/performance.md, "The staged GEMM above 8 rows")
+SKINNY_STAGED_WIDE = {16: ((512, 3, 16, 1), (512, 4, 16, 1)),
+                      32: ((512, 3, 16, 1), (512, 2, 16, 2))}
 #: the most rows a staged launch takes
 SKINNY_STAGED_MAX_M = 32
 _SKINNY_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp
@@ -1096,19 +1098,21 @@ def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
 
 
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                  out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 1024, stages: int = 3, lanes: int = 16,
-                  ctas_per_sm: int = 2, pre: int | None = None, evict_first: bool = True, tp: int = 1) -> torch.Tensor:
+                  out: torch.Tensor | None = None, swiglu: bool = False, kc: int | None = None,
+                  stages: int | None = None, lanes: int = 16, ctas_per_sm: int = 2, pre: int | None = None,
+                  evict_first: bool = True, tp: int = 1) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) by the staged kernel: the weights
     stream into shared memory by bulk copies (one per row and chunk of ``kc`` columns, issued by
     ``lanes`` producer lanes), ``stages`` deep, over a persistent grid of ``ctas_per_sm`` CTAs a
     multiprocessor that take the 16-row tiles from a counter (``skinny_gemm.cu``, "The staged
-    kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS`` (the defaults: the configuration the
-    engine runs, ``runner.STAGED_DEFAULT``) for ``M <= 8``; for ``8 < M <= 32``, ``(kc, stages, lanes, tp)`` one
-    of ``SKINNY_STAGED_WIDE[16]`` (``M <= 16``) or ``[32]``, where ``tp`` (1 or 2) is the 16-row tiles a stage holds
-    and the counter hands out (``tp = 1`` for ``M <= 8``). ``pre``: stages each CTA may fetch before the
-    programmatic-dependent-launch wait (default ``stages``; 0: none; the engine fetches 2). ``evict_first``:
-    the weight copies bring their lines into L2 at evict-first priority (else with no hint), so that a
-    step's weight stream does not push the activations and the KV cache out of L2.
+    kernel"); ``(kc, stages, lanes)`` one of ``SKINNY_STAGED_CONFIGS`` for ``M <= 8`` (``kc``, ``stages`` by
+    default 1024 and 3: ``runner.STAGED_DEFAULT``); for ``8 < M <= 32``, ``(kc, stages, lanes, tp)`` one of
+    ``SKINNY_STAGED_WIDE[16]`` (``M <= 16``) or ``[32]`` (``kc``, ``stages`` by default the first entry's), where
+    ``tp`` (1 or 2) is the 16-row tiles a stage holds and the counter hands out (``tp = 1`` for ``M <= 8``).
+    ``pre``: stages each CTA may fetch before the programmatic-dependent-launch wait (default ``stages``; 0:
+    none; the engine fetches 2). ``evict_first``: the weight copies bring their lines into L2 at evict-first
+    priority (else with no hint), so that a step's weight stream does not push the activations and the KV cache
+    out of L2.
     The bits are those of ``skinny_gemm(..., warps=4)`` (the same sums in the same order; ``M <= 16``),
     whatever the configuration, ``tp`` and the grid, and a row's bits do not depend on the other rows (any
     ``M <= 32``). Launches that share a device must be ordered (one stream): the
@@ -1116,6 +1120,8 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     M, N, K = _linear_shape(x, w)
     _need(M <= SKINNY_STAGED_MAX_M, f"skinny_staged takes at most {SKINNY_STAGED_MAX_M} rows, got {M}")
     rows = skinny_staged_rows(M)
+    kc0, stages0 = (1024, 3) if rows == 8 else SKINNY_STAGED_WIDE[rows][0][:2]
+    kc, stages = kc0 if kc is None else kc, stages0 if stages is None else stages
     if rows == 8:
         _need(tp == 1, f"tp must be 1 for M <= 8, got {tp!r}")
         _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,

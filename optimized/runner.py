@@ -128,6 +128,16 @@ STAGED_DEFAULT = (1024, 3, 16, 2, 2)
 #: and the same for the gate/up GEMM slower at qwen3-8b (4.239) -- docs/performance.md, "The decode step's fixed
 #: costs and the qkv GEMM's waves"
 STAGED_QKV = (512, 4, 16, 3, 2)
+#: the wide staged kernel for decode GEMMs of 9-16 rows (``CudaRunner.staged_wide``): 512-column chunks, 3 stages,
+#: 3 CTAs a multiprocessor, two stages early, one 16-row tile a stage -- for weights of at most
+#: ``STAGED_WIDE_MAX_ELEMS`` elements. In one process on the H200 at batch 16 (against cuBLAS): qwen3-0.6b 1.257 ->
+#: 1.149 ms a step with every GEMM on it; at qwen3-8b the small weights gained (qkv 16.4 -> 15.9 us a layer,
+#: o_proj 12.2 + 1.8 us of cuBLAS's split-K reduction -> 12.7) and the large ones lost (gate/up + silu_mul 53.3 ->
+#: 54.9 us, down 27.5 + 1.8 -> 31.7), 4.916 -> 4.956 ms with all of them on it. At 17-32 rows every configuration
+#: lost to cuBLAS at both sizes (the x rows each 16-row tile reads from L2 are twice its weight bytes there) --
+#: docs/performance.md, "The staged GEMM above 8 rows"
+STAGED_WIDE16 = (512, 3, 16, 3, 2, 1)
+STAGED_WIDE_MAX_ELEMS = 32 << 20
 
 
 class CudaRunner:
@@ -218,8 +228,13 @@ class CudaRunner:
             else 132
         #: decode GEMMs of 9-16 and 17-32 rows (default mode) on the wide staged kernels, by row width (16, 32)
         #: and role -> (chunk columns, stages, producer lanes, CTAs per multiprocessor, stages fetched before the
-        #: PDL wait, 16-row tiles a stage): one of ``ops.SKINNY_STAGED_WIDE[width]``; a role not named takes cuBLAS
-        self.staged_wide: dict[int, dict[str, tuple[int, int, int, int, int, int]]] = {}
+        #: PDL wait, 16-row tiles a stage): one of ``ops.SKINNY_STAGED_WIDE[width]``; a role not named takes cuBLAS.
+        #: Default: every role at 9-16 rows on ``STAGED_WIDE16``, none at 17-32
+        self.staged_wide: dict[int, dict[str, tuple[int, int, int, int, int, int]]] = {
+            16: {role: STAGED_WIDE16 for role in GEMM_ROLES}}
+        #: ... for weights of at most this many elements (larger ones take cuBLAS): qwen3-8b's qkv and o_proj and
+        #: every qwen3-0.6b layer GEMM, not qwen3-8b's gate/up and down or either LM head
+        self.staged_wide_max_elems = STAGED_WIDE_MAX_ELEMS
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
@@ -365,6 +380,8 @@ class CudaRunner:
             return None
         rows = x.shape[0]
         if 8 < rows <= ops.SKINNY_STAGED_MAX_M:
+            if w.numel() > self.staged_wide_max_elems:
+                return None
             return self.staged_wide.get(ops.skinny_staged_rows(rows), {}).get(role)
         if role not in self.staged or rows > min(8, self.skinny_max_m):
             return None

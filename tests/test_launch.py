@@ -196,14 +196,17 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     # 9-16 rows and 17-32 rows: the wide kernels, named by (kc, stages, lanes, tp) and the row width; with tp = 2
     # the grid is capped at the units of two tiles
     x16, x32 = torch.randn(16, 4096).to(bf), torch.randn(17, 4096).to(bf)
-    ops.skinny_staged(x16, torch.randn(6144, 4096).to(bf))
-    assert log[-1][1:3] == ("skinny_staged_k1024s3p16t1_m16_bf16", (264, 1, 1)) and int(log[-1][4][4]) == 16
-    out = ops.skinny_staged(x32, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=3, tp=2)
+    ops.skinny_staged(x16, torch.randn(6144, 4096).to(bf))          # kc, stages: the width's first configuration
+    assert log[-1][1:3] == ("skinny_staged_k512s3p16t1_m16_bf16", (264, 1, 1)) and int(log[-1][4][4]) == 16
+    assert log[-1][5] == 3 * 16 * (2 * 512 + 64) and int(log[-1][4][8]) == 3                          # pre = stages
+    out = ops.skinny_staged(x32, torch.randn(2 * 8 * 300, 4096).to(bf), swiglu=True, kc=512, stages=2, tp=2)
     mod, name, grid, block, args, smem = log[-1]
-    assert out.shape == (17, 2400) and name == "skinny_staged_k512s3p16t2_m32_swiglu" and grid == (150, 1, 1)
-    assert smem == 3 * 32 * (2 * 512 + 64) == ops.skinny_staged_smem(512, 3, 2) and int(args[4]) == 17
+    assert out.shape == (17, 2400) and name == "skinny_staged_k512s2p16t2_m32_swiglu" and grid == (150, 1, 1)
+    assert smem == 2 * 32 * (2 * 512 + 64) == ops.skinny_staged_smem(512, 2, 2) and int(args[4]) == 17
     ops.skinny_staged(x32[:9], torch.randn(100, 4096).to(bf), out_dtype=torch.float32, kc=512, stages=4)
     assert log[-1][1:3] == ("skinny_staged_k512s4p16t1_m16_f32", (7, 1, 1))
+    ops.skinny_staged(x32, torch.randn(100, 4096).to(bf), ctas_per_sm=3)
+    assert log[-1][1:3] == ("skinny_staged_k512s3p16t1_m32_bf16", (7, 1, 1))
     names = set(kernels.SOURCES["skinny_gemm"])
     for kc, S, pl in ops.SKINNY_STAGED_CONFIGS:
         assert {f"skinny_staged_k{kc}s{S}p{pl}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
@@ -216,7 +219,7 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     n = len(log)
     for kw, bx, bw in ((dict(), torch.randn(33, 64).to(bf), torch.randn(32, 64).to(bf)),      # more than 32 rows
                        (dict(tp=2), x, torch.randn(32, 4096).to(bf)),                          # tp = 2 needs > 8 rows
-                       (dict(tp=3, kc=512, stages=3), x32, torch.randn(32, 4096).to(bf)),      # no such tp
+                       (dict(tp=3, kc=512, stages=2), x32, torch.randn(32, 4096).to(bf)),      # no such tp
                        (dict(kc=2048, stages=2), x16, torch.randn(32, 4096).to(bf)),           # not built for 16
                        (dict(kc=1024, stages=3, tp=1), x32, torch.randn(32, 4096).to(bf)),     # not built for 32
                        (dict(stages=5), x, torch.randn(32, 4096).to(bf)),                      # no such kernel

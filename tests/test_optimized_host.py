@@ -266,6 +266,7 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
             eng.runner.fuse_swiglu = fuse
             eng.runner.staged = {r: roles[r] for r in picked}
             eng.runner.staged_one_wave = {}                    # (the one-wave rule: the test above)
+            eng.runner.staged_wide = {}                        # (9-32 rows: the next test)
             eng.runner.staged_evict_first = fuse               # the L2 policy flag passes through either way
             assert _rollout(eng, PROMPTS[:3], sps, turns=2) == base, (picked, fuse)
             staged = [d for k, d in launches if k == "skinny_staged"]
@@ -286,6 +287,7 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     launches.clear()
     eng = opt_engine()                                     # staged_min_elems: smaller weights take the rules
     eng.runner.staged = dict(roles)
+    eng.runner.staged_wide = {}
     eng.runner.staged_min_elems = eng.runner.lm_head.numel()
     assert _rollout(eng, PROMPTS[:3], sps, turns=2) == base
     staged = [d for k, d in launches if k == "skinny_staged"]
@@ -301,8 +303,12 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
 def test_staged_wide_routes_decode_gemms_of_9_to_32_rows(opt_engine, launches):
     """``staged_wide``: the GEMMs of 9-16 and 17-32 rows (decode steps of that batch, short prefills) go to
     ``skinny_staged`` with the configuration of their row width and role, tiles a stage included; GEMMs of 8 rows
-    or fewer keep ``staged``, those of more than 32 rows and roles not named go to cuBLAS; the rollout is the one
-    of the engine without it (the stand-ins compute the same product); batch-invariant mode ignores it."""
+    or fewer keep ``staged``, those of more than 32 rows, roles not named and weights of more than
+    ``staged_wide_max_elems`` elements go to cuBLAS; the rollout is the one of the engine without it (the
+    stand-ins compute the same product); batch-invariant mode ignores it. The default: every role at 9-16 rows on
+    ``STAGED_WIDE16`` (TINY's weights are all under the limit), none at 17-32."""
+    from optimized import runner as opt_runner
+
     prompts = [[(5 * i + j) % 512 for j in range(2 + i % 5)] for i in range(20)]
     sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 20
     want = {}
@@ -335,6 +341,22 @@ def test_staged_wide_routes_decode_gemms_of_9_to_32_rows(opt_engine, launches):
         assert all(role in wide[w] for w, role in seen), seen       # the roles not named: cuBLAS
         if n == 20:
             assert (32, "qkv") in seen and (32, "down") in seen, seen
+    launches.clear()
+    eng = opt_engine()                                # the default, and its size limit
+    assert eng.runner.staged_wide == {16: {r: opt_runner.STAGED_WIDE16 for r in opt_runner.GEMM_ROLES}}
+    eng.runner.staged = {}
+    _rollout(eng, prompts[:12], sps[:12], turns=2)
+    got = {(d[0], d[1]): tuple(d[4:-1]) for k, d in launches if k == "skinny_staged"}
+    assert got and all(8 < m <= 16 and cfg == opt_runner.STAGED_WIDE16 for (m, _), cfg in got.items()), got
+    assert {ptr for _, ptr in got} >= {L["wqkv"].data_ptr() for L in eng.runner.layers} | {eng.runner.lm_head.data_ptr()}
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.staged = {}
+    eng.runner.staged_wide_max_elems = eng.runner.layers[0]["wqkv"].numel() - 1   # qkv (and the LM head) too large
+    _rollout(eng, prompts[:12], sps[:12], turns=2)
+    ptrs = {d[1] for k, d in launches if k == "skinny_staged"}
+    assert ptrs and not ptrs & ({L["wqkv"].data_ptr() for L in eng.runner.layers} | {eng.runner.lm_head.data_ptr()})
+    assert ptrs >= {L["wo"].data_ptr() for L in eng.runner.layers}, "o_proj is under the limit"
     launches.clear()
     eng = opt_engine()                                # 8 rows or fewer keep ``staged``; beyond 32 rows cuBLAS
     eng.runner.staged_wide = {w: dict(d) for w, d in wide.items()}

@@ -26,7 +26,7 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``EMBED_VARIANTS`` (``embed-apart``: the embedding and the first norm as two launches), the
   ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch), the ``WAVE_VARIANTS``
   (``gu-wave0``: gate/up never on qkv's one-wave configuration), the ``WIDE_VARIANTS`` (the decode GEMMs of
-  9-32 rows on the wide staged kernels by configuration, or ``wide0``: on cuBLAS) and the
+  9-32 rows on the wide staged kernels by configuration whatever their size, or ``wide0``: on cuBLAS) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -208,15 +208,14 @@ def _wide(width: int, cfg: tuple[int, int, int, int, int], roles=_ALL, pre: int 
 #: runner's ``staged_wide``; every other variant: the engine's default); ``wide0``: none of them (cuBLAS)
 WIDE_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int, int, int, int, int]]]] = {
     "wide0": {},
-    "w16-1k": _wide(16, (1024, 3, 16, 2, 1)),
     "w16-512x2": _wide(16, (512, 4, 16, 2, 1)),
     "w16-512x3": _wide(16, (512, 3, 16, 3, 1)),
-    "w32-512x2": _wide(32, (512, 4, 16, 2, 1)),
     "w32-512x3": _wide(32, (512, 3, 16, 3, 1)),
     "w32-t2": _wide(32, (512, 2, 16, 2, 2)),
-    "w32-t2x1": _wide(32, (512, 3, 16, 1, 2)),
     "w32-nohead": _wide(32, (512, 3, 16, 3, 1), ("qkv", "o_proj", "gate_up", "down")),
 }
+#: the WIDE_VARIANTS that ignore the runner's ``staged_wide_max_elems`` (every other variant: the engine's limit)
+WIDE_ANY_SIZE = {"w16-512x2", "w16-512x3", "w32-512x3", "w32-t2", "w32-nohead"}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS,
@@ -354,6 +353,7 @@ def main() -> int:
         default_qk_rows = eng.runner.fuse_qk_max_rows
         default_wave = dict(eng.runner.staged_one_wave)
         default_wide = {w: dict(d) for w, d in eng.runner.staged_wide.items()}
+        default_wide_max = eng.runner.staged_wide_max_elems
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -366,7 +366,8 @@ def main() -> int:
 
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
-                    default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide) -> None:
+                    default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide,
+                    default_wide_max=default_wide_max) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -378,6 +379,7 @@ def main() -> int:
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
+                eng.runner.staged_wide_max_elems = 1 << 62 if variant in WIDE_ANY_SIZE else default_wide_max
                 ef, ef_staged = L2_VARIANTS.get(variant, (default_ef, None))
                 eng.runner.staged_evict_first = ef
                 if ef_staged is not None:

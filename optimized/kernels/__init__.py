@@ -47,9 +47,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
                                                                      (2048, 3, 16))
             for kind in ("bf16", "f32", "swiglu"))
     + tuple(f"skinny_staged_k{kc}s{s}p{pl}t{tp}_m{m}_{kind}"
-            for m, kc, s, pl, tp in ((16, 1024, 3, 16, 1), (16, 512, 4, 16, 1), (16, 512, 3, 16, 1),
-                                     (32, 512, 4, 16, 1), (32, 512, 3, 16, 1), (32, 512, 2, 16, 2),
-                                     (32, 512, 3, 16, 2))
+            for m, kc, s, pl, tp in ((16, 512, 3, 16, 1), (16, 512, 4, 16, 1), (32, 512, 3, 16, 1),
+                                     (32, 512, 2, 16, 2))
             for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),
