@@ -187,7 +187,8 @@ class CudaRunner:
         self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV (pinned)
         self.record_logits = False
         self._mm_fp32 = self._probe_mm_out_dtype()
-        #: GEMMs of at most this many rows run through ``ops.skinny_gemm`` (default mode; 0: always cuBLAS).
+        #: GEMMs of at most this many rows run through ``ops.skinny_gemm`` (default mode; 0: always cuBLAS, the
+        #: staged kernels' ``staged`` and ``staged_wide`` too).
         #: 8, not the kernel's 16: on the H200 its two-tile variant was slower than cuBLAS at M = 16
         #: (docs/performance.md, "Skinny GEMM")
         self.skinny_max_m = 8
@@ -376,7 +377,7 @@ class CudaRunner:
 
     def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
         """The staged kernel's configuration (``staged``; ``staged_wide`` for 9-32 rows) for this GEMM, or None."""
-        if self.invariant or w.shape[1] % 8 or w.numel() < self.staged_min_elems:
+        if self.invariant or self.skinny_max_m <= 0 or w.shape[1] % 8 or w.numel() < self.staged_min_elems:
             return None
         rows = x.shape[0]
         if 8 < rows <= ops.SKINNY_STAGED_MAX_M:

@@ -148,7 +148,7 @@ def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, laun
     """With the staged kernel off (``staged = {}``), GEMMs of <= 8 rows go to the register skinny kernels --
     qkv, o_proj, down_proj and the LM head (fp32 output) to skinny_gemm, gate/up with the SwiGLU epilogue
     (skinny_swiglu) -- and larger ones to cuBLAS (not logged); never the invariant GEMM.
-    ``skinny_max_m = 0`` turns the skinny kernels, the staged one too, off."""
+    ``skinny_max_m = 0`` turns the skinny kernels, the staged ones (8 rows and 9-16) too, off."""
     eng = opt_engine()
     eng.runner.staged = {}
     long_prompt = [(7 * i) % 512 for i in range(40)]                  # a 40-row prefill: cuBLAS
@@ -169,6 +169,11 @@ def test_default_mode_skinny_gemm_then_cublas_and_paged_prefill(opt_engine, laun
     off = opt_engine()
     off.runner.skinny_max_m = 0
     _rollout(off, PROMPTS[:2], [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 2, turns=2)
+    assert not {"skinny_gemm", "skinny_swiglu", "skinny_staged"} & {k for k, _ in launches}
+    off = opt_engine()                                # ... and the wide staged kernel of 9-16-row steps
+    off.runner.skinny_max_m = 0
+    twelve = [[(5 * i + j) % 512 for j in range(2 + i % 5)] for i in range(12)]
+    _rollout(off, twelve, [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 12, turns=2)
     assert not {"skinny_gemm", "skinny_swiglu", "skinny_staged"} & {k for k, _ in launches}
 
 
