@@ -13,6 +13,8 @@
 #           default against wide0 (cuBLAS above 8 rows) and w16-512x3 (every weight on it) at qwen3-8b batch 16
 #           (graph timelines) and 12, qwen3-0.6b batch 16 and 12; check_kernels.py (CHECKS), the engine smoke
 #           test, conformance at CI scale beside the GPU-scale qwen3-8b clauses
+#   rows32: the 32-row kernels with the engine's size limit (w32-lim, w32-t2lim) and on qkv and o_proj alone
+#           (w32-qo) against the default at qwen3-0.6b batch 32 and 24 and qwen3-8b batch 32 (timelines at 32)
 # (probe and rows16 ran on 54777b3 and its next commit, with three more wide configurations since dropped --
 # 1024-column chunks at 16 rows, 4 stages at 32 rows, 2 tiles a stage at 1 CTA a multiprocessor: the variant
 # lists below name only those still built; probe_blas.py skips the configurations not built.)
@@ -44,6 +46,15 @@ if [ "$mode" = rows16 ]; then
   timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 16 32 --profile-batches \
     --rounds 3 --variants ${V06:-wide0 w16-512x3 w32-512x3 w32-t2} > "$OUT/profile_wide_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+(16|32) +" "$OUT/profile_wide_06b.log"
+fi
+if [ "$mode" = rows32 ]; then
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 24 --profile-batches \
+    --timeline-batches 32 --rounds 3 --variants default w32-lim w32-t2lim w32-qo > "$OUT/profile_wide32_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|24) +" "$OUT/profile_wide32_06b.log"
+  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_wide32_06b.log" | cut -c1-120 | head -60
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 --profile-batches \
+    --rounds 3 --variants default w32-lim w32-qo > "$OUT/profile_wide32_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+32 +" "$OUT/profile_wide32_8b.log"
 fi
 if [ "$mode" = rule ]; then
   timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 16 12 --profile-batches \

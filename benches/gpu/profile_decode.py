@@ -213,9 +213,14 @@ WIDE_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int, int, int, int, int]
     "w32-512x3": _wide(32, (512, 3, 16, 3, 1)),
     "w32-t2": _wide(32, (512, 2, 16, 2, 2)),
     "w32-nohead": _wide(32, (512, 3, 16, 3, 1), ("qkv", "o_proj", "gate_up", "down")),
+    # with the engine's size limit (``staged_wide_max_elems``), on top of the default's 16-row rule; and qkv and
+    # o_proj alone, at any size
+    "w32-lim": {**_wide(16, (512, 3, 16, 3, 1)), **_wide(32, (512, 3, 16, 3, 1))},
+    "w32-t2lim": {**_wide(16, (512, 3, 16, 3, 1)), **_wide(32, (512, 2, 16, 2, 2))},
+    "w32-qo": {**_wide(16, (512, 3, 16, 3, 1)), **_wide(32, (512, 3, 16, 3, 1), ("qkv", "o_proj"))},
 }
 #: the WIDE_VARIANTS that ignore the runner's ``staged_wide_max_elems`` (every other variant: the engine's limit)
-WIDE_ANY_SIZE = {"w16-512x2", "w16-512x3", "w32-512x3", "w32-t2", "w32-nohead"}
+WIDE_ANY_SIZE = {"w16-512x2", "w16-512x3", "w32-512x3", "w32-t2", "w32-nohead", "w32-qo"}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS,
