@@ -1,5 +1,5 @@
-// skinny_gemm.cu -- y = x W^T for the few rows of a decode step (M <= 16): the default mode's GEMM
-// where cuBLAS leaves bandwidth on the table.
+// skinny_gemm.cu -- y = x W^T for the few rows of a decode step (M <= 16; the staged kernel below up to 32):
+// the default mode's GEMM where cuBLAS leaves bandwidth on the table.
 //
 // Reference twin: reference/model.py, linear(x, w) (no fixed reduction order: this kernel is *not*
 // used in batch-invariant mode, whose GEMM is gemm.cu).
@@ -334,6 +334,9 @@ __device__ __forceinline__ void st_mark(int k) {
 // bits are those of MT = TP = 1 for every row (and skinny_gemm(warps=4)'s where that takes M).
 // The per-warp partials of a unit: two units' worth when TP MT <= 2, else one, with a second consumer
 // barrier after the fold (static shared memory stays at 16 KB for TP MT = 8).
+// (On the H200 the 16-row build beat cuBLAS on small weights only, and the 32-row builds nowhere: a unit reads
+// its chunk's x rows from L2, M / (16 TP) times its weight bytes, where cuBLAS's tiles are 64-192 weight rows
+// wide. docs/performance.md, "The staged GEMM above 8 rows".)
 template <int TP, int MT>
 __host__ __device__ constexpr int st_red_bufs() { return TP * MT <= 2 ? 2 : 1; }
 
