@@ -15,6 +15,7 @@
 #           test, conformance at CI scale beside the GPU-scale qwen3-8b clauses
 #   rows32: the 32-row kernels with the engine's size limit (w32-lim, w32-t2lim) and on qkv and o_proj alone
 #           (w32-qo) against the default at qwen3-0.6b batch 32 and 24 and qwen3-8b batch 32 (timelines at 32)
+#   agentic: the agentic-workload bench (its transformers peers included), on the final tree
 # (probe and rows16 ran on 54777b3 and its next commit, with three more wide configurations since dropped --
 # 1024-column chunks at 16 rows, 4 stages at 32 rows, 2 tiles a stage at 1 CTA a multiprocessor: the variant
 # lists below name only those still built; probe_blas.py skips the configurations not built.)
@@ -67,4 +68,8 @@ if [ "$mode" = rule ]; then
   checks 120 check_kernels_wide_final.log ${CHECKS:-staged staged_wide graph}
   smoke 80
   conformance_both 150 conformance_gpu_qwen3-8b_wide.log 200
+fi
+if [ "$mode" = agentic ]; then
+  run_benches 280 "agentic"
+  pack_bench
 fi
