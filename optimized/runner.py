@@ -130,12 +130,11 @@ STAGED_DEFAULT = (1024, 3, 16, 2, 2)
 STAGED_QKV = (512, 4, 16, 3, 2)
 #: the wide staged kernel for decode GEMMs of 9-16 rows (``CudaRunner.staged_wide``): 512-column chunks, 3 stages,
 #: 3 CTAs a multiprocessor, two stages early, one 16-row tile a stage -- for weights of at most
-#: ``STAGED_WIDE_MAX_ELEMS`` elements. In one process on the H200 at batch 16 (against cuBLAS): qwen3-0.6b 1.257 ->
-#: 1.149 ms a step with every GEMM on it; at qwen3-8b the small weights gained (qkv 16.4 -> 15.9 us a layer,
-#: o_proj 12.2 + 1.8 us of cuBLAS's split-K reduction -> 12.7) and the large ones lost (gate/up + silu_mul 53.3 ->
-#: 54.9 us, down 27.5 + 1.8 -> 31.7), 4.916 -> 4.956 ms with all of them on it. At 17-32 rows every configuration
-#: lost to cuBLAS at both sizes (the x rows each 16-row tile reads from L2 are twice its weight bytes there) --
-#: docs/performance.md, "The staged GEMM above 8 rows"
+#: ``STAGED_WIDE_MAX_ELEMS`` elements. In one process on the H200, against cuBLAS: qwen3-0.6b batch 16 1.252 -> 1.146
+#: ms a step, batch 12 1.237 -> 1.106; qwen3-8b (qkv and o_proj staged) 4.910 -> 4.893 and 4.877 -> 4.812, and
+#: slower with its gate/up and down staged too (4.966 at batch 16; alone, gate/up 50.4 against 53.5 us, down 29.1
+#: against 31.2). At 17-32 rows every configuration lost to cuBLAS at both sizes (the x rows each 16-row tile reads
+#: from L2 are twice its weight bytes there) -- docs/performance.md, "The staged GEMM above 8 rows"
 STAGED_WIDE16 = (512, 3, 16, 3, 2, 1)
 STAGED_WIDE_MAX_ELEMS = 32 << 20
 
