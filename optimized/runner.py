@@ -20,7 +20,9 @@ pre-RoPE keys and passes the fp32 tables to the attention kernels, which rotate 
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import warnings
 
 import numpy as np
 import torch
@@ -33,7 +35,7 @@ from reference.runner import StepResult
 from reference.scheduler import PageOps, StepBatch
 from reference.types import SamplingParams, SplitKVPolicy
 
-from . import ops
+from . import graph_edges, ops
 from .lookahead import same_step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)   # decode batch sizes with a graph
@@ -137,6 +139,17 @@ STAGED_QKV = (512, 4, 16, 3, 2)
 #: from L2 are twice its weight bytes there) -- docs/performance.md, "The staged GEMM above 8 rows"
 STAGED_WIDE16 = (512, 3, 16, 3, 2, 1)
 STAGED_WIDE_MAX_ELEMS = 32 << 20
+#: the kernels ``CudaRunner.blas_pdl`` (a measurement switch) puts behind programmatic edges (``re.search`` on the
+#: kernel's name): cuBLAS's GEMM kernels of the Hopper build ("nvjet_sm90_..."), not its split-K reduction
+BLAS_PDL_KERNELS = r"^nvjet_"
+#: torch's BLAS backend for the GEMMs on cuBLAS of decode steps of ``DECODE_BLAS_ROWS`` rows (``CudaRunner.decode_blas``):
+#: its cuBLASLt path, where cuBLASLt 13.1 runs qwen3-8b's o_proj and down at 32 rows without splitting K (no
+#: reduction kernel). In one process on the H200 the qwen3-8b step went 4.959 -> 4.854 ms at batch 32 and 5.516 ->
+#: 5.384 at batch 64 (4.990 -> 4.886 and 5.544 -> 5.441 in a second run); at batch 16 it was slower (4.801 -> 4.875),
+#: at 128 and 256 within the rounds' spread, and qwen3-0.6b runs the same kernels either way -- docs/performance.md,
+#: "Decode GEMMs on cuBLAS: launches and backends"
+DECODE_BLAS = "cublaslt"
+DECODE_BLAS_ROWS = (17, 64)
 
 
 class CudaRunner:
@@ -261,6 +274,21 @@ class CudaRunner:
         #: a step's embedding and its first RMSNorm run as one launch (``ops.embed_rmsnorm``, the same bits);
         #: ``False``: the two launches, for A/B measurements
         self.fuse_embed_norm = True
+        #: measurement only, and unsafe: after a decode graph's capture the full dependencies into cuBLAS's
+        #: kernels whose names match ``blas_pdl_kernels`` become programmatic edges (``optimized/graph_edges.py``),
+        #: so each such GEMM launches while the kernel before it runs. That is correct only for kernels that wait
+        #: on the grid dependency, and cuBLASLt 13.1's do not (``benches/gpu/probe_blas_pdl.py``): behind such an
+        #: edge they read their input before it is written, and qwen3-8b's tokens changed. A capture with it on
+        #: warns. (``profile_decode.py``'s ``blas-pdl`` variant; docs/performance.md, "Decode GEMMs on cuBLAS:
+        #: launches and backends".) Fixed per graph at its capture.
+        self.blas_pdl = False
+        self.blas_pdl_kernels = BLAS_PDL_KERNELS
+        self.blas_pdl_edges = 0                               # edges rewritten over every capture (a counter)
+        #: torch's BLAS backend ("cublas", "cublaslt"; None: torch's process-wide choice) while the GEMMs of a
+        #: decode step of ``decode_blas_rows`` (first, last) rows are captured (or, without graphs, launched): a
+        #: process-wide torch switch, so it is set around those decode steps only and put back after
+        self.decode_blas: str | None = DECODE_BLAS
+        self.decode_blas_rows: tuple[int, int] = DECODE_BLAS_ROWS
         self._copy_streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
@@ -616,7 +644,8 @@ class CudaRunner:
         if self.use_graphs:
             slot["graph"].replay()
         else:
-            slot["run"]()
+            with self._decode_blas_backend(n):
+                slot["run"]()
         res = hb["res"]                                       # int32: tokens | (16-byte boundary) logprobs (bits)
         off = _lps_offset(n)
         if cs is not None:
@@ -671,6 +700,23 @@ class CudaRunner:
             self._copy_streams = (torch.cuda.Stream(self.dev), torch.cuda.Stream(self.dev))
         return self._copy_streams
 
+    @contextlib.contextmanager
+    def _decode_blas_backend(self, rows: int):
+        """torch's BLAS backend set to ``decode_blas`` for the body of a decode step of ``rows`` rows when they lie
+        in ``decode_blas_rows`` (else, off the GPU or with None: nothing), then put back."""
+        if self.decode_blas not in (None, "cublas", "cublaslt"):
+            raise ValueError(f"decode_blas must be None, 'cublas' or 'cublaslt', got {self.decode_blas!r}")
+        lo, hi = self.decode_blas_rows
+        if self.decode_blas is None or self.dev.type != "cuda" or not lo <= rows <= hi:
+            yield
+            return
+        before = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library(self.decode_blas)
+        try:
+            yield
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         """The decode graph(s) of ``n`` rows and up to ``max_len`` keys: one device slot, or two used in turn
         with ``decode_copy_stream`` (``_launch_decode``)."""
@@ -723,7 +769,7 @@ class CudaRunner:
                 slot["dev"].copy_(host_t)
             s = torch.cuda.Stream(self.dev)
             s.wait_stream(torch.cuda.current_stream(self.dev))
-            with torch.cuda.stream(s):
+            with torch.cuda.stream(s), self._decode_blas_backend(n):
                 slots[0]["run"]()                         # loads every kernel module before capture
             torch.cuda.current_stream(self.dev).wait_stream(s)
             if self.pool is None:
@@ -735,9 +781,17 @@ class CudaRunner:
             gc.disable()
             try:
                 for slot in slots:
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool):   # graphs replay one at a time: one shared pool
-                        slot["run"]()
+                    graph = torch.cuda.CUDAGraph(keep_graph=True) if self.blas_pdl else torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool), self._decode_blas_backend(n):
+                        slot["run"]()   # graphs replay one at a time: one shared pool
+                    if self.blas_pdl:
+                        warnings.warn("blas_pdl: cuBLAS's GEMM kernels behind programmatic edges; they do not wait "
+                                      "on the kernel before, so this graph's outputs may be wrong (measurement only)",
+                                      RuntimeWarning, stacklevel=2)
+                        slot["pdl_edges"] = graph_edges.make_programmatic(graph.raw_cuda_graph(),
+                                                                          self.blas_pdl_kernels)
+                        self.blas_pdl_edges += len(slot["pdl_edges"])
+                        graph.instantiate()
                     slot["graph"] = graph
             finally:
                 if gc_was_on:

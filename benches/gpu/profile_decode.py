@@ -26,7 +26,11 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``EMBED_VARIANTS`` (``embed-apart``: the embedding and the first norm as two launches), the
   ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch), the ``WAVE_VARIANTS``
   (``gu-wave0``: gate/up never on qkv's one-wave configuration), the ``WIDE_VARIANTS`` (the decode GEMMs of
-  9-32 rows on the wide staged kernels by configuration whatever their size, or ``wide0``: on cuBLAS) and the
+  9-32 rows on the wide staged kernels by configuration whatever their size, or ``wide0``: on cuBLAS), the
+  ``BLAS_PDL_VARIANTS`` (``blas-pdl``: the edges into cuBLAS's GEMM kernels programmatic, which cuBLASLt 13.1's
+  kernels do not wait behind -- a measurement of what those launches cost, with wrong outputs), the
+  ``DECODE_BLAS_VARIANTS`` (``blas-cublas``: the decode GEMMs on cuBLAS through torch's cuBLAS path, not its
+  cuBLASLt path) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -221,10 +225,15 @@ WIDE_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int, int, int, int, int]
 }
 #: the WIDE_VARIANTS that ignore the runner's ``staged_wide_max_elems`` (every other variant: the engine's limit)
 WIDE_ANY_SIZE = {"w16-512x2", "w16-512x3", "w32-512x3", "w32-t2", "w32-nohead", "w32-qo"}
+#: variants on top of "default" with the edges into cuBLAS's GEMM kernels programmatic (``CudaRunner.blas_pdl``)
+BLAS_PDL_VARIANTS: dict[str, bool] = {"blas-pdl": True}
+#: variants on top of "default" with another torch BLAS backend for the decode GEMMs on cuBLAS
+#: (``CudaRunner.decode_blas``; the default: cuBLASLt)
+DECODE_BLAS_VARIANTS: dict[str, str | None] = {"blas-cublas": "cublas"}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS,
-                 WIDE_VARIANTS)
+                 WIDE_VARIANTS, BLAS_PDL_VARIANTS, DECODE_BLAS_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -359,6 +368,7 @@ def main() -> int:
         default_wave = dict(eng.runner.staged_one_wave)
         default_wide = {w: dict(d) for w, d in eng.runner.staged_wide.items()}
         default_wide_max = eng.runner.staged_wide_max_elems
+        default_decode_blas = eng.runner.decode_blas
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -372,7 +382,7 @@ def main() -> int:
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
                     default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide,
-                    default_wide_max=default_wide_max) -> None:
+                    default_wide_max=default_wide_max, default_decode_blas=default_decode_blas) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -381,6 +391,8 @@ def main() -> int:
                 eng.runner.decode_handoff = HANDOFF_VARIANTS.get(variant, True)   # read at capture
                 eng.runner.decode_copy_stream = COPY_VARIANTS.get(variant, True)  # read at capture
                 eng.runner.fuse_embed_norm = EMBED_VARIANTS.get(variant, True)
+                eng.runner.blas_pdl = BLAS_PDL_VARIANTS.get(variant, False)   # read at capture
+                eng.runner.decode_blas = DECODE_BLAS_VARIANTS.get(variant, default_decode_blas)   # read at capture
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
@@ -456,6 +468,8 @@ def main() -> int:
             eng.runner.staged, eng.runner.staged_min_elems = default_staged
             eng.runner.staged_evict_first = default_ef
             eng.runner.decode_copy_stream = eng.runner.fuse_embed_norm = eng.runner.decode_handoff = True
+            eng.runner.blas_pdl = False
+            eng.runner.decode_blas = default_decode_blas
             eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
             eng.runner.staged_one_wave = dict(default_wave)
             ops.DECODE_CLUSTER = True
