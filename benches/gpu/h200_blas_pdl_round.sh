@@ -13,6 +13,9 @@
 #   lt:     (the decode GEMMs on cuBLAS captured through torch's cuBLASLt path, CudaRunner.decode_blas) the default
 #           against blas-cublas (torch's cuBLAS path) at qwen3-8b batch 16-256 (graph timelines at 32) and qwen3-0.6b
 #           batch 32-256
+#   final:  (the kept rule: cuBLASLt at 17-64 rows) the default against blas-cublas at qwen3-8b batch 16, 32, 48 and 64;
+#           the engine decode bench; the engine smoke test; conformance at CI scale beside the GPU-scale qwen3-8b
+#           clauses
 source benches/gpu/_env.sh
 mode=${1:-probe}
 shift
@@ -56,4 +59,13 @@ if [ "$mode" = lt ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 128 256 --profile-batches \
     --rounds 3 --variants default blas-cublas > "$OUT/profile_lt_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+[0-9]+ +(default|blas-)" "$OUT/profile_lt_06b.log"
+fi
+if [ "$mode" = final ]; then
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 16 32 48 64 --profile-batches \
+    --rounds 3 --variants default blas-cublas > "$OUT/profile_lt_rule_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+[0-9]+ +(default|blas-)" "$OUT/profile_lt_rule_8b.log"
+  run_benches 300 "engine_decode"
+  pack_bench
+  smoke 80
+  conformance_both 200 conformance_gpu_qwen3-8b_lt.log 250
 fi

@@ -8,7 +8,8 @@ Run on the GPU from the repository root: ``python benches/gpu/probe_blas_pdl.py 
   dependents launch at once, then 200 us later writes the GEMM's input) and the GEMM. Replayed three ways:
   - ``full``: the edge as captured, a full dependency -- the GEMM must see the new input;
   - ``pdl``: the edges into kernels matching ``--pattern`` rewritten as programmatic. A GEMM kernel that waits
-    on the grid dependency sees the new input ("waits"); one that does not, the old ("no wait");
+    on the grid dependency sees the new input ("waits"); one that does not, the old ("NO WAIT"); a case whose
+    graph has no kernel-to-kernel edge into the GEMM to rewrite is "untested" (its captured edges are printed);
   - ``control``: the same rewrite in front of a torch elementwise kernel, which does not wait: it must see
     the old input, or the probe cannot tell the two apart ("no power").
   Each result is compared bit for bit with the same call run eagerly on the old and on the new input.
@@ -88,8 +89,8 @@ def replay_case(spin: Spin, fn, x_old: torch.Tensor, x_new: torch.Tensor, w: tor
         y = fn(x, w)
     raw = g.raw_cuda_graph()
     names = graph_edges.kernel_names(raw)
-    captured = [(names[e.src], names[e.dst], (e.from_port, e.to_port, e.type)) for e in graph_edges.graph_edges(raw)
-                if e.src in names and e.dst in names]
+    captured = [(names.get(e.src, "(not a kernel)"), names.get(e.dst, "(not a kernel)"), (e.from_port, e.to_port, e.type))
+                for e in graph_edges.graph_edges(raw)]
     done = graph_edges.make_programmatic(raw, pattern) if pattern else []
     g.instantiate()
     x.copy_(x_old)
@@ -130,7 +131,8 @@ def probe_wait(models: list[str], rows: list[int], pattern: str, log: list[str])
                 v_full, v_pdl = verdict(y_full, old, new), verdict(y_pdl, old, new)
                 v_ctl = verdict(y_ctl, x_old, x_new)
                 blas = [n for n in names if n != "spin_then_copy"]
-                res = ("waits" if v_pdl == "new" else "NO WAIT" if v_pdl == "old" else "MIXED")
+                res = ("untested" if not done else "waits" if v_pdl == "new" else "NO WAIT" if v_pdl == "old"
+                       else "MIXED")
                 power = v_ctl == "old" and bool(ctl_done)
                 if v_full != "new" or res != "waits" or not power or not done:
                     ok = False
@@ -143,7 +145,7 @@ def probe_wait(models: list[str], rows: list[int], pattern: str, log: list[str])
                 log.append(line)
                 cases.append(dict(model=model, role=role, M=M, full=v_full, pdl=v_pdl, control=v_ctl, verdict=res,
                                   power=power, rewritten=done, kernels=blas))
-                if not shown:                      # what the capture made of a programmatic launch
+                if not shown or not done:          # the captured graph's edges: the first case, and any untested
                     print(f"   captured edges (from, to, (from_port, to_port, type)): {captured}", flush=True)
                     shown = True
             del w
