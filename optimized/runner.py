@@ -287,7 +287,7 @@ class CudaRunner:
         #: torch's BLAS backend ("cublas", "cublaslt"; None: torch's process-wide choice) while the GEMMs of a
         #: decode step of ``decode_blas_rows`` (first, last) rows are captured (or, without graphs, launched): a
         #: process-wide torch switch, so it is set around those decode steps only and put back after
-        self.decode_blas: str | None = DECODE_BLAS
+        self.decode_blas: str | None = DECODE_BLAS if self._blas_backend_settable(DECODE_BLAS) else None
         self.decode_blas_rows: tuple[int, int] = DECODE_BLAS_ROWS
         self._copy_streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
@@ -699,6 +699,20 @@ class CudaRunner:
         if self._copy_streams is None:
             self._copy_streams = (torch.cuda.Stream(self.dev), torch.cuda.Stream(self.dev))
         return self._copy_streams
+
+    def _blas_backend_settable(self, backend: str) -> bool:
+        """Whether torch can switch its BLAS backend to ``backend`` here (a build without cuBLASLt refuses; off the
+        GPU the switch is never made, so it counts as settable). Put back at once."""
+        if self.dev.type != "cuda":
+            return True
+        before = torch.backends.cuda.preferred_blas_library()
+        try:
+            torch.backends.cuda.preferred_blas_library(backend)
+        except RuntimeError:
+            return False
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+        return True
 
     @contextlib.contextmanager
     def _decode_blas_backend(self, rows: int):

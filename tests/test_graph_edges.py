@@ -100,3 +100,24 @@ def test_decode_blas_rejects_an_unknown_backend_before_switching(monkeypatch):
         with CudaRunner._decode_blas_backend(_fake_runner(decode_blas="hipblaslt"), 32):
             pass
     assert fake.calls == [] and fake.current == "cublas"
+
+
+def test_a_torch_without_cublaslt_leaves_decode_blas_off(monkeypatch):
+    class NoLt(_Backend):
+        def __call__(self, backend=None):
+            if backend == "cublaslt":
+                raise RuntimeError("Cannot set preferred backend to cuBLASLt")
+            return super().__call__(backend)
+
+    fake = NoLt()
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", fake)
+    assert CudaRunner._blas_backend_settable(_fake_runner(), "cublaslt") is False
+    assert fake.current == "cublas"                      # put back even though the switch failed
+    assert CudaRunner._blas_backend_settable(_fake_runner(), "cublas") is True
+    assert CudaRunner._blas_backend_settable(_fake_runner(dev=torch.device("cpu")), "cublaslt") is True
+
+
+def test_the_engine_keeps_the_default_decode_blas_and_blas_pdl_off(opt_engine):
+    eng = opt_engine()
+    assert eng.runner.decode_blas == DECODE_BLAS and eng.runner.decode_blas_rows == DECODE_BLAS_ROWS
+    assert eng.runner.blas_pdl is False
