@@ -1,10 +1,8 @@
 """Which call of cuBLAS is fastest for a decode step's GEMMs?
 
-    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--cluster]
-        [--swiglu] [--no-lt] [--model qwen3-8b] [--out DIR]
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--swiglu] [--no-lt] [--out DIR]
 
-Diagnostic. For the decode GEMMs of ``--model`` (qwen3-8b by default; and the LM head in fp32) at M rows it
-times, each from a
+Diagnostic. For the qwen3-8b decode GEMMs (and the LM head in fp32) at M rows it times, each from a
 CUDA graph of ``--reps`` calls that cycles over copies of the weight that together exceed the L2
 (so every call reads its weight from DRAM), best of 3 replays, in one process:
 
@@ -17,9 +15,7 @@ CUDA graph of ``--reps`` calls that cycles over copies of the weight that togeth
 * ``k{KC}s{S}p{PL}x{C}`` (``t{TP}``): ``ops.skinny_staged`` with chunks of KC columns, S stages, PL producer
   lanes, C CTAs a multiprocessor and TP 16-row tiles a stage (``--staged KC:S:PL:C[:TP] ...``), the weights
   through shared memory by bulk copies; each configuration is timed at the rows it is built for (TP = 1 and
-  ``ops.SKINNY_STAGED_CONFIGS`` up to 8 rows, ``ops.SKINNY_STAGED_WIDE`` at 9-32);
-* ``cl-k{KC}s{S}t{TP}c{C}`` (``--cluster``, at 17-64 rows): ``ops.skinny_cluster`` in every built configuration
-  (``ops.SKINNY_CLUSTER_CONFIGS``), x shared by the CTAs of a thread-block cluster.
+  ``ops.SKINNY_STAGED_CONFIGS`` up to 8 rows, ``ops.SKINNY_STAGED_WIDE`` at 9-32).
 
 ``--swiglu`` adds the gate/up GEMM with its activation (``gate_up+act``): ``torch.matmul`` then
 ``ops.silu_mul``, ``ops.skinny_swiglu``, and the staged kernel's SwiGLU epilogue.
@@ -45,16 +41,6 @@ from optimized import ops  # noqa: E402
 #: (name, N, K, fp32 output)
 GEMMS = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up", 24576, 4096, False),
          ("down", 4096, 12288, False), ("lm_head", 151936, 4096, True))
-
-
-def model_gemms(name: str) -> tuple[tuple[str, int, int, bool], ...]:
-    """``GEMMS`` of another model's shapes (the runner's fused qkv and gate/up weights)."""
-    from reference.config import named_config
-    c = named_config(name)
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    return (("qkv", q + 2 * kv, c.hidden_size, False), ("o_proj", c.hidden_size, q, False),
-            ("gate_up", 2 * c.intermediate_size, c.hidden_size, False),
-            ("down", c.hidden_size, c.intermediate_size, False), ("lm_head", c.vocab_size, c.hidden_size, True))
 
 
 def timed(fn, reps: int) -> float:
@@ -88,8 +74,6 @@ def main() -> int:
     ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations KC:STAGES:LANES:CTAS_PER_SM[:TP]")
     ap.add_argument("--swiglu", action="store_true", help="also gate/up with its activation")
     ap.add_argument("--no-lt", action="store_true", help="leave out the cuBLASLt and transposed calls")
-    ap.add_argument("--cluster", action="store_true", help="also the cluster kernel at 17-64 rows")
-    ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     staged = [tuple(int(v) for v in c.split(":")) + ((1,) if c.count(":") == 3 else ()) for c in args.staged]
@@ -100,9 +84,7 @@ def main() -> int:
     print(f"device {torch.cuda.get_device_name()}, default BLAS {lib0}; µs per call (GB/s of weights), "
           f"weights from DRAM, best of 3 replays of {args.reps} calls")
     rows = []
-    base = GEMMS if args.model == "qwen3-8b" else model_gemms(args.model)
-    gu = next(g for g in base if g[0] == "gate_up")
-    gemms = base + ((("gate_up+act", gu[1], gu[2], False),) if args.swiglu else ())
+    gemms = GEMMS + ((("gate_up+act", 24576, 4096, False),) if args.swiglu else ())
     for name, N, K, f32 in gemms:
         wbytes = N * K * 2
         copies = max(2, -(-3 * l2 // wbytes))
@@ -141,11 +123,6 @@ def main() -> int:
                     return ops.skinny_staged(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
                                              swiglu=act, kc=kc, stages=S, lanes=pl, ctas_per_sm=C, tp=tp)
                 variants[f"k{kc}s{S}p{pl}x{C}" + (f"t{tp}" if tp > 1 else "")] = st
-            for kc, S, tp, C in ops.SKINNY_CLUSTER_CONFIGS if args.cluster and 16 < M <= ops.SKINNY_CLUSTER_MAX_M else ():
-                def cl(i, x=x, ws=ws, f32=f32, act=act, kc=kc, S=S, tp=tp, C=C):
-                    return ops.skinny_cluster(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
-                                              swiglu=act, kc=kc, stages=S, tp=tp, cluster=C, pre=2)
-                variants[f"cl-k{kc}s{S}t{tp}c{C}"] = cl
             line = f"{name:>11} M={M:<3}"
             for v, fn in variants.items():
                 torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else lib0)
