@@ -1,8 +1,10 @@
 """Which call of cuBLAS is fastest for a decode step's GEMMs?
 
-    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--swiglu] [--no-lt] [--out DIR]
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--swiglu] [--no-lt]
+        [--model qwen3-8b] [--out DIR]
 
-Diagnostic. For the qwen3-8b decode GEMMs (and the LM head in fp32) at M rows it times, each from a
+Diagnostic. For the decode GEMMs of ``--model`` (qwen3-8b by default; and the LM head in fp32) at M rows it
+times, each from a
 CUDA graph of ``--reps`` calls that cycles over copies of the weight that together exceed the L2
 (so every call reads its weight from DRAM), best of 3 replays, in one process:
 
@@ -43,6 +45,16 @@ GEMMS = (("qkv", 6144, 4096, False), ("o_proj", 4096, 4096, False), ("gate_up", 
          ("down", 4096, 12288, False), ("lm_head", 151936, 4096, True))
 
 
+def model_gemms(name: str) -> tuple[tuple[str, int, int, bool], ...]:
+    """``GEMMS`` of another model's shapes (the runner's fused qkv and gate/up weights)."""
+    from reference.config import named_config
+    c = named_config(name)
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return (("qkv", q + 2 * kv, c.hidden_size, False), ("o_proj", c.hidden_size, q, False),
+            ("gate_up", 2 * c.intermediate_size, c.hidden_size, False),
+            ("down", c.hidden_size, c.intermediate_size, False), ("lm_head", c.vocab_size, c.hidden_size, True))
+
+
 def timed(fn, reps: int) -> float:
     """µs per call: a CUDA graph of ``reps`` calls of ``fn(i)``, best of 3 replays after one warm replay."""
     s = torch.cuda.Stream()
@@ -74,6 +86,7 @@ def main() -> int:
     ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations KC:STAGES:LANES:CTAS_PER_SM[:TP]")
     ap.add_argument("--swiglu", action="store_true", help="also gate/up with its activation")
     ap.add_argument("--no-lt", action="store_true", help="leave out the cuBLASLt and transposed calls")
+    ap.add_argument("--model", default="qwen3-8b", help="the model whose GEMM shapes are timed")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     staged = [tuple(int(v) for v in c.split(":")) + ((1,) if c.count(":") == 3 else ()) for c in args.staged]
@@ -84,7 +97,9 @@ def main() -> int:
     print(f"device {torch.cuda.get_device_name()}, default BLAS {lib0}; µs per call (GB/s of weights), "
           f"weights from DRAM, best of 3 replays of {args.reps} calls")
     rows = []
-    gemms = GEMMS + ((("gate_up+act", 24576, 4096, False),) if args.swiglu else ())
+    base = GEMMS if args.model == "qwen3-8b" else model_gemms(args.model)
+    gu = next(g for g in base if g[0] == "gate_up")
+    gemms = base + ((("gate_up+act", gu[1], gu[2], False),) if args.swiglu else ())
     for name, N, K, f32 in gemms:
         wbytes = N * K * 2
         copies = max(2, -(-3 * l2 // wbytes))
