@@ -24,9 +24,10 @@ edges and its kernel nodes' names. The rest talks to ``libcuda`` through ``ctype
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from dataclasses import dataclass
+
+from . import launch
 
 #: ``CU_GRAPH_NODE_TYPE_KERNEL`` (cuda.h)
 NODE_KERNEL = 0
@@ -78,14 +79,14 @@ def select_edges(edges: list[Edge], kernels: dict[int, str], pattern: str) -> li
 
 def _check(lib, rc: int, what: str) -> None:
     if rc != 0:
-        name = ctypes.c_char_p()
-        lib.cuGetErrorName(rc, ctypes.byref(name))
-        raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
+        raise launch.driver_error(lib, rc, what)
 
 
 def _lib():
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    """``libcuda`` as ``optimized/launch.py`` loads it."""
+    lib = launch._driver()
+    if lib is None:
+        raise RuntimeError("the CUDA driver is missing (or has no cuLaunchKernelEx)")
     return lib
 
 
@@ -146,15 +147,3 @@ def make_programmatic(graph: int, pattern: str) -> list[tuple[str, str]]:
             _check(lib, rc, "cuGraphAddDependencies")
     return [(kernels[e.src], kernels[e.dst]) for e in chosen]
 
-
-def cublaslt_version() -> int | None:
-    """``cublasLtGetVersion()`` of the cuBLASLt library already loaded in this process (torch's, after its first
-    GEMM), or None when none is."""
-    for soname in ("libcublasLt.so.13", "libcublasLt.so.12"):
-        try:
-            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)
-        except OSError:
-            continue
-        lib.cublasLtGetVersion.restype = ctypes.c_size_t
-        return int(lib.cublasLtGetVersion())
-    return None

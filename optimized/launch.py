@@ -132,6 +132,11 @@ def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.gener
     cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, attrs, len(wanted))
     rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
     if rc != 0:
-        name = ctypes.c_char_p()
-        lib.cuGetErrorName(rc, ctypes.byref(name))
-        raise RuntimeError(f"cuLaunchKernelEx failed: {(name.value or b'?').decode()} ({rc})")
+        raise driver_error(lib, rc, "cuLaunchKernelEx")
+
+
+def driver_error(lib, rc: int, what: str) -> RuntimeError:
+    """The ``RuntimeError`` for the driver call ``what`` that returned ``rc``: its error name and number."""
+    name = ctypes.c_char_p()
+    lib.cuGetErrorName(rc, ctypes.byref(name))
+    return RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")

@@ -152,6 +152,18 @@ DECODE_BLAS = "cublaslt"
 DECODE_BLAS_ROWS = (17, 64)
 
 
+@contextlib.contextmanager
+def _torch_blas(backend: str):
+    """torch's process-wide BLAS backend set to ``backend`` for the body, then put back (a refused switch raises
+    torch's RuntimeError and changes nothing)."""
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(backend)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 class CudaRunner:
     """Weights, KV pages and CUDA graphs of one engine on one GPU."""
 
@@ -705,13 +717,11 @@ class CudaRunner:
         GPU the switch is never made, so it counts as settable). Put back at once."""
         if self.dev.type != "cuda":
             return True
-        before = torch.backends.cuda.preferred_blas_library()
         try:
-            torch.backends.cuda.preferred_blas_library(backend)
+            with _torch_blas(backend):
+                pass
         except RuntimeError:
             return False
-        finally:
-            torch.backends.cuda.preferred_blas_library(before)
         return True
 
     @contextlib.contextmanager
@@ -724,12 +734,8 @@ class CudaRunner:
         if self.decode_blas is None or self.dev.type != "cuda" or not lo <= rows <= hi:
             yield
             return
-        before = torch.backends.cuda.preferred_blas_library()
-        torch.backends.cuda.preferred_blas_library(self.decode_blas)
-        try:
+        with _torch_blas(self.decode_blas):
             yield
-        finally:
-            torch.backends.cuda.preferred_blas_library(before)
 
     def _capture(self, n: int, max_len: int, split: int | None, max_splits: int) -> dict:
         """The decode graph(s) of ``n`` rows and up to ``max_len`` keys: one device slot, or two used in turn

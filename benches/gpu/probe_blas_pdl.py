@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
 import optimized  # noqa: E402
 from optimized import graph_edges, launch  # noqa: E402
@@ -39,17 +41,27 @@ from optimized.runner import BLAS_PDL_KERNELS  # noqa: E402
 from conformance.cases import draw_weights  # noqa: E402
 from reference import SamplingParams  # noqa: E402
 from reference.config import named_config  # noqa: E402
+from probe_blas import model_gemms  # noqa: E402
 
 SPIN_NS = 200_000
 
 
 def shapes(name: str) -> dict[str, tuple[int, int]]:
-    """role -> (N, K) of the decode GEMMs of a model (the runner's fused qkv and gate/up weights)."""
-    c = named_config(name)
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    return {"qkv": (q + 2 * kv, c.hidden_size), "o_proj": (c.hidden_size, q),
-            "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size),
-            "lm_head": (c.vocab_size, c.hidden_size)}
+    """role -> (N, K) of the decode GEMMs of a model (``probe_blas.model_gemms``)."""
+    return {role: (N, K) for role, N, K, _ in model_gemms(name)}
+
+
+def cublaslt_version() -> int | None:
+    """``cublasLtGetVersion()`` of the cuBLASLt library already loaded in this process (torch's, after its first
+    GEMM), or None when none is."""
+    for soname in ("libcublasLt.so.13", "libcublasLt.so.12"):
+        try:
+            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)
+        except OSError:
+            continue
+        lib.cublasLtGetVersion.restype = ctypes.c_size_t
+        return int(lib.cublasLtGetVersion())
+    return None
 
 
 def gemm(role: str):
@@ -206,7 +218,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.ones(8, 8, device="cuda", dtype=torch.bfloat16) @ torch.ones(8, 8, device="cuda", dtype=torch.bfloat16)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, cuBLASLt "
-          f"{graph_edges.cublaslt_version()}, pattern {args.pattern!r}", flush=True)
+          f"{cublaslt_version()}, pattern {args.pattern!r}", flush=True)
     ok, report, log = True, {}, []
     if "wait" in args.only:
         w_ok, report["wait"] = probe_wait(args.models, args.rows, args.pattern, log)
