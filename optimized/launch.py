@@ -140,3 +140,28 @@ def driver_error(lib, rc: int, what: str) -> RuntimeError:
     name = ctypes.c_char_p()
     lib.cuGetErrorName(rc, ctypes.byref(name))
     return RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
+
+
+def max_active_clusters(func_ptr: int, block: tuple, smem: int, cluster_x: int) -> int:
+    """``cuOccupancyMaxActiveClusters``: how many clusters of ``cluster_x`` CTAs of the CUfunction ``func_ptr``
+    (``block`` threads, ``smem`` bytes of dynamic shared memory each) the device can hold at once. Raises
+    ``RuntimeError`` with the driver's error name on failure."""
+    lib = _driver()
+    if lib is None:
+        raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
+    if not isinstance(cluster_x, int) or cluster_x < 1:
+        raise ValueError(f"cluster_x must be a positive int, got {cluster_x!r}")
+    wanted = launch_attrs(cluster_x)
+    attrs = (_LaunchAttr * len(wanted))()
+    for a, (aid, vals) in zip(attrs, wanted):
+        a.id = aid
+        for i, v in enumerate(vals):
+            a.value[i] = v
+    bx, by, bz = (tuple(block) + (1, 1))[:3]
+    cfg = _LaunchConfig(cluster_x * 256, 1, 1, bx, by, bz, smem, None, attrs, len(wanted))
+    n = ctypes.c_int(0)
+    fn = lib.cuOccupancyMaxActiveClusters
+    rc = fn(ctypes.byref(n), ctypes.c_void_p(func_ptr), ctypes.byref(cfg))
+    if rc != 0:
+        raise driver_error(lib, rc, "cuOccupancyMaxActiveClusters")
+    return n.value

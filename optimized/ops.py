@@ -36,6 +36,7 @@ __all__ = [
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "skinny_staged", "SKINNY_STAGED_CONFIGS", "SKINNY_STAGED_WIDE", "SKINNY_STAGED_MAX_M",
+    "skinny_cluster", "SKINNY_CLUSTER_CONFIGS", "SKINNY_CLUSTER_MAX_M",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -1153,6 +1154,76 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
             (_SKINNY_STAGED_THREADS, 1, 1),
             (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _p(_kernel_tickets(x)), _i(pre), _i(int(evict_first))),
             skinny_staged_smem(kc, stages, tp))
+    return out
+
+
+#: built configurations of the cluster kernel (``skinny_gemm.cu``, "The cluster kernel"): (chunk columns, stages,
+#: 16-row tiles a unit, CTAs a cluster)
+SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 3, 1, 4))
+SKINNY_CLUSTER_MAX_M = 64
+_cluster_capacity: dict[tuple[int, str, int], int] = {}
+
+
+def skinny_cluster_smem(kc: int, stages: int, tp: int) -> int:
+    """Dynamic shared memory of a cluster launch: ``stages`` x (16 ``tp`` weight rows + 64 x rows) of ``kc`` bf16,
+    rows 64 bytes apart past ``2 kc`` (``st_rs`` in skinny_gemm.cu)."""
+    return stages * (16 * tp + 64) * (kc * 2 + 64)
+
+
+def skinny_cluster_grid(units: int, cluster: int, capacity: int) -> int:
+    """CTAs of a cluster launch: whole clusters, at most one CTA a unit (rounded up to a cluster) and at most the
+    ``capacity`` clusters the device holds at once."""
+    return cluster * max(1, min(-(-units // cluster), capacity))
+
+
+def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                   out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 256, stages: int = 3,
+                   tp: int = 2, cluster: int = 4, pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
+    """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_CLUSTER_MAX_M`` rows by the
+    cluster kernel: the staged kernel's weight stream, and each chunk of x copied once per thread-block cluster of
+    ``cluster`` CTAs into all of them by multicast bulk copies (``skinny_gemm.cu``, "The cluster kernel");
+    ``(kc, stages, tp, cluster)`` one of ``SKINNY_CLUSTER_CONFIGS``. A unit of ``tp`` 16-row tiles per CTA at a
+    time, assigned statically over at most as many clusters as the device holds at once. ``pre``: stages whose
+    weights a CTA may fetch before the programmatic-dependent-launch wait (default ``stages``). ``evict_first``:
+    as ``skinny_staged``. Needs the driver's launch path (PDL on, sm_90+). A row's bits are those of
+    ``skinny_staged`` at up to 8 rows (the same sums in the same order), whatever the configuration and grid."""
+    M, N, K = _linear_shape(x, w)
+    _need(M <= SKINNY_CLUSTER_MAX_M, f"skinny_cluster takes at most {SKINNY_CLUSTER_MAX_M} rows, got {M}")
+    _need((kc, stages, tp, cluster) in SKINNY_CLUSTER_CONFIGS,
+          f"(kc, stages, tp, cluster) = {(kc, stages, tp, cluster)} is not built; built: {SKINNY_CLUSTER_CONFIGS}")
+    pre = stages if pre is None else pre
+    _need(isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0,
+          f"pre must be a non-negative int, got {pre!r}")
+    _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
+    if swiglu:
+        _need(out_dtype == torch.bfloat16, "skinny_cluster(swiglu=True) writes bf16")
+        _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
+        width, tiles = N // 2, N // 16
+    else:
+        _need(0 < N, f"N = {N} must be positive")
+        width, tiles = N, -(-N // 16)
+    _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    _need(_clusters_ok(x), "skinny_cluster needs thread-block clusters: the driver's launch path (PDL on), sm_90+")
+    out, ldx = _linear_out(x, w, out_dtype, out, width=width)
+    if M == 0:
+        return out
+    dev = _device_index(x)
+    kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
+    name = f"skinny_cluster_k{kc}s{stages}t{tp}c{cluster}_m64_{kind}"
+    smem = skinny_cluster_smem(kc, stages, tp)
+    key = (dev, name, smem)
+    cap = _cluster_capacity.get(key)
+    if cap is None:
+        import cupy
+        with cupy.cuda.Device(dev):
+            _, handle = _function(dev, "skinny_gemm", name, smem)
+            cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (_SKINNY_STAGED_THREADS, 1, 1), smem,
+                                                                      cluster)
+        _need(cap >= 1, f"{name}: the device holds no cluster of {cluster} CTAs with {smem} bytes of shared memory")
+    grid = skinny_cluster_grid(-(-tiles // tp), cluster, cap)
+    _launch(x, "skinny_gemm", name, (grid, 1, 1), (_SKINNY_STAGED_THREADS, 1, 1),
+            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))),
+            smem, cluster_x=cluster)
     return out
 
 

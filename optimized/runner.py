@@ -260,6 +260,13 @@ class CudaRunner:
         #: ... for weights of at most this many elements (larger ones take cuBLAS): qwen3-8b's qkv and o_proj and
         #: every qwen3-0.6b layer GEMM, not qwen3-8b's gate/up and down or either LM head
         self.staged_wide_max_elems = STAGED_WIDE_MAX_ELEMS
+        #: decode GEMMs of 17-64 rows (default mode) on the cluster kernel (``ops.skinny_cluster``), by role ->
+        #: (chunk columns, stages, 16-row tiles a unit, CTAs a cluster, stages fetched before the PDL wait): one of
+        #: ``ops.SKINNY_CLUSTER_CONFIGS``; a role not named takes cuBLAS. Default: none (measured in
+        #: docs/performance.md, "The cluster kernel")
+        self.cluster_gemm: dict[str, tuple[int, int, int, int, int]] = {}
+        #: ... for weights of at most this many elements
+        self.cluster_max_elems = 1 << 62
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
@@ -403,6 +410,9 @@ class CudaRunner:
         kernel where ``staged`` names the GEMM's ``role``, or our fixed-order GEMM in batch-invariant mode."""
         if self.invariant:
             return ops.gemm(x, w)
+        cl = self._cluster_cfg(x, w, role)
+        if cl is not None:
+            return ops.skinny_cluster(x, w, **self._cluster_kw(cl))
         st = self._staged_cfg(x, w, role)
         if st is not None:
             return ops.skinny_staged(x, w, **self._staged_kw(st))
@@ -413,6 +423,18 @@ class CudaRunner:
     def _staged_kw(self, st: tuple[int, ...]) -> dict[str, int | bool]:
         return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4],
                     tp=st[5] if len(st) > 5 else 1, evict_first=self.staged_evict_first)
+
+    @staticmethod
+    def _cluster_kw(cl: tuple[int, ...]) -> dict[str, int]:
+        return dict(kc=cl[0], stages=cl[1], tp=cl[2], cluster=cl[3], pre=cl[4])
+
+    def _cluster_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
+        """The cluster kernel's configuration (``cluster_gemm``) for this GEMM of 17-64 rows, or None."""
+        if self.invariant or self.skinny_max_m <= 0 or w.shape[1] % 8 or not 16 < x.shape[0] <= ops.SKINNY_CLUSTER_MAX_M:
+            return None
+        if w.numel() > self.cluster_max_elems:
+            return None
+        return self.cluster_gemm.get(role)
 
     def _staged_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
         """The staged kernel's configuration (``staged``; ``staged_wide`` for 9-32 rows) for this GEMM, or None."""
@@ -444,6 +466,9 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self.invariant:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
+        cl = self._cluster_cfg(hidden, self.lm_head, "lm_head")
+        if cl is not None:
+            return ops.skinny_cluster(hidden, self.lm_head, out_dtype=torch.float32, **self._cluster_kw(cl))
         st = self._staged_cfg(hidden, self.lm_head, "lm_head")
         if st is not None:
             return ops.skinny_staged(hidden, self.lm_head, out_dtype=torch.float32, **self._staged_kw(st))
@@ -488,6 +513,9 @@ class CudaRunner:
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
+        cl = self._cluster_cfg(h, wgu, "gate_up")
+        if cl is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+            return ops.skinny_cluster(h, wgu, swiglu=True, **self._cluster_kw(cl))
         st = self._staged_cfg(h, wgu, "gate_up")
         if st is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_staged(h, wgu, swiglu=True, **self._staged_kw(st))

@@ -122,6 +122,14 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
+    def skinny_cluster(x, w, *, out_dtype=torch.bfloat16, swiglu=False, kc=256, stages=3, tp=2, cluster=4, pre=None,
+                       evict_first=True):
+        assert 16 < x.shape[0] <= real_ops.SKINNY_CLUSTER_MAX_M, "the cluster kernel's rows (the runner's 17-64)"
+        assert (kc, stages, tp, cluster) in real_ops.SKINNY_CLUSTER_CONFIGS, "a built configuration"
+        log.append(("skinny_cluster", (x.shape[0], w.data_ptr(), out_dtype, swiglu, kc, stages, tp, cluster, pre)))
+        y = linear(x, w)
+        return silu_mul(y) if swiglu else y.to(out_dtype)
+
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode, *, tokens=None, logprobs=None):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -144,6 +152,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                  add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,
+                                 skinny_cluster=skinny_cluster, SKINNY_CLUSTER_MAX_M=real_ops.SKINNY_CLUSTER_MAX_M,
                                  SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
                                  skinny_staged_rows=real_ops.skinny_staged_rows,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))

@@ -218,6 +218,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
             seen += 1
             if kname.startswith("skinny_staged"):
                 assert stmts[0].startswith("skinny_staged_impl<"), (kname, stmts)
+            elif kname.startswith("skinny_cluster"):
+                assert stmts[0].startswith("skinny_cluster_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
             elif name == "skinny_gemm":
@@ -246,6 +248,16 @@ def test_every_kernel_waits_for_its_predecessor_first():
     grab = producer.index("atomicAdd(counters, 1)")
     assert "if (!waited) {\n          pdl_wait();" in producer[:grab].rsplit("if (++kc == kch)", 1)[1]
     assert "int t = blockIdx.x;" in producer and producer.count("t = next;") == 1
+    # the cluster kernel: before its wait the producer copies weights only; x (the kernel before's output) after it;
+    # the consumers wait first
+    impl = kernels.source("skinny_gemm").split("void skinny_cluster_impl(")[1].split("\n}\n")[0]
+    producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]
+    consumers = impl.split("// ---- consumers")[1]
+    assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
+    before, after = producer.split("\n", 1)[1].split("pdl_wait();", 1)    # (past the marker comment's line)
+    code = re.sub(r"//[^\n]*", "", before)
+    assert "bulk_copy(" in code and not re.search(r"(?<!\.)\b(x|y|ldx)\b", code), "before the wait: the weights only"
+    assert "bulk_copy_multicast(" in after and "bulk_copy_multicast(" not in before
 
 
 def test_the_fused_decode_attention_reads_before_its_wait_only_what_the_kernel_before_does_not_write():

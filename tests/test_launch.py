@@ -237,6 +237,76 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert len(log) == n
 
 
+def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.skinny_cluster`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, tiles a unit,
+    cluster, output kind), whole clusters of at most one CTA a unit and at most the clusters the device holds
+    (the driver's occupancy query, asked once per kernel), 160 threads, the stages' dynamic shared memory, clusters
+    along x; every built configuration has its kernels; bad input -- and no cluster launch path -- is a
+    ValueError that launches nothing."""
+    import torch
+
+    from optimized import kernels, launch, ops
+
+    import contextlib
+    import sys
+    import types
+
+    queries = []
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda dev: contextlib.nullcontext()))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)              # (the occupancy query sets the device first)
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
+    monkeypatch.setattr(ops, "_function", lambda dev, module, name, smem, ctas_per_sm=None: (None, 7))
+    monkeypatch.setattr(ops, "_cluster_capacity", {})
+    monkeypatch.setattr(launch, "max_active_clusters",
+                        lambda handle, block, smem, c: queries.append((handle, block, smem, c)) or 32)
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None,
+                        cluster_x=1: launch_log.append((module, name, grid, block, args, smem, cluster_x)))
+    log = launch_log
+    bf = torch.bfloat16
+    x = torch.randn(64, 1024).to(bf)
+    out = ops.skinny_cluster(x, torch.randn(4096, 1024).to(bf))      # 256 tiles: 128 units of 2, 32 clusters of 4
+    mod, name, grid, block, args, smem, cx = log[-1]
+    assert out.shape == (64, 4096) and out.dtype == bf
+    assert (mod, name, grid, block, cx) == ("skinny_gemm", "skinny_cluster_k256s3t2c4_m64_bf16", (128, 1, 1),
+                                            (160, 1, 1), 4)
+    assert smem == 3 * (32 + 64) * (2 * 256 + 64) == ops.skinny_cluster_smem(256, 3, 2)
+    assert [int(a) for a in args[4:]] == [64, 4096, 1024, 3, 1]      # M, N, K, pre (all stages), evict
+    assert queries == [(7, (160, 1, 1), smem, 4)]
+    ops.skinny_cluster(torch.randn(20, 2048).to(bf), torch.randn(1024, 2048).to(bf), tp=1, pre=2,
+                       evict_first=False)                             # 64 units of 1
+    assert log[-1][1:3] == ("skinny_cluster_k256s3t1c4_m64_bf16", (64, 1, 1))
+    assert [int(a) for a in log[-1][4][4:]] == [20, 1024, 2048, 2, 0]
+    out = ops.skinny_cluster(x[:33], torch.randn(2 * 3072, 1024).to(bf), swiglu=True)   # 384 tiles: more than held
+    assert out.shape == (33, 3072) and log[-1][1:3] == ("skinny_cluster_k256s3t2c4_m64_swiglu", (128, 1, 1))
+    ops.skinny_cluster(x[:17], torch.randn(24, 1024).to(bf), out_dtype=torch.float32)     # 2 tiles: one cluster
+    assert log[-1][1:3] == ("skinny_cluster_k256s3t2c4_m64_f32", (4, 1, 1))
+    assert len(queries) == 4                                           # once per kernel (name and smem)
+    ops.skinny_cluster(x, torch.randn(4096, 1024).to(bf))
+    assert len(queries) == 4
+    assert [ops.skinny_cluster_grid(u, 4, 32) for u in (1, 4, 5, 128, 129, 1000)] == [4, 4, 8, 128, 128, 128]
+    names = set(kernels.SOURCES["skinny_gemm"])
+    for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS:
+        assert {f"skinny_cluster_k{kc}s{S}t{tp}c{c}_m64_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+    assert sum(n.startswith("skinny_cluster") for n in names) == 3 * len(ops.SKINNY_CLUSTER_CONFIGS)
+    n = len(log)
+    w = torch.randn(32, 1024).to(bf)
+    for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                  # more than 64 rows
+                       (dict(kc=512), x, w), (dict(stages=4), x, w), (dict(tp=3), x, w), (dict(cluster=2), x, w),
+                       (dict(pre=-1), x, w), (dict(pre=True), x, w),
+                       (dict(evict_first=1), x, w),                                 # a bool, not an int
+                       (dict(swiglu=True), x, torch.randn(40, 1024).to(bf)),         # I not a multiple of 8
+                       (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 1024).to(bf)),
+                       (dict(), x, torch.randn(48, 2048).to(bf)),                    # K differs
+                       (dict(), torch.randn(20, 60).to(bf), torch.randn(48, 60).to(bf))):   # K % 8
+        with pytest.raises(ValueError):
+            ops.skinny_cluster(bx, bw, **kw)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: False)
+    with pytest.raises(ValueError, match="cluster"):
+        ops.skinny_cluster(x, w)
+    assert len(log) == n
+
+
 def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):
     """``ops.sample`` on the CPU with ``_launch`` recorded: ``sample_partial`` over (chunks, rows), then
     ``sample`` over the rows with the same partials buffer and its chunk count; bad input launches nothing."""

@@ -376,6 +376,57 @@ def test_staged_wide_routes_decode_gemms_of_9_to_32_rows(opt_engine, launches):
     assert "skinny_staged" not in {k for k, _ in launches}
 
 
+def test_cluster_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
+    """``cluster_gemm``: the GEMMs of 17-64 rows (decode steps of that batch, short prefills) go to
+    ``skinny_cluster`` with their role's configuration, ahead of ``staged_wide``; 16 rows or fewer, more than 64,
+    roles not named and weights above ``cluster_max_elems`` do not; the rollout is the one without it; batch-invariant
+    mode and ``skinny_max_m = 0`` ignore it. The default: no role."""
+    prompts = [[(5 * i + j) % 512 for j in range(2 + i % 5)] for i in range(20)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 20
+    plain = opt_engine()
+    assert plain.runner.cluster_gemm == {}
+    want = _rollout(plain, prompts, sps, turns=2)
+    cfgs = {"qkv": (256, 3, 2, 4, 2), "gate_up": (256, 3, 1, 4, 3), "lm_head": (256, 3, 2, 4, 0)}
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.cluster_gemm = dict(cfgs)
+    eng.runner.staged_wide = {32: {r: (512, 3, 16, 3, 2, 1) for r in ("qkv", "o_proj", "gate_up", "down", "lm_head")}}
+    assert _rollout(eng, prompts, sps, turns=2) == want
+    role_of = {eng.runner.lm_head.data_ptr(): "lm_head"}
+    for L in eng.runner.layers:
+        role_of.update({L["wqkv"].data_ptr(): "qkv", L["wo"].data_ptr(): "o_proj",
+                        L["wgu"].data_ptr(): "gate_up", L["wd"].data_ptr(): "down"})
+    cl = [d for k, d in launches if k == "skinny_cluster"]
+    assert cl and all(16 < m <= 64 for m, *_ in cl), cl
+    assert {role_of[ptr] for _, ptr, *_ in cl} == set(cfgs), cl
+    for m, ptr, dt, sw, *cfg in cl:
+        role = role_of[ptr]
+        assert tuple(cfg) == cfgs[role] and sw == (role == "gate_up"), (role, cfg)
+        assert dt == (torch.float32 if role == "lm_head" else torch.bfloat16)
+    staged = {role_of[d[1]] for k, d in launches if k == "skinny_staged" and d[0] > 16}
+    assert staged == {"o_proj", "down"}, staged       # the roles cluster_gemm leaves: staged_wide's
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.cluster_gemm = dict(cfgs)
+    eng.runner.cluster_max_elems = eng.runner.layers[0]["wqkv"].numel()   # TINY's LM head (V x H) is above it
+    _rollout(eng, prompts, sps, turns=2)
+    ptrs = {d[1] for k, d in launches if k == "skinny_cluster"}
+    assert ptrs == {L[r].data_ptr() for L in eng.runner.layers for r in ("wqkv", "wgu")}, "the LM head is too large"
+    for kw in ({"batch_invariant": True}, {}):
+        launches.clear()
+        eng = opt_engine(**kw)
+        eng.runner.cluster_gemm = dict(cfgs)
+        if not kw:
+            eng.runner.skinny_max_m = 0
+        _rollout(eng, prompts, sps, turns=2)
+        assert "skinny_cluster" not in {k for k, _ in launches}, kw
+    launches.clear()
+    eng = opt_engine()                                  # 12 rows: not the cluster kernel's
+    eng.runner.cluster_gemm = dict(cfgs)
+    _rollout(eng, prompts[:12], sps[:12], turns=2)
+    assert all(d[0] > 16 for k, d in launches if k == "skinny_cluster")
+
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

@@ -1046,6 +1046,50 @@ def check_skinny_staged_wide(C: Checks, dev, gen) -> None:
         C.run("staged_wide", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
+def check_skinny_cluster(C: Checks, dev, gen) -> None:
+    """``ops.skinny_cluster`` (the cluster kernel, 17-64 rows): the flash rule vs a float64 product for bf16 and fp32
+    out, bf16 out == rounded fp32 out, a strided x; the bits of the 8-row staged kernel row by row (blocks of 8) for
+    every built configuration, a second launch, no stage before the PDL wait and copies without an L2 hint; the
+    SwiGLU epilogue bitwise ``silu_mul`` of the plain output. Shapes with a ragged last chunk, partial last tiles
+    and units, more units than the clusters hold at once (a CTA with more units than others: idle stages), fewer
+    units than a cluster's CTAs, and rows not a multiple of the cluster."""
+    shapes = [(64, 4096, 1024), (32, 1024, 2048), (48, 1024, 3072), (17, 6144, 4096), (64, 4096, 4096),
+              (33, 151936, 1024), (64, 40, 40), (20, 24, 8), (63, 100, 1544), (24, 17, 4104), (64, 48, 520)]
+    for M, N, K in shapes:
+        def run(M=M, N=N, K=K):
+            x, w = skinny_inputs(M, N, K, gen, dev)
+            kc0, S0, tp0, c0 = ops.SKINNY_CLUSTER_CONFIGS[0]
+            base = dict(kc=kc0, stages=S0, tp=tp0, cluster=c0)
+            y32, res = linear_accuracy(lambda a, b, **kw: ops.skinny_cluster(a, b, **base, **kw), x, w)
+            by8 = torch.cat([ops.skinny_staged(x[r:r + 8], w, out_dtype=torch.float32) for r in range(0, M, 8)])
+            res += exact("== the 8-row staged kernel over blocks of 8 rows", y32, by8)
+            res += exact("second launch", ops.skinny_cluster(x, w, out_dtype=torch.float32, **base), y32)
+            res += exact("no stage before the PDL wait, no L2 hint",
+                         ops.skinny_cluster(x, w, out_dtype=torch.float32, pre=0, evict_first=False, **base), y32)
+            for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS[1:]:
+                res += exact(f"kc {kc}, {S} stages, {tp} tiles a unit, clusters of {c}",
+                             ops.skinny_cluster(x, w, out_dtype=torch.float32, kc=kc, stages=S, tp=tp, cluster=c), y32)
+            return res
+        C.run("cluster", f"M={M} N={N} K={K}", run)
+    for M, I, K in ((64, 3072, 1024), (32, 12288, 4096), (21, 24, 40), (40, 1544, 2056)):
+        def run_swiglu(M=M, I=I, K=K):
+            x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
+            outs = [ops.skinny_cluster(x, w, swiglu=True, kc=kc, stages=S, tp=tp, cluster=c)
+                    for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS]
+            plain = ops.skinny_cluster(x, w)
+            torch.cuda.synchronize()
+            gu = x.double() @ w.double().t()
+            ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+            gbf = torch.matmul(x, w.t())
+            refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
+            res = fa_rule("vs float64", outs[0], ref32, refbf)
+            res += exact("== silu_mul(the plain kernel)", outs[0], ops.silu_mul(plain))
+            for cfg, o in zip(ops.SKINNY_CLUSTER_CONFIGS[1:], outs[1:]):
+                res += exact(f"configuration {cfg}", o, outs[0])
+            return res
+        C.run("cluster", f"swiglu M={M} I={I} K={K}", run_swiglu)
+
+
 def rope_tables(D: int, max_pos: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
     """The runner's fp32 RoPE tables (theta 1e6): cos, sin ``[max_pos, D/2]`` on ``dev``."""
     cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
@@ -1198,6 +1242,7 @@ SECTIONS = {
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
     "staged": check_skinny_staged, "staged_wide": check_skinny_staged_wide, "qk": check_qk_attention,
+    "cluster": check_skinny_cluster,
 }
 
 

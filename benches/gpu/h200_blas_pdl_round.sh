@@ -16,6 +16,10 @@
 #   final:  (the kept rule: cuBLASLt at 17-64 rows) the default against blas-cublas at qwen3-8b batch 16, 32, 48 and 64;
 #           the engine decode bench; the engine smoke test; conformance at CI scale beside the GPU-scale qwen3-8b
 #           clauses
+#   cluster: the cluster kernel (skinny_cluster_*, 17-64 rows): check_kernels.py --only cluster, probe_blas.py at 32
+#           and 64 rows (qwen3-0.6b and qwen3-8b shapes), then the engine A/B (profile_decode.py: default against the
+#           cl-* variants) at qwen3-0.6b batch 32 and 64 (timelines at 64), batch 64 after 1664 tokens, qwen3-8b
+#           batch 32 and 64
 source benches/gpu/_env.sh
 mode=${1:-probe}
 shift
@@ -68,4 +72,24 @@ if [ "$mode" = final ]; then
   pack_bench
   smoke 80
   conformance_both 200 conformance_gpu_qwen3-8b_lt.log 250
+fi
+if [ "$mode" = cluster ]; then
+  timeout 90 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster.log" 2>&1
+  rc=$?; echo "check_kernels cluster rc=$rc"; grep -E "FAIL" "$OUT/check_kernels_cluster.log" | head -20
+  tail -3 "$OUT/check_kernels_cluster.log"
+  [ $rc -ne 0 ] && exit 1   # (a hang or a wrong bit: nothing after it is worth the device time)
+  timeout 100 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --swiglu --cluster --model qwen3-0.6b --ms 32 64 \
+    > "$OUT/probe_blas_cluster_06b.log" 2>&1; echo "probe_blas 0.6b rc=$?"; cut -c1-330 "$OUT/probe_blas_cluster_06b.log"
+  timeout 100 python3 benches/gpu/probe_blas.py --reps 20 --no-lt --cluster --ms 32 64 \
+    > "$OUT/probe_blas_cluster_8b.log" 2>&1; echo "probe_blas 8b rc=$?"; cut -c1-330 "$OUT/probe_blas_cluster_8b.log"
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --profile-batches \
+    --timeline-batches 64 --rounds 3 --variants default cl-t2 cl-t1 cl-qg > "$OUT/profile_cluster_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_cluster_06b.log"
+  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_cluster_06b.log" | cut -c1-120 | head -56
+  timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 64 --prompt 1664 --profile-batches \
+    --rounds 3 --variants default cl-t2 > "$OUT/profile_cluster_06b_1664.log" 2>&1
+  echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile_cluster_06b_1664.log"
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --profile-batches \
+    --rounds 3 --variants default cl-lim > "$OUT/profile_cluster_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_cluster_8b.log"
 fi

@@ -1,7 +1,7 @@
 """Which call of cuBLAS is fastest for a decode step's GEMMs?
 
-    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--swiglu] [--no-lt]
-        [--model qwen3-8b] [--out DIR]
+    python benches/gpu/probe_blas.py [--reps 20] [--ms 1 8] [--staged 2048:2:16:1 512:3:16:2:2 ...] [--cluster]
+        [--swiglu] [--no-lt] [--model qwen3-8b] [--out DIR]
 
 Diagnostic. For the decode GEMMs of ``--model`` (qwen3-8b by default; and the LM head in fp32) at M rows it
 times, each from a
@@ -17,7 +17,9 @@ CUDA graph of ``--reps`` calls that cycles over copies of the weight that togeth
 * ``k{KC}s{S}p{PL}x{C}`` (``t{TP}``): ``ops.skinny_staged`` with chunks of KC columns, S stages, PL producer
   lanes, C CTAs a multiprocessor and TP 16-row tiles a stage (``--staged KC:S:PL:C[:TP] ...``), the weights
   through shared memory by bulk copies; each configuration is timed at the rows it is built for (TP = 1 and
-  ``ops.SKINNY_STAGED_CONFIGS`` up to 8 rows, ``ops.SKINNY_STAGED_WIDE`` at 9-32).
+  ``ops.SKINNY_STAGED_CONFIGS`` up to 8 rows, ``ops.SKINNY_STAGED_WIDE`` at 9-32);
+* ``cl-k{KC}s{S}t{TP}c{C}`` (``--cluster``, at 17-64 rows): ``ops.skinny_cluster`` in every built configuration
+  (``ops.SKINNY_CLUSTER_CONFIGS``), x shared by the CTAs of a thread-block cluster.
 
 ``--swiglu`` adds the gate/up GEMM with its activation (``gate_up+act``): ``torch.matmul`` then
 ``ops.silu_mul``, ``ops.skinny_swiglu``, and the staged kernel's SwiGLU epilogue.
@@ -86,6 +88,7 @@ def main() -> int:
     ap.add_argument("--staged", nargs="*", default=[], help="staged-kernel configurations KC:STAGES:LANES:CTAS_PER_SM[:TP]")
     ap.add_argument("--swiglu", action="store_true", help="also gate/up with its activation")
     ap.add_argument("--no-lt", action="store_true", help="leave out the cuBLASLt and transposed calls")
+    ap.add_argument("--cluster", action="store_true", help="also the cluster kernel at 17-64 rows")
     ap.add_argument("--model", default="qwen3-8b", help="the model whose GEMM shapes are timed")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -138,6 +141,11 @@ def main() -> int:
                     return ops.skinny_staged(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
                                              swiglu=act, kc=kc, stages=S, lanes=pl, ctas_per_sm=C, tp=tp)
                 variants[f"k{kc}s{S}p{pl}x{C}" + (f"t{tp}" if tp > 1 else "")] = st
+            for kc, S, tp, C in ops.SKINNY_CLUSTER_CONFIGS if args.cluster and 16 < M <= ops.SKINNY_CLUSTER_MAX_M else ():
+                def cl(i, x=x, ws=ws, f32=f32, act=act, kc=kc, S=S, tp=tp, C=C):
+                    return ops.skinny_cluster(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
+                                              swiglu=act, kc=kc, stages=S, tp=tp, cluster=C, pre=2)
+                variants[f"cl-k{kc}s{S}t{tp}c{C}"] = cl
             line = f"{name:>11} M={M:<3}"
             for v, fn in variants.items():
                 torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else lib0)

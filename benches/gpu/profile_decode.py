@@ -30,7 +30,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``BLAS_PDL_VARIANTS`` (``blas-pdl``: the edges into cuBLAS's GEMM kernels programmatic, which cuBLASLt 13.1's
   kernels do not wait behind -- a measurement of what those launches cost, with wrong outputs), the
   ``DECODE_BLAS_VARIANTS`` (``blas-cublas``: the decode GEMMs on cuBLAS through torch's cuBLAS path, not its
-  cuBLASLt path) and the
+  cuBLASLt path), the ``GEMM_CLUSTER_VARIANTS`` (``cl-*``: the GEMMs of 17-64 rows on the cluster kernel, by
+  role and size) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -230,10 +231,21 @@ BLAS_PDL_VARIANTS: dict[str, bool] = {"blas-pdl": True}
 #: variants on top of "default" with another torch BLAS backend for the decode GEMMs on cuBLAS
 #: (``CudaRunner.decode_blas``; the default: cuBLASLt)
 DECODE_BLAS_VARIANTS: dict[str, str | None] = {"blas-cublas": "cublas"}
+#: variants on top of "default" with the decode GEMMs of 17-64 rows on the cluster kernel (``CudaRunner.cluster_gemm``,
+#: ``cluster_max_elems``): roles -> (chunk columns, stages, tiles a unit, CTAs a cluster, stages before the wait)
+_CL_T2, _CL_T1 = (256, 3, 2, 4, 2), (256, 3, 1, 4, 2)
+_LAYER_ROLES = ("qkv", "o_proj", "gate_up", "down")
+GEMM_CLUSTER_VARIANTS: dict[str, tuple[dict[str, tuple[int, int, int, int, int]], int]] = {
+    "cl-t2": ({r: _CL_T2 for r in _LAYER_ROLES}, 1 << 62),
+    "cl-t1": ({r: _CL_T1 for r in _LAYER_ROLES}, 1 << 62),
+    "cl-qg": ({r: _CL_T2 for r in ("qkv", "gate_up")}, 1 << 62),
+    "cl-lim": ({r: _CL_T2 for r in _LAYER_ROLES + ("lm_head",)}, 32 << 20),
+}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS,
-                 WIDE_VARIANTS, BLAS_PDL_VARIANTS, DECODE_BLAS_VARIANTS)
+                 WIDE_VARIANTS, BLAS_PDL_VARIANTS, DECODE_BLAS_VARIANTS,
+                 GEMM_CLUSTER_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -320,7 +332,7 @@ def graph_timeline(eng, prompts, steps: int = 8, sampling: dict | None = None
     prev_name = ""
     for start, end, name in step:
         key = name[:60]
-        if name.startswith("skinny_staged") and name.endswith("_bf16"):   # the role, by the kernel before it
+        if name.startswith(("skinny_staged", "skinny_cluster")) and name.endswith("_bf16"):   # the role, by the kernel before it
             key += " [o_proj]" if prev_name.startswith("split_kv") else " [down]" if prev_name.endswith("swiglu") \
                 else " [qkv]"
         prev_name = name
@@ -393,6 +405,8 @@ def main() -> int:
                 eng.runner.fuse_embed_norm = EMBED_VARIANTS.get(variant, True)
                 eng.runner.blas_pdl = BLAS_PDL_VARIANTS.get(variant, False)   # read at capture
                 eng.runner.decode_blas = DECODE_BLAS_VARIANTS.get(variant, default_decode_blas)   # read at capture
+                cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))
+                eng.runner.cluster_gemm, eng.runner.cluster_max_elems = dict(cl_roles), cl_max
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
@@ -470,6 +484,7 @@ def main() -> int:
             eng.runner.decode_copy_stream = eng.runner.fuse_embed_norm = eng.runner.decode_handoff = True
             eng.runner.blas_pdl = False
             eng.runner.decode_blas = default_decode_blas
+            eng.runner.cluster_gemm, eng.runner.cluster_max_elems = {}, 1 << 62
             eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
             eng.runner.staged_one_wave = dict(default_wave)
             ops.DECODE_CLUSTER = True

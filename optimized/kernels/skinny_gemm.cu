@@ -46,6 +46,12 @@
 #ifdef TK_STAGED_TRACE
 __device__ unsigned long long staged_trace[4096][6];  // at namespace scope: found by name (trace_staged.py)
 #endif
+#ifdef TK_CLUSTER_TRACE
+// trace_cluster.py: per CTA, 8 marks (see cl_mark), and per stage i < 64 the producer's issue time and the
+// consumers' landing time
+__device__ unsigned long long cluster_trace[1024][8];
+__device__ unsigned long long cluster_stage_trace[1024][64][2];
+#endif
 
 namespace {
 
@@ -541,6 +547,288 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   TK_ST_MARK(4);
 }
 
+// ---- The cluster kernel (skinny_cluster_*): decode steps of 17-64 rows ----
+//
+// Why a third kernel: above 16 rows the staged kernel's x reads are what it waits on -- every unit of 16 TP
+// weight rows reads all M rows of each chunk of x from L2, M / (16 TP) times its weight bytes, and at 32 rows
+// it lost to cuBLAS on every GEMM (docs/performance.md, "The staged GEMM above 8 rows"). Here the C CTAs of
+// a thread-block cluster share each chunk of x: CTA q of the cluster copies the x rows q, q + C, .. of a
+// chunk into the same stage of every CTA of the cluster, one multicast bulk copy per row, so L2 serves a
+// chunk of x once per cluster (M / (16 TP C) times the weight bytes).
+//   * work: static. CTA b takes the units b, b + G, b + 2G, .. (G CTAs); every CTA runs the same number of
+//     stages, since a cluster's stages advance together: a CTA past the last unit still copies its share of
+//     x and waits for its stages, and computes and stores nothing;
+//   * a stage holds the 16 TP weight rows of the CTA's unit, then the M rows of x, rows st_rs(KC) bytes
+//     apart. Its "full" barrier expects both (the x rows from all C producers); its "empty" barrier counts
+//     the consumer warps of all C CTAs, each of which arrives on every CTA's: a producer writes a stage of
+//     its peers only once all of them have consumed it;
+//   * the producer may issue the weights of the first `pre` stages before its PDL wait; x, which the kernel
+//     before writes, only after it;
+//   * the consumers are the staged kernel's (warp w takes the 32-column blocks w, w + 4, .. of each chunk,
+//     the warps' partials folded 0 .. 3), with x's fragments from shared memory: the same sums in the same
+//     order, so a row's bits are the 8-row staged kernel's (check_kernels.py, "cluster");
+//   * nobody leaves before the cluster's last barrier: a peer may still copy into this CTA's stages or
+//     arrive on its barriers.
+// MT = 8: up to 64 rows (rows past M are neither copied nor read into a product).
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// every thread of every CTA of the cluster (release / acquire)
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// arrive on the mbarrier at this CTA's shared address `bar` in cluster CTA `cta`
+__device__ __forceinline__ void mbar_arrive_peer(u32 bar, u32 cta) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// spin until the phase of the given parity has completed, acquiring at cluster scope (arrivals of peers)
+__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+// bytes from global src into shared dst of every cluster CTA in `mask`, completion counted on each one's bar.
+// (ptxas advises the sm_90a target for .multicast::cluster, for the sake of later architectures; on sm_90 it is
+// the Hopper instruction either way.)
+__device__ __forceinline__ void bulk_copy_multicast(u32 dst, const void* src, u32 bytes, u32 bar, unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// TK_CLUSTER_TRACE (a switch of benches/gpu/trace_cluster.py): %globaltimer (ns) of CTA blockIdx.x at its
+// start (0), after the first cluster barrier (1), after the consumers' PDL wait (2), when its first stage has
+// landed (3), after its last stage (4) and at its end (5); its SM (6) and cluster rank (7). And per stage the
+// time the producer issued its copies (after the stage's "empty" wait) and the time the consumers saw it full.
+// Diagnostic builds only, like TK_CL_LOCAL_X (each CTA copies all of x itself, no multicast) and
+// TK_CL_LOCAL_EMPTY (with TK_CL_LOCAL_X: a stage's "empty" barrier counts this CTA's consumers only).
+#ifdef TK_CLUSTER_TRACE
+__device__ __forceinline__ unsigned long long cl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define TK_CL_MARK(k)                                             \
+  do {                                                            \
+    if (threadIdx.x == 0 && blockIdx.x < 1024) cluster_trace[blockIdx.x][k] = cl_now(); \
+  } while (0)
+#define TK_CL_STAGE(i, j)                                                                  \
+  do {                                                                                     \
+    if (blockIdx.x < 1024 && (i) < 64) cluster_stage_trace[blockIdx.x][(i)][(j)] = cl_now(); \
+  } while (0)
+#else
+#define TK_CL_MARK(k)
+#define TK_CL_STAGE(i, j)
+#endif
+#if defined(TK_CL_LOCAL_EMPTY) && !defined(TK_CL_LOCAL_X)
+#error "TK_CL_LOCAL_EMPTY needs TK_CL_LOCAL_X: peers write into a stage only through the multicast"
+#endif
+
+template <int KC, int S, bool F32, int EPI, int TP, int C>
+__device__ __forceinline__ void skinny_cluster_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
+                                                    int M, int N, int K, int pre, int evict) {
+  constexpr int MT = 8, kRS = st_rs(KC), kWRows = 16 * TP, kStage = (kWRows + 8 * MT) * kRS;
+  constexpr int kBlocks = KC / 32, kNB = kBlocks / kStCW;
+  static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64, "cluster layout");
+  static_assert((TP == 1 || TP == 2) && (C == 2 || C == 4), "cluster widths");
+  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 TP weight rows + 64 x rows
+  __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
+  __shared__ float red[kStCW][TP * MT][4][32];               // per-warp C fragments of a unit
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
+  const int units = (tiles + TP - 1) / TP;
+  const int kch = (K + KC - 1) / KC;
+  const int total = (units + (int)gridDim.x - 1) / (int)gridDim.x * kch;  // stages of every CTA
+  const u32 rank = cluster_rank();
+  const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  TK_CL_MARK(0);
+#ifdef TK_CLUSTER_TRACE
+  if (tid == 0 && blockIdx.x < 1024) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    cluster_trace[blockIdx.x][6] = sm;
+    cluster_trace[blockIdx.x][7] = rank;
+  }
+#endif
+#ifdef TK_CL_LOCAL_EMPTY
+  constexpr int kEmptyCount = kStCW;  // this CTA's consumers only (diagnostic build)
+#else
+  constexpr int kEmptyCount = C * kStCW;
+#endif
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, kEmptyCount);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster_sync_all();  // every CTA's barriers exist before any copy or arrival reaches them
+  TK_CL_MARK(1);
+
+  if (warp == kStCW) {  // ---- producer: lanes 0-15, one weight row and one x row at a time each
+    if (lane < 16) {
+      const u64 policy = l2_evict_first();
+      const int early = min(min(pre, S), total);
+      for (int i = 0; i < total; ++i) {  // the weights of stage i (and its expected bytes)
+        const int s = i % S, u = (int)blockIdx.x + i / kch * (int)gridDim.x, k0 = i % kch * KC;
+        const u32 bytes = (u32)min(KC, K - k0) * 2u;
+        if (i == early) break;
+        if (lane == 0) TK_CL_STAGE(i, 0);
+        if (lane == 0) {
+          int rows = 0;
+#pragma unroll
+          for (int r = 0; r < kWRows; ++r) rows += u < units && unit_row<EPI, TP>(u, r, N) >= 0;
+          mbar_expect_tx(bar_full + 8 * s, bytes * (u32)(rows + M));
+        }
+        __syncwarp(0xffffu);  // the bytes are announced before any copy lands
+#pragma unroll
+        for (int r = lane; r < kWRows; r += 16) {
+          const int wr = u < units ? unit_row<EPI, TP>(u, r, N) : -1;
+          if (wr < 0) continue;
+          const u32 dst = base + s * kStage + r * kRS;
+          if (evict)
+            bulk_copy_hint(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s, policy);
+          else
+            bulk_copy(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s);
+        }
+      }
+      pdl_wait();  // x is the kernel before's output
+      pdl_launch_dependents();
+      const unsigned short mask = (unsigned short)((1u << C) - 1u);
+      for (int i = 0; i < total; ++i) {
+        const int s = i % S, u = (int)blockIdx.x + i / kch * (int)gridDim.x, k0 = i % kch * KC;
+        const u32 bytes = (u32)min(KC, K - k0) * 2u;
+        if (i >= early) {  // stage i's weights, after its previous use was consumed by the whole cluster
+          if (i >= S) mbar_wait_cluster(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);
+          if (lane == 0) TK_CL_STAGE(i, 0);
+          if (lane == 0) {
+            int rows = 0;
+#pragma unroll
+            for (int r = 0; r < kWRows; ++r) rows += u < units && unit_row<EPI, TP>(u, r, N) >= 0;
+            mbar_expect_tx(bar_full + 8 * s, bytes * (u32)(rows + M));
+          }
+          __syncwarp(0xffffu);
+#pragma unroll
+          for (int r = lane; r < kWRows; r += 16) {
+            const int wr = u < units ? unit_row<EPI, TP>(u, r, N) : -1;
+            if (wr < 0) continue;
+            const u32 dst = base + s * kStage + r * kRS;
+            if (evict)
+              bulk_copy_hint(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s, policy);
+            else
+              bulk_copy(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s);
+          }
+        }
+#ifdef TK_CL_LOCAL_X
+        (void)mask;  // all of stage i's x rows, into this CTA only (diagnostic build)
+        for (int r = lane; r < M; r += 16)
+          bulk_copy(base + s * kStage + (kWRows + r) * kRS, x + (long long)r * ldx + k0, bytes, bar_full + 8 * s);
+#else
+        // this CTA's share of stage i's x rows, into every CTA of the cluster
+        for (int r = (int)rank + C * lane; r < M; r += C * 16)
+          bulk_copy_multicast(base + s * kStage + (kWRows + r) * kRS, x + (long long)r * ldx + k0, bytes,
+                              bar_full + 8 * s, mask);
+#endif
+      }
+    }
+    __syncwarp();
+  } else {  // ---- consumers
+    pdl_wait();
+    pdl_launch_dependents();
+    TK_CL_MARK(2);
+    const int g = lane >> 2, t4 = lane & 3;
+    bool xr[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) xr[mt] = g + 8 * mt < M;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    float acc[TP][MT][4];
+#pragma unroll
+    for (int p = 0; p < TP; ++p)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) acc[p][mt][0] = acc[p][mt][1] = acc[p][mt][2] = acc[p][mt][3] = 0.f;
+    for (int i = 0; i < total; ++i) {
+      const int s = i % S, kc = i % kch, u = (int)blockIdx.x + i / kch * (int)gridDim.x;
+      const int cols = min(KC, K - kc * KC);
+      mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+      if (tid == 0) TK_CL_STAGE(i, 1);
+      if (i == 0) TK_CL_MARK(3);
+      if (u < units) {
+        const u32 xs = base + s * kStage + kWRows * kRS;
+#pragma unroll
+        for (int p = 0; p < TP; ++p) {  // tile u TP + p: rows 16 p .. 16 p + 15 of the stage
+          const bool ra = weight_row<EPI>(u * TP + p, g, N) >= 0, rb = weight_row<EPI>(u * TP + p, g + 8, N) >= 0;
+          const u32 st = base + s * kStage + p * 16 * kRS;
+#pragma unroll
+          for (int j = 0; j < kNB; ++j) {
+            const int b = warp + j * kStCW;
+            if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
+              const int kk = b * 32 + 8 * t4;
+              const bool in = kk < cols;
+              uint4 wa = lds128(st + g * kRS + kk * 2), wb = lds128(st + (g + 8) * kRS + kk * 2);
+              if (!(in && ra)) wa = z;  // rows past N were not copied, columns past K belong to no row
+              if (!(in && rb)) wb = z;
+              const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y};
+              const u32 a1[4] = {wa.z, wb.z, wa.w, wb.w};
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {  // x rows g + 8 mt: rows past M were not copied
+                const uint4 xx = in && xr[mt] ? lds128(xs + (g + 8 * mt) * kRS + kk * 2) : z;
+                mma_bf16(acc[p][mt], a0, xx.x, xx.y);
+                mma_bf16(acc[p][mt], a1, xx.z, xx.w);
+              }
+            }
+          }
+        }
+      }
+      __syncwarp();
+#ifdef TK_CL_LOCAL_EMPTY
+      if (lane == 0) mbar_arrive_peer(bar_empty + 8 * s, rank);  // consumed, in this CTA's count only
+#else
+      if (lane < C) mbar_arrive_peer(bar_empty + 8 * s, (u32)lane);  // consumed, in every CTA's count
+#endif
+      if (kc != kch - 1 || u >= units) continue;
+
+      // ---- the end of unit u: the warps' partials summed in warp order, stored (fragment f by warp f mod 4)
+#pragma unroll
+      for (int p = 0; p < TP; ++p)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            red[warp][p * MT + mt][c][lane] = acc[p][mt][c];
+            acc[p][mt][c] = 0.f;
+          }
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // the consumer warps only
+#pragma unroll
+      for (int f = 0; f < TP * MT; ++f) {
+        if (f % kStCW != warp) continue;
+        float sum[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float v = red[0][f][c][lane];
+#pragma unroll
+          for (int ww = 1; ww < kStCW; ++ww) v += red[ww][f][c][lane];
+          sum[c] = v;
+        }
+        skinny_store<F32, EPI>(y, sum, u * TP + f / MT, 8 * (f % MT), lane, M, N);
+      }
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // folded: red is free again
+    }
+    __syncwarp();
+    TK_CL_MARK(4);
+  }
+  cluster_sync_all();  // nobody leaves while a peer may still copy into its stages or arrive on its barriers
+  TK_CL_MARK(5);
+}
+
 }  // namespace
 
 // skinny_m{8,16}_w{4,8,16}_{bf16,f32}: MT = M-tile count (M <= 8: one, M <= 16: two), WARPS per CTA,
@@ -617,3 +905,19 @@ TK_STAGED_W(512, 3, 16, 1, 16, 2)
 TK_STAGED_W(512, 4, 16, 1, 16, 2)
 TK_STAGED_W(512, 3, 16, 1, 32, 4)
 TK_STAGED_W(512, 2, 16, 2, 32, 4)
+// skinny_cluster_k{KC}s{S}t{TP}c{C}_m64_{bf16,f32,swiglu}: the cluster kernel for M <= 64 rows with chunks of
+// KC columns, S stages, TP 16-row tiles a unit, clusters of C CTAs along x. Grid: a multiple of C CTAs of
+// 32 (kStCW + 1) threads, launched as clusters of C; S (16 TP + 64) st_rs(KC) bytes of dynamic shared memory.
+#define TK_CLUSTER_K(KCV, SV, TPV, CV, SUF, F32V, EPIV)                                                       \
+  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1)                                          \
+      skinny_cluster_k##KCV##s##SV##t##TPV##c##CV##_m64_##SUF(                                                \
+          const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w,                  \
+          void* __restrict__ y, int M, int N, int K, int pre, int evict) {                                   \
+    skinny_cluster_impl<KCV, SV, F32V, EPIV, TPV, CV>(x, ldx, w, y, M, N, K, pre, evict);                     \
+  }
+#define TK_CLUSTER(KCV, SV, TPV, CV)                        \
+  TK_CLUSTER_K(KCV, SV, TPV, CV, bf16, false, kPlain)       \
+  TK_CLUSTER_K(KCV, SV, TPV, CV, f32, true, kPlain)         \
+  TK_CLUSTER_K(KCV, SV, TPV, CV, swiglu, false, kSwiGLU)
+TK_CLUSTER(256, 3, 2, 4)
+TK_CLUSTER(256, 3, 1, 4)
