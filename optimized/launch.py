@@ -9,11 +9,12 @@ every thread until that kernel has completed. A CUDA graph captured from such la
 programmatic edges, so a replayed decode step overlaps each kernel's launch and prologue with the tail
 of the one before (``docs/optimized.md``, "Programmatic dependent launch").
 
-Arguments are the ``ops`` wrappers' scalars (``np.uint64`` pointers, ``np.int32``, ``np.float32``).
-Each goes into its own 8-byte little-endian slot of one buffer (``pack_args``): the driver reads as
-many bytes from ``kernelParams[i]`` as the kernel's i-th parameter has, so a 4-byte value sits in the
-low half of its slot. ``ctypes`` reaches ``libcuda`` directly; nothing here needs CuPy except the
-function handle (``cupy.cuda.Function.ptr``).
+Arguments are the ``ops`` wrappers' scalars (``np.uint64`` pointers, ``np.int32``, ``np.float32``)
+and tensor maps (``TensorMap``, 128 bytes, from ``encode_matrix_map``). Each scalar goes into its own
+8-byte little-endian slot of one buffer, each tensor map into 128 bytes at a multiple of 64
+(``pack_params``): the driver reads as many bytes from ``kernelParams[i]`` as the kernel's i-th
+parameter has, so a 4-byte value sits in the low half of its slot. ``ctypes`` reaches ``libcuda``
+directly; nothing here needs CuPy except the function handle (``cupy.cuda.Function.ptr``).
 """
 
 from __future__ import annotations
@@ -47,21 +48,48 @@ class _LaunchConfig(ctypes.Structure):
 assert ctypes.sizeof(_LaunchAttr) == 72 and _LaunchConfig.hStream.offset == 32 and ctypes.sizeof(_LaunchConfig) == 56
 
 
-def pack_args(args: Sequence[np.generic]) -> bytes:
-    """One 8-byte little-endian slot per kernel argument: ``np.uint64`` whole, ``np.int32`` and
-    ``np.float32`` in the low four bytes (the rest zero). Any other type is a ``TypeError``."""
-    out = bytearray(8 * len(args))
+class TensorMap(bytes):
+    """A ``CUtensorMap`` as the driver encoded it (``encode_matrix_map``): 128 opaque bytes, passed by value
+    to a kernel's ``__grid_constant__`` parameter."""
+
+    def __new__(cls, raw: bytes) -> "TensorMap":
+        if len(raw) != TENSOR_MAP_BYTES:
+            raise ValueError(f"a tensor map has {TENSOR_MAP_BYTES} bytes, got {len(raw)}")
+        return super().__new__(cls, raw)
+
+
+#: ``sizeof(CUtensorMap)``; it is 64-byte aligned
+TENSOR_MAP_BYTES = 128
+
+
+def pack_params(args: Sequence[np.generic | TensorMap]) -> tuple[bytes, list[int]]:
+    """The kernel arguments in one buffer and each one's offset in it: an 8-byte little-endian slot per
+    scalar (``np.uint64`` whole, ``np.int32`` and ``np.float32`` in the low four bytes, the rest zero), 128
+    bytes at the next multiple of 64 per ``TensorMap``. Any other type is a ``TypeError``."""
+    out = bytearray()
+    offsets = []
     for i, a in enumerate(args):
+        if isinstance(a, TensorMap):
+            out += bytes(-len(out) % 64)
+            offsets.append(len(out))
+            out += a
+            continue
+        offsets.append(len(out))
         if isinstance(a, np.uint64):
-            struct.pack_into("<Q", out, 8 * i, int(a))
+            out += struct.pack("<Q", int(a))
         elif isinstance(a, np.int32):
-            struct.pack_into("<i", out, 8 * i, int(a))
+            out += struct.pack("<i", int(a)) + bytes(4)
         elif isinstance(a, np.float32):
-            struct.pack_into("<f", out, 8 * i, float(a))
+            out += struct.pack("<f", float(a)) + bytes(4)
         else:
             raise TypeError(f"kernel argument {i} has type {type(a).__name__}; "
-                            "expected np.uint64, np.int32 or np.float32")
-    return bytes(out)
+                            "expected np.uint64, np.int32, np.float32 or TensorMap")
+    return bytes(out), offsets
+
+
+def pack_args(args: Sequence[np.generic]) -> bytes:
+    """``pack_params``'s buffer: for scalars alone, one 8-byte slot per argument."""
+    return pack_params(args)[0]
 
 
 _state: dict[str, object] = {"lib": None, "enabled": None}
@@ -116,9 +144,10 @@ def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.gener
     lib = _driver()
     if lib is None:
         raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
-    buf = ctypes.create_string_buffer(pack_args(args), 8 * max(1, len(args)))
+    raw, offsets = pack_params(args)
+    buf = ctypes.create_string_buffer(raw, max(8, len(raw)))
     base = ctypes.addressof(buf)
-    params = (ctypes.c_void_p * max(1, len(args)))(*[base + 8 * i for i in range(len(args))])
+    params = (ctypes.c_void_p * max(1, len(args)))(*[base + o for o in offsets])
     wanted = launch_attrs(cluster_x)
     attrs = (_LaunchAttr * len(wanted))()
     for a, (aid, vals) in zip(attrs, wanted):
@@ -165,3 +194,48 @@ def max_active_clusters(func_ptr: int, block: tuple, smem: int, cluster_x: int) 
     if rc != 0:
         raise driver_error(lib, rc, "cuOccupancyMaxActiveClusters")
     return n.value
+
+
+#: ``CUtensorMapDataType``, ``CUtensorMapSwizzle`` and ``CUtensorMapL2promotion`` values (cuda.h) that
+#: ``encode_matrix_map`` uses
+_TMAP_BFLOAT16, _TMAP_SWIZZLE_128B, _TMAP_L2_256B = 9, 3, 3
+
+
+def check_matrix_map(addr: int, rows: int, cols: int, row_bytes: int, box_cols: int, box_rows: int) -> None:
+    """The ``ValueError`` of ``encode_matrix_map`` for arguments it cannot encode (no driver needed)."""
+    for name, v in (("rows", rows), ("cols", cols), ("row_bytes", row_bytes), ("box_cols", box_cols),
+                    ("box_rows", box_rows)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if cols % 64 or box_cols % 64:
+        raise ValueError(f"cols ({cols}) and box_cols ({box_cols}) must be multiples of 64")
+    if box_cols // 64 > 256 or box_rows > 256:
+        raise ValueError(f"a box spans at most 256 blocks and 256 rows, got {box_cols // 64} and {box_rows}")
+    if addr % 16 or row_bytes % 16 or row_bytes < 2 * cols or row_bytes >= 1 << 40:
+        raise ValueError(f"the matrix must start 16-byte aligned with rows a multiple of 16 bytes apart, at least "
+                         f"2 cols bytes: address {addr:#x}, row_bytes {row_bytes}, cols {cols}")
+
+
+def encode_matrix_map(addr: int, rows: int, cols: int, row_bytes: int, box_cols: int, box_rows: int) -> TensorMap:
+    """``cuTensorMapEncodeTiled`` of the bf16 matrix ``[rows, cols]`` at device address ``addr`` (rows
+    ``row_bytes`` apart) seen as 3-D: (64 columns, cols / 64 blocks of them, rows), with boxes of
+    (64, ``box_cols`` / 64, ``box_rows``), 128-byte swizzle, zeros past the edges and L2 promotion of 256 bytes
+    (``skinny_gemm.cu``, "The cluster kernel"). ``ValueError`` for what it cannot encode (``check_matrix_map``),
+    ``RuntimeError`` with the driver's error name if the driver refuses."""
+    check_matrix_map(addr, rows, cols, row_bytes, box_cols, box_rows)
+    lib = _driver()
+    if lib is None:
+        raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
+    store = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 64)
+    at = -ctypes.addressof(store) % 64  # the driver wants the map 64-byte aligned
+    dims = (ctypes.c_uint64 * 3)(64, cols // 64, rows)
+    strides = (ctypes.c_uint64 * 2)(128, row_bytes)
+    box = (ctypes.c_uint32 * 3)(64, box_cols // 64, box_rows)
+    steps = (ctypes.c_uint32 * 3)(1, 1, 1)
+    rc = lib.cuTensorMapEncodeTiled(ctypes.c_void_p(ctypes.addressof(store) + at), ctypes.c_int(_TMAP_BFLOAT16),
+                                    ctypes.c_uint(3), ctypes.c_void_p(addr), dims, strides, box, steps,
+                                    ctypes.c_int(0), ctypes.c_int(_TMAP_SWIZZLE_128B), ctypes.c_int(_TMAP_L2_256B),
+                                    ctypes.c_int(0))
+    if rc != 0:
+        raise driver_error(lib, rc, "cuTensorMapEncodeTiled")
+    return TensorMap(store.raw[at:at + TENSOR_MAP_BYTES])

@@ -1159,15 +1159,19 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
 
 #: built configurations of the cluster kernel (``skinny_gemm.cu``, "The cluster kernel"): (chunk columns, stages,
 #: 16-row tiles a unit, CTAs a cluster)
-SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 3, 1, 4))
+SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4))
 SKINNY_CLUSTER_MAX_M = 64
 _cluster_capacity: dict[tuple[int, str, int], int] = {}
+#: tensor maps of the cluster kernel's operands, by everything they encode (address, rows, columns, row
+#: bytes, box): a graph's buffers and the weights keep theirs; cleared when it grows past ``_TENSOR_MAPS_MAX``
+_tensor_maps: dict[tuple[int, int, int, int, int, int], "launch.TensorMap"] = {}
+_TENSOR_MAPS_MAX = 4096
 
 
 def skinny_cluster_smem(kc: int, stages: int, tp: int) -> int:
-    """Dynamic shared memory of a cluster launch: ``stages`` x (16 ``tp`` weight rows + 64 x rows) of ``kc`` bf16,
-    rows 64 bytes apart past ``2 kc`` (``st_rs`` in skinny_gemm.cu)."""
-    return stages * (16 * tp + 64) * (kc * 2 + 64)
+    """Dynamic shared memory of a cluster launch: 1 KB to align the stages to 1024 bytes (the copies' swizzle),
+    then ``stages`` x (16 ``tp`` weight rows + 64 x rows) of ``kc`` bf16."""
+    return 1024 + stages * (16 * tp + 64) * kc * 2
 
 
 def skinny_cluster_grid(units: int, cluster: int, capacity: int) -> int:
@@ -1176,17 +1180,30 @@ def skinny_cluster_grid(units: int, cluster: int, capacity: int) -> int:
     return cluster * max(1, min(-(-units // cluster), capacity))
 
 
+def _matrix_map(ptr: int, rows: int, cols: int, ld: int, box_cols: int, box_rows: int) -> "launch.TensorMap":
+    """The cluster kernel's tensor map of the bf16 matrix ``[rows, cols]`` at ``ptr``, rows ``ld`` elements
+    apart (``launch.encode_matrix_map``), cached."""
+    key = (ptr, rows, cols, 2 * ld, box_cols, box_rows)
+    m = _tensor_maps.get(key)
+    if m is None:
+        if len(_tensor_maps) >= _TENSOR_MAPS_MAX:
+            _tensor_maps.clear()
+        m = _tensor_maps[key] = launch.encode_matrix_map(*key)
+    return m
+
+
 def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                    out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 256, stages: int = 3,
                    tp: int = 2, cluster: int = 4, pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_CLUSTER_MAX_M`` rows by the
-    cluster kernel: the staged kernel's weight stream, and each chunk of x copied once per thread-block cluster of
-    ``cluster`` CTAs into all of them by multicast bulk copies (``skinny_gemm.cu``, "The cluster kernel");
-    ``(kc, stages, tp, cluster)`` one of ``SKINNY_CLUSTER_CONFIGS``. A unit of ``tp`` 16-row tiles per CTA at a
-    time, assigned statically over at most as many clusters as the device holds at once. ``pre``: stages whose
-    weights a CTA may fetch before the programmatic-dependent-launch wait (default ``stages``). ``evict_first``:
-    as ``skinny_staged``. Needs the driver's launch path (PDL on, sm_90+). A row's bits are those of
-    ``skinny_staged`` at up to 8 rows (the same sums in the same order), whatever the configuration and grid."""
+    cluster kernel: the weights stream through shared memory by tensor copies, and each chunk of x is copied once
+    per thread-block cluster of ``cluster`` CTAs into all of them by multicast tensor copies (``skinny_gemm.cu``,
+    "The cluster kernel"); ``(kc, stages, tp, cluster)`` one of ``SKINNY_CLUSTER_CONFIGS``. A unit of ``tp``
+    16-row tiles per CTA at a time, assigned statically over at most as many clusters as the device holds at
+    once. ``pre``: stages whose weights a CTA may fetch before the programmatic-dependent-launch wait (default
+    ``stages``). ``evict_first``: as ``skinny_staged``. K must be a multiple of 64 (the tensor maps' blocks).
+    Needs the driver's launch path (PDL on, sm_90+). A row's bits are those of ``skinny_staged`` at up to 8 rows
+    (the same sums in the same order), whatever the configuration and grid."""
     M, N, K = _linear_shape(x, w)
     _need(M <= SKINNY_CLUSTER_MAX_M, f"skinny_cluster takes at most {SKINNY_CLUSTER_MAX_M} rows, got {M}")
     _need((kc, stages, tp, cluster) in SKINNY_CLUSTER_CONFIGS,
@@ -1203,6 +1220,7 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
         _need(0 < N, f"N = {N} must be positive")
         width, tiles = N, -(-N // 16)
     _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    _need(K % 64 == 0, f"skinny_cluster needs K a multiple of 64 (its tensor maps), got {K}")
     _need(_clusters_ok(x), "skinny_cluster needs thread-block clusters: the driver's launch path (PDL on), sm_90+")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
     if M == 0:
@@ -1221,8 +1239,10 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
                                                                       cluster)
         _need(cap >= 1, f"{name}: the device holds no cluster of {cluster} CTAs with {smem} bytes of shared memory")
     grid = skinny_cluster_grid(-(-tiles // tp), cluster, cap)
+    wmap = _matrix_map(w.data_ptr(), N, K, K, kc, 8)
+    xmap = _matrix_map(x.data_ptr(), M, K, ldx, kc, 64 // cluster)
     _launch(x, "skinny_gemm", name, (grid, 1, 1), (_SKINNY_STAGED_THREADS, 1, 1),
-            (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))),
+            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))),
             smem, cluster_x=cluster)
     return out
 

@@ -430,7 +430,8 @@ class CudaRunner:
 
     def _cluster_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
         """The cluster kernel's configuration (``cluster_gemm``) for this GEMM of 17-64 rows, or None."""
-        if self.invariant or self.skinny_max_m <= 0 or w.shape[1] % 8 or not 16 < x.shape[0] <= ops.SKINNY_CLUSTER_MAX_M:
+        if (self.invariant or self.skinny_max_m <= 0 or w.shape[1] % 64
+                or not 16 < x.shape[0] <= ops.SKINNY_CLUSTER_MAX_M):
             return None
         if w.numel() > self.cluster_max_elems:
             return None

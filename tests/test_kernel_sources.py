@@ -256,8 +256,9 @@ def test_every_kernel_waits_for_its_predecessor_first():
     assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
     before, after = producer.split("\n", 1)[1].split("pdl_wait();", 1)    # (past the marker comment's line)
     code = re.sub(r"//[^\n]*", "", before)
-    assert "bulk_copy(" in code and not re.search(r"(?<!\.)\b(x|y|ldx)\b", code), "before the wait: the weights only"
-    assert "bulk_copy_multicast(" in after and "bulk_copy_multicast(" not in before
+    assert "tensor_copy(" in code and "wmap" in code and not re.search(r"(?<!\.)\b(xmap|y)\b", code), \
+        "before the wait: the weights only"
+    assert "tensor_copy_multicast(" in after and "xmap" in after and "tensor_copy_multicast(" not in before
 
 
 def test_the_fused_decode_attention_reads_before_its_wait_only_what_the_kernel_before_does_not_write():

@@ -240,9 +240,10 @@ def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
 def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.skinny_cluster`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, tiles a unit,
     cluster, output kind), whole clusters of at most one CTA a unit and at most the clusters the device holds
-    (the driver's occupancy query, asked once per kernel), 160 threads, the stages' dynamic shared memory, clusters
-    along x; every built configuration has its kernels; bad input -- and no cluster launch path -- is a
-    ValueError that launches nothing."""
+    (the driver's occupancy query, asked once per kernel), 160 threads, 1 KB + the stages' dynamic shared memory,
+    clusters along x; the tensor maps of w (8-row boxes) and x (64 / cluster rows, its row stride), encoded once
+    per operand; every built configuration has its kernels; bad input -- K not a multiple of 64, no cluster launch
+    path -- is a ValueError that launches nothing."""
     import torch
 
     from optimized import kernels, launch, ops
@@ -251,53 +252,69 @@ def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     import sys
     import types
 
-    queries = []
+    queries, maps = [], []
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda dev: contextlib.nullcontext()))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)              # (the occupancy query sets the device first)
     monkeypatch.setattr(ops, "_device_index", lambda t: 0)
     monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
     monkeypatch.setattr(ops, "_function", lambda dev, module, name, smem, ctas_per_sm=None: (None, 7))
     monkeypatch.setattr(ops, "_cluster_capacity", {})
+    monkeypatch.setattr(ops, "_tensor_maps", {})
     monkeypatch.setattr(launch, "max_active_clusters",
                         lambda handle, block, smem, c: queries.append((handle, block, smem, c)) or 32)
+
+    def encode(*key):
+        launch.check_matrix_map(*key)
+        maps.append(key)
+        return launch.TensorMap(struct.pack("<Q", len(maps)) + bytes(120))
+    monkeypatch.setattr(launch, "encode_matrix_map", encode)
     monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None,
                         cluster_x=1: launch_log.append((module, name, grid, block, args, smem, cluster_x)))
     log = launch_log
     bf = torch.bfloat16
     x = torch.randn(64, 1024).to(bf)
-    out = ops.skinny_cluster(x, torch.randn(4096, 1024).to(bf))      # 256 tiles: 128 units of 2, 32 clusters of 4
+    w = torch.randn(4096, 1024).to(bf)
+    out = ops.skinny_cluster(x, w)                                    # 256 tiles: 128 units of 2, 32 clusters of 4
     mod, name, grid, block, args, smem, cx = log[-1]
     assert out.shape == (64, 4096) and out.dtype == bf
     assert (mod, name, grid, block, cx) == ("skinny_gemm", "skinny_cluster_k256s3t2c4_m64_bf16", (128, 1, 1),
                                             (160, 1, 1), 4)
-    assert smem == 3 * (32 + 64) * (2 * 256 + 64) == ops.skinny_cluster_smem(256, 3, 2)
-    assert [int(a) for a in args[4:]] == [64, 4096, 1024, 3, 1]      # M, N, K, pre (all stages), evict
+    assert smem == 1024 + 3 * (32 + 64) * 2 * 256 == ops.skinny_cluster_smem(256, 3, 2)
+    assert maps == [(w.data_ptr(), 4096, 1024, 2048, 256, 8), (x.data_ptr(), 64, 1024, 2048, 256, 16)]
+    assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
+    assert int(args[2]) == out.data_ptr() and [int(a) for a in args[3:]] == [64, 4096, 1024, 3, 1]   # M N K pre evict
     assert queries == [(7, (160, 1, 1), smem, 4)]
-    ops.skinny_cluster(torch.randn(20, 2048).to(bf), torch.randn(1024, 2048).to(bf), tp=1, pre=2,
-                       evict_first=False)                             # 64 units of 1
-    assert log[-1][1:3] == ("skinny_cluster_k256s3t1c4_m64_bf16", (64, 1, 1))
-    assert [int(a) for a in log[-1][4][4:]] == [20, 1024, 2048, 2, 0]
+    xs = torch.randn(20, 2056).to(bf)[:, :2048]                       # rows 2056 elements apart
+    ops.skinny_cluster(xs, torch.randn(1024, 2048).to(bf), stages=5, tp=1, pre=2, evict_first=False)   # 64 units
+    assert log[-1][1:3] == ("skinny_cluster_k256s5t1c4_m64_bf16", (64, 1, 1))
+    assert [int(a) for a in log[-1][4][3:]] == [20, 1024, 2048, 2, 0]
+    assert maps[-1] == (xs.data_ptr(), 20, 2048, 2 * 2056, 256, 16)
     out = ops.skinny_cluster(x[:33], torch.randn(2 * 3072, 1024).to(bf), swiglu=True)   # 384 tiles: more than held
     assert out.shape == (33, 3072) and log[-1][1:3] == ("skinny_cluster_k256s3t2c4_m64_swiglu", (128, 1, 1))
-    ops.skinny_cluster(x[:17], torch.randn(24, 1024).to(bf), out_dtype=torch.float32)     # 2 tiles: one cluster
-    assert log[-1][1:3] == ("skinny_cluster_k256s3t2c4_m64_f32", (4, 1, 1))
+    assert maps[-2][1:] == (2 * 3072, 1024, 2048, 256, 8)            # the weight map spans gate and up
+    ops.skinny_cluster(x[:17], torch.randn(24, 1024).to(bf), out_dtype=torch.float32, stages=4)   # one cluster
+    assert log[-1][1:3] == ("skinny_cluster_k256s4t2c4_m64_f32", (4, 1, 1))
     assert len(queries) == 4                                           # once per kernel (name and smem)
-    ops.skinny_cluster(x, torch.randn(4096, 1024).to(bf))
-    assert len(queries) == 4
+    n_maps = len(maps)
+    ops.skinny_cluster(x, w)
+    assert len(queries) == 4 and len(maps) == n_maps                   # the same operands: the maps cached
     assert [ops.skinny_cluster_grid(u, 4, 32) for u in (1, 4, 5, 128, 129, 1000)] == [4, 4, 8, 128, 128, 128]
     names = set(kernels.SOURCES["skinny_gemm"])
     for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS:
         assert {f"skinny_cluster_k{kc}s{S}t{tp}c{c}_m64_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+        # beside the fold's static tp x 16 KB and the barriers, under the 227 KB a CTA may have, less 1 KB reserved
+        assert ops.skinny_cluster_smem(kc, S, tp) + tp * 16384 + 128 <= 226 * 1024
     assert sum(n.startswith("skinny_cluster") for n in names) == 3 * len(ops.SKINNY_CLUSTER_CONFIGS)
     n = len(log)
     w = torch.randn(32, 1024).to(bf)
     for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                  # more than 64 rows
-                       (dict(kc=512), x, w), (dict(stages=4), x, w), (dict(tp=3), x, w), (dict(cluster=2), x, w),
+                       (dict(kc=512), x, w), (dict(stages=6), x, w), (dict(tp=3), x, w), (dict(cluster=2), x, w),
                        (dict(pre=-1), x, w), (dict(pre=True), x, w),
                        (dict(evict_first=1), x, w),                                 # a bool, not an int
                        (dict(swiglu=True), x, torch.randn(40, 1024).to(bf)),         # I not a multiple of 8
                        (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 1024).to(bf)),
                        (dict(), x, torch.randn(48, 2048).to(bf)),                    # K differs
+                       (dict(), torch.randn(20, 1000).to(bf), torch.randn(48, 1000).to(bf)),   # K % 64
                        (dict(), torch.randn(20, 60).to(bf), torch.randn(48, 60).to(bf))):   # K % 8
         with pytest.raises(ValueError):
             ops.skinny_cluster(bx, bw, **kw)
@@ -305,6 +322,27 @@ def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     with pytest.raises(ValueError, match="cluster"):
         ops.skinny_cluster(x, w)
     assert len(log) == n
+
+
+def test_tensor_maps_pack_at_64_bytes_and_bad_matrices_are_value_errors():
+    """``pack_params``: a ``TensorMap``'s 128 bytes at the next multiple of 64 after the scalars before it, the
+    scalars after it in 8-byte slots; a tensor map is exactly 128 bytes. ``check_matrix_map`` (what
+    ``encode_matrix_map`` asks before the driver): K and the box's columns multiples of 64, at most 256 blocks and
+    rows a box, 16-byte alignment and row strides of at least a row."""
+    tm = launch.TensorMap(bytes(range(128)))
+    raw, offs = launch.pack_params((np.uint64(5), tm, np.int32(-1), tm))
+    assert offs == [0, 64, 192, 256] and len(raw) == 384
+    assert raw[64:192] == bytes(range(128)) and raw[256:] == bytes(range(128)) and raw[8:64] == bytes(56)
+    assert struct.unpack_from("<i", raw, 192)[0] == -1
+    with pytest.raises(ValueError, match="128"):
+        launch.TensorMap(bytes(64))
+    launch.check_matrix_map(1 << 20, 4096, 1024, 2048, 256, 8)
+    for bad in ((1 << 20, 4096, 1000, 2000, 256, 8), (1 << 20, 4096, 1024, 2048, 96, 8),
+                (1 << 20, 4096, 1024, 2048, 256, 300), (1 << 20 | 8, 4096, 1024, 2048, 256, 8),
+                (1 << 20, 4096, 1024, 2056, 256, 8), (1 << 20, 4096, 1024, 1024, 256, 8),
+                (1 << 20, 0, 1024, 2048, 256, 8), (1 << 20, 4096, 1024, 2048, 256, True)):
+        with pytest.raises(ValueError):
+            launch.check_matrix_map(*bad)
 
 
 def test_sample_launches_partials_then_rows_and_rejects_bad_input(launch_log):

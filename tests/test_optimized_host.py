@@ -386,7 +386,7 @@ def test_cluster_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     plain = opt_engine()
     assert plain.runner.cluster_gemm == {}
     want = _rollout(plain, prompts, sps, turns=2)
-    cfgs = {"qkv": (256, 3, 2, 4, 2), "gate_up": (256, 3, 1, 4, 3), "lm_head": (256, 3, 2, 4, 0)}
+    cfgs = {"qkv": (256, 3, 2, 4, 2), "gate_up": (256, 5, 1, 4, 3), "lm_head": (256, 4, 2, 4, 0)}
     launches.clear()
     eng = opt_engine()
     eng.runner.cluster_gemm = dict(cfgs)
@@ -399,7 +399,7 @@ def test_cluster_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     cl = [d for k, d in launches if k == "skinny_cluster"]
     assert cl and all(16 < m <= 64 for m, *_ in cl), cl
     assert {role_of[ptr] for _, ptr, *_ in cl} == set(cfgs), cl
-    for m, ptr, dt, sw, *cfg in cl:
+    for _m, ptr, dt, sw, *cfg in cl:
         role = role_of[ptr]
         assert tuple(cfg) == cfgs[role] and sw == (role == "gate_up"), (role, cfg)
         assert dt == (torch.float32 if role == "lm_head" else torch.bfloat16)

@@ -1050,11 +1050,12 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
     """``ops.skinny_cluster`` (the cluster kernel, 17-64 rows): the flash rule vs a float64 product for bf16 and fp32
     out, bf16 out == rounded fp32 out, a strided x; the bits of the 8-row staged kernel row by row (blocks of 8) for
     every built configuration, a second launch, no stage before the PDL wait and copies without an L2 hint; the
-    SwiGLU epilogue bitwise ``silu_mul`` of the plain output. Shapes with a ragged last chunk, partial last tiles
+    SwiGLU epilogue bitwise ``silu_mul`` of the plain output. (K a multiple of 64: the tensor maps' blocks.) Shapes
+    with a ragged last chunk, partial last tiles
     and units, more units than the clusters hold at once (a CTA with more units than others: idle stages), fewer
     units than a cluster's CTAs, and rows not a multiple of the cluster."""
     shapes = [(64, 4096, 1024), (32, 1024, 2048), (48, 1024, 3072), (17, 6144, 4096), (64, 4096, 4096),
-              (33, 151936, 1024), (64, 40, 40), (20, 24, 8), (63, 100, 1544), (24, 17, 4104), (64, 48, 520)]
+              (33, 151936, 1024), (64, 40, 64), (20, 24, 128), (63, 100, 1600), (24, 17, 4160), (64, 48, 576)]
     for M, N, K in shapes:
         def run(M=M, N=N, K=K):
             x, w = skinny_inputs(M, N, K, gen, dev)
@@ -1071,7 +1072,7 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
                              ops.skinny_cluster(x, w, out_dtype=torch.float32, kc=kc, stages=S, tp=tp, cluster=c), y32)
             return res
         C.run("cluster", f"M={M} N={N} K={K}", run)
-    for M, I, K in ((64, 3072, 1024), (32, 12288, 4096), (21, 24, 40), (40, 1544, 2056)):
+    for M, I, K in ((64, 3072, 1024), (32, 12288, 4096), (21, 24, 64), (40, 1544, 2112)):
         def run_swiglu(M=M, I=I, K=K):
             x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
             outs = [ops.skinny_cluster(x, w, swiglu=True, kc=kc, stages=S, tp=tp, cluster=c)

@@ -4,18 +4,36 @@
 #   bash benches/gpu/h200_cluster_round.sh MODE
 #   trace:  check_kernels.py --only cluster (bits), then trace_cluster.py at 32 and 64 rows for the qwen3-0.6b and
 #           qwen3-8b GEMMs: the driver's cluster capacity and the grid, each build's time (default, local-x,
-#           local), one traced launch's per-CTA and per-stage timeline
+#           local), one traced launch's per-CTA and per-stage timeline (the kernel of 7e85075: a copy a row)
+#   tma:    the same with the kernel's copies as tensor copies (a box a copy), then the engine A/B (profile_decode.py:
+#           default against the cl-* variants) at qwen3-0.6b batch 32 and 64 (timelines at 64), batch 64 after 1664
+#           tokens, and qwen3-8b batch 32 and 64
 source benches/gpu/_env.sh
 mode=${1:-trace}
 shift
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
-if [ "$mode" = trace ]; then
-  timeout 100 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster_trace.log" 2>&1
-  echo "check_kernels cluster rc=$?"; grep -E "FAIL" "$OUT/check_kernels_cluster_trace.log" | head -10
-  tail -2 "$OUT/check_kernels_cluster_trace.log"
+tag=""; [ "$mode" = tma ] && tag=_tma
+if [ "$mode" = trace ] || [ "$mode" = tma ]; then
+  timeout 100 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster_trace$tag.log" 2>&1
+  rc=$?; echo "check_kernels cluster rc=$rc"; grep -E "FAIL" "$OUT/check_kernels_cluster_trace$tag.log" | head -10
+  tail -2 "$OUT/check_kernels_cluster_trace$tag.log"
+  [ $rc -ne 0 ] && exit 1   # (a hang or a wrong bit: nothing after it is worth the device time)
   for m in qwen3-0.6b qwen3-8b; do
-    timeout 150 python3 benches/gpu/trace_cluster.py --model $m --ms 32 64 --out "$OUT" > "$OUT/trace_cluster_$m.log" 2>&1
-    echo "trace_cluster $m rc=$?"; cut -c1-400 "$OUT/trace_cluster_$m.log"
+    timeout 150 python3 benches/gpu/trace_cluster.py --model $m --ms 32 64 --out "$OUT" --tag "$tag" \
+      > "$OUT/trace_cluster${tag}_$m.log" 2>&1
+    echo "trace_cluster $m rc=$?"; cut -c1-400 "$OUT/trace_cluster${tag}_$m.log"
   done
+fi
+if [ "$mode" = tma ]; then
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --profile-batches \
+    --timeline-batches 64 --rounds 3 --variants default cl-s4 cl-s3 cl-t1 > "$OUT/profile_tma_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_tma_06b.log"
+  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_tma_06b.log" | cut -c1-120 | head -60
+  timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 64 --prompt 1664 --profile-batches \
+    --rounds 3 --variants default cl-s4 cl-head > "$OUT/profile_tma_06b_1664.log" 2>&1
+  echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile_tma_06b_1664.log"
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --profile-batches \
+    --rounds 3 --variants default cl-s4 cl-lim > "$OUT/profile_tma_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_tma_8b.log"
 fi

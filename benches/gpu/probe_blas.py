@@ -144,7 +144,7 @@ def main() -> int:
             for kc, S, tp, C in ops.SKINNY_CLUSTER_CONFIGS if args.cluster and 16 < M <= ops.SKINNY_CLUSTER_MAX_M else ():
                 def cl(i, x=x, ws=ws, f32=f32, act=act, kc=kc, S=S, tp=tp, C=C):
                     return ops.skinny_cluster(x, ws[i % len(ws)], out_dtype=torch.float32 if f32 else torch.bfloat16,
-                                              swiglu=act, kc=kc, stages=S, tp=tp, cluster=C, pre=2)
+                                              swiglu=act, kc=kc, stages=S, tp=tp, cluster=C)
                 variants[f"cl-k{kc}s{S}t{tp}c{C}"] = cl
             line = f"{name:>11} M={M:<3}"
             for v, fn in variants.items():

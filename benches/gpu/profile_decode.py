@@ -233,13 +233,14 @@ BLAS_PDL_VARIANTS: dict[str, bool] = {"blas-pdl": True}
 DECODE_BLAS_VARIANTS: dict[str, str | None] = {"blas-cublas": "cublas"}
 #: variants on top of "default" with the decode GEMMs of 17-64 rows on the cluster kernel (``CudaRunner.cluster_gemm``,
 #: ``cluster_max_elems``): roles -> (chunk columns, stages, tiles a unit, CTAs a cluster, stages before the wait)
-_CL_T2, _CL_T1 = (256, 3, 2, 4, 2), (256, 3, 1, 4, 2)
+_CL_S4, _CL_S3, _CL_T1 = (256, 4, 2, 4, 4), (256, 3, 2, 4, 3), (256, 5, 1, 4, 5)
 _LAYER_ROLES = ("qkv", "o_proj", "gate_up", "down")
 GEMM_CLUSTER_VARIANTS: dict[str, tuple[dict[str, tuple[int, int, int, int, int]], int]] = {
-    "cl-t2": ({r: _CL_T2 for r in _LAYER_ROLES}, 1 << 62),
+    "cl-s4": ({r: _CL_S4 for r in _LAYER_ROLES}, 1 << 62),
+    "cl-s3": ({r: _CL_S3 for r in _LAYER_ROLES}, 1 << 62),
     "cl-t1": ({r: _CL_T1 for r in _LAYER_ROLES}, 1 << 62),
-    "cl-qg": ({r: _CL_T2 for r in ("qkv", "gate_up")}, 1 << 62),
-    "cl-lim": ({r: _CL_T2 for r in _LAYER_ROLES + ("lm_head",)}, 32 << 20),
+    "cl-head": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 1 << 62),
+    "cl-lim": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 32 << 20),
 }
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,

@@ -1,16 +1,16 @@
 """Where a cluster GEMM launch (``ops.skinny_cluster``) spends its time: capacity, grid and per-CTA timestamps.
 
-    python benches/gpu/trace_cluster.py [--model qwen3-0.6b] [--ms 32 64] [--reps 20] [--out DIR]
+    python benches/gpu/trace_cluster.py [--model qwen3-0.6b] [--ms 32 64] [--reps 20] [--out DIR] [--tag _tma]
 
 Diagnostic. Prints the driver's cluster capacity (``cuOccupancyMaxActiveClusters``) and the grid each launch
 got, then, for each GEMM of ``--model`` (weights beyond the L2: a fresh copy each launch) and each built
 configuration:
 
 * the time of a call (µs, best of 3 replays of a graph of ``--reps`` calls, as ``probe_blas.py``) for torch's
-  matmul and for three builds of ``skinny_gemm.cu``: the kernel as the engine builds it, ``local-x`` (each CTA
-  copies all of x itself, no multicast: ``-DTK_CL_LOCAL_X``) and ``local`` (that, and a stage's "empty"
-  barrier counting this CTA's consumers only: ``-DTK_CL_LOCAL_EMPTY``). The outputs of all three are first
-  compared bitwise (they do the same sums);
+  matmul and for the cluster kernel as the engine builds it, after its output was compared bitwise with the
+  traced build's (the same sums). (The twenty-first session's first version, which copied one row a copy, had
+  two more builds here: ``local-x``, each CTA copying all of x itself, and ``local``, with a stage's "empty"
+  barrier counting this CTA's consumers only; ``h200/trace_cluster_*.log`` of that call);
 * from a traced build of the default kernel (``-DTK_CLUSTER_TRACE``), one launch's per-CTA timeline in µs
   from the first CTA's start (min / median / max over CTAs): start, past the first cluster barrier, past the
   consumers' PDL wait, first stage landed, last stage consumed, end; the distinct SMs used; and per stage,
@@ -36,7 +36,7 @@ from probe_blas import model_gemms, timed  # noqa: E402
 
 from optimized import kernels, ops  # noqa: E402
 
-BUILDS = {"default": (), "local-x": ("TK_CL_LOCAL_X",), "local": ("TK_CL_LOCAL_X", "TK_CL_LOCAL_EMPTY")}
+BUILDS = {"default": ()}
 
 
 def mmm(vals: list[float]) -> str:
@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--ms", nargs="*", type=int, default=[32, 64])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--tag", default="", help="inserted into the JSON file's name: trace_cluster{TAG}_{MODEL}.json")
     args = ap.parse_args()
     import cupy
 
@@ -95,15 +96,16 @@ def main() -> int:
                 tiles = (N + 15) // 16
                 units = (tiles + tp - 1) // tp
                 grid = ops.skinny_cluster_grid(units, C, cap)
-                same = all(torch.equal(outs[t].view(torch.int32 if f32 else torch.int16),
-                                       outs["default"].view(torch.int32 if f32 else torch.int16)) for t in outs)
-                ok &= same
-                line = (f"{head} | {cfg} cap {cap} grid {grid} units {units}: "
-                         + "  ".join(f"{t} {v:6.1f} ({wbytes / v / 1e3:4.0f})" for t, v in us.items())
-                         + ("" if same else "  BITS DIFFER"))
-                # one traced launch
+                # the traced build: the same bits, then one traced launch
                 install(traced, "skinny_gemm")
                 ops._cluster_capacity.clear()
+                bits = torch.int32 if f32 else torch.int16
+                same = all(torch.equal(cl(0).view(bits), o.view(bits)) for o in outs.values())
+                ok &= same
+                diff = (outs["default"].float() - mm(0).float()).abs().max().item()
+                line = (f"{head} | {cfg} cap {cap} grid {grid} units {units}: "
+                        + "  ".join(f"{t} {v:6.1f} ({wbytes / v / 1e3:4.0f})" for t, v in us.items())
+                        + f" max|d| vs matmul {diff:.2g}" + ("" if same else "  BITS DIFFER (traced build)"))
                 cl(1)
                 torch.cuda.synchronize()
                 cl(2)
@@ -132,14 +134,15 @@ def main() -> int:
                       f"SMs {len(set(mk[:, 6].tolist()))}  stages/CTA {total}  flight {med['flight']:5.2f}  "
                       f"turnaround {med['turn']:5.2f}  period {med['period']:5.2f}", flush=True)
                 rows.append(dict(gemm=name, M=M, config=cfg, capacity=cap, grid=grid, units=units, bits_equal=same,
+                                 max_diff_vs_matmul=diff,
                                  matmul_us=mat_us, us=us, span_us=float(span),
                                  sms=len(set(mk[:, 6].tolist())), stages_per_cta=total, **{f"{k}_us": v for k, v in med.items()}))
         del ws
         torch.cuda.empty_cache()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"trace_cluster_{args.model}.json").write_text(json.dumps(rows, indent=1))
-    print("bits: all builds equal" if ok else "bits: SOME BUILDS DIFFER")
+        (args.out / f"trace_cluster{args.tag}_{args.model}.json").write_text(json.dumps(rows, indent=1))
+    print("bits: traced build == default build everywhere" if ok else "bits: THE TRACED BUILD DIFFERS")
     return 0 if ok else 1
 
 

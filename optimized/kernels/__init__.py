@@ -50,7 +50,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
             for m, kc, s, pl, tp in ((16, 512, 3, 16, 1), (16, 512, 4, 16, 1), (32, 512, 3, 16, 1),
                                      (32, 512, 2, 16, 2))
             for kind in ("bf16", "f32", "swiglu"))
-    + tuple(f"skinny_cluster_k{kc}s{s}t{tp}c{c}_m64_{kind}" for kc, s, tp, c in ((256, 3, 2, 4), (256, 3, 1, 4))
+    + tuple(f"skinny_cluster_k{kc}s{s}t{tp}c{c}_m64_{kind}"
+            for kc, s, tp, c in ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4))
             for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),

@@ -47,7 +47,7 @@
 __device__ unsigned long long staged_trace[4096][6];  // at namespace scope: found by name (trace_staged.py)
 #endif
 #ifdef TK_CLUSTER_TRACE
-// trace_cluster.py: per CTA, 8 marks (see cl_mark), and per stage i < 64 the producer's issue time and the
+// trace_cluster.py: per CTA, 8 marks (TK_CL_MARK in the cluster kernel), and per stage i < 64 the producer's issue time and the
 // consumers' landing time
 __device__ unsigned long long cluster_trace[1024][8];
 __device__ unsigned long long cluster_stage_trace[1024][64][2];
@@ -552,24 +552,36 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 // Why a third kernel: above 16 rows the staged kernel's x reads are what it waits on -- every unit of 16 TP
 // weight rows reads all M rows of each chunk of x from L2, M / (16 TP) times its weight bytes, and at 32 rows
 // it lost to cuBLAS on every GEMM (docs/performance.md, "The staged GEMM above 8 rows"). Here the C CTAs of
-// a thread-block cluster share each chunk of x: CTA q of the cluster copies the x rows q, q + C, .. of a
-// chunk into the same stage of every CTA of the cluster, one multicast bulk copy per row, so L2 serves a
-// chunk of x once per cluster (M / (16 TP C) times the weight bytes).
+// a thread-block cluster share each chunk of x: CTA q of the cluster copies the x rows 64 q / C .. of a chunk
+// into the same stage of every CTA of the cluster by one multicast tensor copy, so L2 serves a chunk of x once
+// per cluster (M / (16 TP C) times the weight bytes).
+//   * copies: tensor copies (cp.async.bulk.tensor) through two 3-D tensor maps the host encodes
+//     (ops.skinny_cluster): a [rows, K] matrix seen as (64 columns, K / 64 blocks of them, rows), boxes of
+//     (64, KC / 64, 8) weight rows and (64, KC / 64, 64 / C) x rows, 128-byte swizzled. One copy a box: a stage
+//     of TP = 2 takes 2 TP + 1 copies from each CTA's producer. (The first version copied one row a copy, 48 a
+//     stage, and ran at a fifth of cuBLAS's rate: the SM's copy engine took ~45 ns a copy whatever its size,
+//     benches/gpu/trace_cluster.py, docs/performance.md);
+//   * a stage holds the 16 TP weight rows of the CTA's unit, then 64 rows of x, each row 2 KC bytes, its 16-byte
+//     pieces swizzled as the copies write them: piece j of the 128-byte line l (stage offset 128 l + 16 j) is at
+//     128 l + 16 (j ^ (l mod 8)) (stages 1024-byte aligned). Rows past N or M and columns past K arrive as zeros;
 //   * work: static. CTA b takes the units b, b + G, b + 2G, .. (G CTAs); every CTA runs the same number of
 //     stages, since a cluster's stages advance together: a CTA past the last unit still copies its share of
 //     x and waits for its stages, and computes and stores nothing;
-//   * a stage holds the 16 TP weight rows of the CTA's unit, then the M rows of x, rows st_rs(KC) bytes
-//     apart. Its "full" barrier expects both (the x rows from all C producers); its "empty" barrier counts
-//     the consumer warps of all C CTAs, each of which arrives on every CTA's: a producer writes a stage of
-//     its peers only once all of them have consumed it;
+//   * a stage's "full" barrier expects its weight boxes and all C x boxes (from all C producers); its "empty"
+//     barrier counts the consumer warps of all C CTAs, each of which arrives on every CTA's: a producer writes
+//     a stage of its peers only once all of them have consumed it;
 //   * the producer may issue the weights of the first `pre` stages before its PDL wait; x, which the kernel
 //     before writes, only after it;
 //   * the consumers are the staged kernel's (warp w takes the 32-column blocks w, w + 4, .. of each chunk,
-//     the warps' partials folded 0 .. 3), with x's fragments from shared memory: the same sums in the same
-//     order, so a row's bits are the 8-row staged kernel's (check_kernels.py, "cluster");
+//     the warps' partials folded 0 .. 3), with x's fragments from shared memory, each read once for the TP
+//     tiles: the same sums in the same order, so a row's bits are the 8-row staged kernel's (check_kernels.py,
+//     "cluster");
 //   * nobody leaves before the cluster's last barrier: a peer may still copy into this CTA's stages or
 //     arrive on its barriers.
-// MT = 8: up to 64 rows (rows past M are neither copied nor read into a product).
+// MT = 8: up to 64 rows (rows past M are zeros and not stored).
+struct __align__(64) TensorMap {  // CUtensorMap: opaque, 128 bytes, encoded by the driver on the host
+  unsigned long long v[16];
+};
 __device__ __forceinline__ u32 cluster_rank() {
   u32 r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -593,30 +605,55 @@ __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
         "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
 }
-// bytes from global src into shared dst of every cluster CTA in `mask`, completion counted on each one's bar.
+// the box of the 3-D tensor map `map` at (c0, c1, c2) into this CTA's shared dst, completion counted on bar
+__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
+                                            u64 policy, int evict) {
+  const unsigned long long m = reinterpret_cast<unsigned long long>(map);
+  if (evict)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+  else
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+// the same box into the shared dst of every cluster CTA in `mask`, completion counted on each one's bar.
 // (ptxas advises the sm_90a target for .multicast::cluster, for the sake of later architectures; on sm_90 it is
 // the Hopper instruction either way.)
-__device__ __forceinline__ void bulk_copy_multicast(u32 dst, const void* src, u32 bytes, u32 bar, unsigned short mask) {
+__device__ __forceinline__ void tensor_copy_multicast(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
+                                                      unsigned short mask) {
+  const unsigned long long m = reinterpret_cast<unsigned long long>(map);
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
       : "memory");
+}
+// byte offset in a 1024-byte-aligned stage of the logical offset `off` (128-byte swizzle of the tensor copies)
+__device__ __forceinline__ u32 swz128(u32 off) { return off ^ ((off >> 3) & 0x70u); }
+// the first weight row of box h (0, 1: 8 rows each) of tile t, or -1 past the weight (weight_row's rows)
+template <int EPI>
+__device__ __forceinline__ int box_row(int t, int h, int N) {
+  if constexpr (EPI == kSwiGLU)
+    return 8 * t < N ? (h == 0 ? 8 * t : N + 8 * t) : -1;
+  else
+    return 16 * t + 8 * h < N ? 16 * t + 8 * h : -1;
 }
 
 // TK_CLUSTER_TRACE (a switch of benches/gpu/trace_cluster.py): %globaltimer (ns) of CTA blockIdx.x at its
 // start (0), after the first cluster barrier (1), after the consumers' PDL wait (2), when its first stage has
 // landed (3), after its last stage (4) and at its end (5); its SM (6) and cluster rank (7). And per stage the
 // time the producer issued its copies (after the stage's "empty" wait) and the time the consumers saw it full.
-// Diagnostic builds only, like TK_CL_LOCAL_X (each CTA copies all of x itself, no multicast) and
-// TK_CL_LOCAL_EMPTY (with TK_CL_LOCAL_X: a stage's "empty" barrier counts this CTA's consumers only).
 #ifdef TK_CLUSTER_TRACE
 __device__ __forceinline__ unsigned long long cl_now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define TK_CL_MARK(k)                                             \
-  do {                                                            \
+#define TK_CL_MARK(k)                                                                    \
+  do {                                                                                   \
     if (threadIdx.x == 0 && blockIdx.x < 1024) cluster_trace[blockIdx.x][k] = cl_now(); \
   } while (0)
 #define TK_CL_STAGE(i, j)                                                                  \
@@ -627,28 +664,26 @@ __device__ __forceinline__ unsigned long long cl_now() {
 #define TK_CL_MARK(k)
 #define TK_CL_STAGE(i, j)
 #endif
-#if defined(TK_CL_LOCAL_EMPTY) && !defined(TK_CL_LOCAL_X)
-#error "TK_CL_LOCAL_EMPTY needs TK_CL_LOCAL_X: peers write into a stage only through the multicast"
-#endif
 
 template <int KC, int S, bool F32, int EPI, int TP, int C>
-__device__ __forceinline__ void skinny_cluster_impl(const __nv_bfloat16* __restrict__ x, int ldx,
-                                                    const __nv_bfloat16* __restrict__ w, void* __restrict__ y,
-                                                    int M, int N, int K, int pre, int evict) {
-  constexpr int MT = 8, kRS = st_rs(KC), kWRows = 16 * TP, kStage = (kWRows + 8 * MT) * kRS;
+__device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const TensorMap* xmap,
+                                                    void* __restrict__ y, int M, int N, int K, int pre, int evict) {
+  constexpr int MT = 8, kRow = 2 * KC, kWRows = 16 * TP, kStage = (kWRows + 8 * MT) * kRow, kXRows = 64 / C;
   constexpr int kBlocks = KC / 32, kNB = kBlocks / kStCW;
-  static_assert(KC % (32 * kStCW) == 0 && (kRS % 128) == 64, "cluster layout");
+  static_assert(KC % 64 == 0 && KC % (32 * kStCW) == 0 && kStage % 1024 == 0, "cluster layout");
   static_assert((TP == 1 || TP == 2) && (C == 2 || C == 4), "cluster widths");
-  extern __shared__ __align__(128) unsigned char st_smem[];  // S stages of 16 TP weight rows + 64 x rows
-  __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
-  __shared__ float red[kStCW][TP * MT][4][32];               // per-warp C fragments of a unit
+  extern __shared__ __align__(1024) unsigned char st_smem[];  // 1 KB of slack, then S stages
+  __shared__ __align__(8) u64 bars[2 * S];                    // full[s], then empty[s]
+  __shared__ float red[kStCW][TP * MT][4][32];                // per-warp C fragments of a unit
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tiles = EPI == kSwiGLU ? N / 8 : (N + 15) / 16;
   const int units = (tiles + TP - 1) / TP;
   const int kch = (K + KC - 1) / KC;
   const int total = (units + (int)gridDim.x - 1) / (int)gridDim.x * kch;  // stages of every CTA
   const u32 rank = cluster_rank();
-  const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  const u32 base = (smem_u32(st_smem) + 1023u) & ~1023u;  // the swizzle's pattern repeats every 1024 bytes
+  const u32 bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  const int xboxes = (M + kXRows - 1) / kXRows;  // x boxes a stage gets, one from each of the first xboxes CTAs
   TK_CL_MARK(0);
 #ifdef TK_CLUSTER_TRACE
   if (tid == 0 && blockIdx.x < 1024) {
@@ -658,86 +693,58 @@ __device__ __forceinline__ void skinny_cluster_impl(const __nv_bfloat16* __restr
     cluster_trace[blockIdx.x][7] = rank;
   }
 #endif
-#ifdef TK_CL_LOCAL_EMPTY
-  constexpr int kEmptyCount = kStCW;  // this CTA's consumers only (diagnostic build)
-#else
-  constexpr int kEmptyCount = C * kStCW;
-#endif
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, kEmptyCount);
+      mbar_init(bar_empty + 8 * s, C * kStCW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cluster_sync_all();  // every CTA's barriers exist before any copy or arrival reaches them
   TK_CL_MARK(1);
 
-  if (warp == kStCW) {  // ---- producer: lanes 0-15, one weight row and one x row at a time each
-    if (lane < 16) {
+  if (warp == kStCW) {  // ---- producer: lane 0
+    if (lane == 0) {
       const u64 policy = l2_evict_first();
       const int early = min(min(pre, S), total);
-      for (int i = 0; i < total; ++i) {  // the weights of stage i (and its expected bytes)
+      // stage i's weight boxes (and the bytes the stage expects, x's included)
+      auto weights = [&](int i) {
         const int s = i % S, u = (int)blockIdx.x + i / kch * (int)gridDim.x, k0 = i % kch * KC;
-        const u32 bytes = (u32)min(KC, K - k0) * 2u;
-        if (i == early) break;
-        if (lane == 0) TK_CL_STAGE(i, 0);
-        if (lane == 0) {
-          int rows = 0;
+        int boxes = 0;
 #pragma unroll
-          for (int r = 0; r < kWRows; ++r) rows += u < units && unit_row<EPI, TP>(u, r, N) >= 0;
-          mbar_expect_tx(bar_full + 8 * s, bytes * (u32)(rows + M));
-        }
-        __syncwarp(0xffffu);  // the bytes are announced before any copy lands
+        for (int p = 0; p < TP; ++p)
 #pragma unroll
-        for (int r = lane; r < kWRows; r += 16) {
-          const int wr = u < units ? unit_row<EPI, TP>(u, r, N) : -1;
-          if (wr < 0) continue;
-          const u32 dst = base + s * kStage + r * kRS;
-          if (evict)
-            bulk_copy_hint(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s, policy);
-          else
-            bulk_copy(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s);
-        }
+          for (int h = 0; h < 2; ++h) boxes += u < units && box_row<EPI>(u * TP + p, h, N) >= 0;
+        mbar_expect_tx(bar_full + 8 * s, (u32)(boxes * 8 + xboxes * kXRows) * (u32)kRow);
+#pragma unroll
+        for (int p = 0; p < TP; ++p)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r0 = u < units ? box_row<EPI>(u * TP + p, h, N) : -1;
+            if (r0 >= 0)
+              tensor_copy(base + s * kStage + (16 * p + 8 * h) * kRow, wmap, 0, k0 / 64, r0, bar_full + 8 * s, policy,
+                          evict);
+          }
+      };
+      for (int i = 0; i < early; ++i) {
+        TK_CL_STAGE(i, 0);
+        weights(i);
       }
       pdl_wait();  // x is the kernel before's output
       pdl_launch_dependents();
       const unsigned short mask = (unsigned short)((1u << C) - 1u);
       for (int i = 0; i < total; ++i) {
-        const int s = i % S, u = (int)blockIdx.x + i / kch * (int)gridDim.x, k0 = i % kch * KC;
-        const u32 bytes = (u32)min(KC, K - k0) * 2u;
+        const int s = i % S, k0 = i % kch * KC;
         if (i >= early) {  // stage i's weights, after its previous use was consumed by the whole cluster
           if (i >= S) mbar_wait_cluster(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);
-          if (lane == 0) TK_CL_STAGE(i, 0);
-          if (lane == 0) {
-            int rows = 0;
-#pragma unroll
-            for (int r = 0; r < kWRows; ++r) rows += u < units && unit_row<EPI, TP>(u, r, N) >= 0;
-            mbar_expect_tx(bar_full + 8 * s, bytes * (u32)(rows + M));
-          }
-          __syncwarp(0xffffu);
-#pragma unroll
-          for (int r = lane; r < kWRows; r += 16) {
-            const int wr = u < units ? unit_row<EPI, TP>(u, r, N) : -1;
-            if (wr < 0) continue;
-            const u32 dst = base + s * kStage + r * kRS;
-            if (evict)
-              bulk_copy_hint(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s, policy);
-            else
-              bulk_copy(dst, w + (long long)wr * K + k0, bytes, bar_full + 8 * s);
-          }
+          TK_CL_STAGE(i, 0);
+          weights(i);
         }
-#ifdef TK_CL_LOCAL_X
-        (void)mask;  // all of stage i's x rows, into this CTA only (diagnostic build)
-        for (int r = lane; r < M; r += 16)
-          bulk_copy(base + s * kStage + (kWRows + r) * kRS, x + (long long)r * ldx + k0, bytes, bar_full + 8 * s);
-#else
-        // this CTA's share of stage i's x rows, into every CTA of the cluster
-        for (int r = (int)rank + C * lane; r < M; r += C * 16)
-          bulk_copy_multicast(base + s * kStage + (kWRows + r) * kRS, x + (long long)r * ldx + k0, bytes,
-                              bar_full + 8 * s, mask);
-#endif
+        // this CTA's box of stage i's x rows, into every CTA of the cluster
+        if ((int)rank < xboxes)
+          tensor_copy_multicast(base + s * kStage + (kWRows + (int)rank * kXRows) * kRow, xmap, 0, k0 / 64,
+                                (int)rank * kXRows, bar_full + 8 * s, mask);
       }
     }
     __syncwarp();
@@ -762,38 +769,38 @@ __device__ __forceinline__ void skinny_cluster_impl(const __nv_bfloat16* __restr
       if (tid == 0) TK_CL_STAGE(i, 1);
       if (i == 0) TK_CL_MARK(3);
       if (u < units) {
-        const u32 xs = base + s * kStage + kWRows * kRS;
+        const u32 st = base + s * kStage;
 #pragma unroll
-        for (int p = 0; p < TP; ++p) {  // tile u TP + p: rows 16 p .. 16 p + 15 of the stage
-          const bool ra = weight_row<EPI>(u * TP + p, g, N) >= 0, rb = weight_row<EPI>(u * TP + p, g + 8, N) >= 0;
-          const u32 st = base + s * kStage + p * 16 * kRS;
+        for (int j = 0; j < kNB; ++j) {
+          const int b = warp + j * kStCW;
+          if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
+            const int kk = b * 32 + 8 * t4;
+            const bool in = kk < cols;
+            u32 a0[TP][4], a1[TP][4];
 #pragma unroll
-          for (int j = 0; j < kNB; ++j) {
-            const int b = warp + j * kStCW;
-            if (b * 32 < cols) {  // warp-uniform: blocks past a ragged last chunk are skipped
-              const int kk = b * 32 + 8 * t4;
-              const bool in = kk < cols;
-              uint4 wa = lds128(st + g * kRS + kk * 2), wb = lds128(st + (g + 8) * kRS + kk * 2);
-              if (!(in && ra)) wa = z;  // rows past N were not copied, columns past K belong to no row
+            for (int p = 0; p < TP; ++p) {  // tile u TP + p: rows 16 p .. 16 p + 15 of the stage
+              const bool ra = weight_row<EPI>(u * TP + p, g, N) >= 0, rb = weight_row<EPI>(u * TP + p, g + 8, N) >= 0;
+              uint4 wa = lds128(st + swz128((16 * p + g) * kRow + kk * 2));
+              uint4 wb = lds128(st + swz128((16 * p + g + 8) * kRow + kk * 2));
+              if (!(in && ra)) wa = z;  // rows past N, columns past K: zeros (as the staged kernel reads them)
               if (!(in && rb)) wb = z;
-              const u32 a0[4] = {wa.x, wb.x, wa.y, wb.y};
-              const u32 a1[4] = {wa.z, wb.z, wa.w, wb.w};
+              a0[p][0] = wa.x; a0[p][1] = wb.x; a0[p][2] = wa.y; a0[p][3] = wb.y;
+              a1[p][0] = wa.z; a1[p][1] = wb.z; a1[p][2] = wa.w; a1[p][3] = wb.w;
+            }
 #pragma unroll
-              for (int mt = 0; mt < MT; ++mt) {  // x rows g + 8 mt: rows past M were not copied
-                const uint4 xx = in && xr[mt] ? lds128(xs + (g + 8 * mt) * kRS + kk * 2) : z;
-                mma_bf16(acc[p][mt], a0, xx.x, xx.y);
-                mma_bf16(acc[p][mt], a1, xx.z, xx.w);
+            for (int mt = 0; mt < MT; ++mt) {  // x rows g + 8 mt, each read once for the TP tiles
+              const uint4 xx = in && xr[mt] ? lds128(st + swz128((kWRows + g + 8 * mt) * kRow + kk * 2)) : z;
+#pragma unroll
+              for (int p = 0; p < TP; ++p) {
+                mma_bf16(acc[p][mt], a0[p], xx.x, xx.y);
+                mma_bf16(acc[p][mt], a1[p], xx.z, xx.w);
               }
             }
           }
         }
       }
       __syncwarp();
-#ifdef TK_CL_LOCAL_EMPTY
-      if (lane == 0) mbar_arrive_peer(bar_empty + 8 * s, rank);  // consumed, in this CTA's count only
-#else
       if (lane < C) mbar_arrive_peer(bar_empty + 8 * s, (u32)lane);  // consumed, in every CTA's count
-#endif
       if (kc != kch - 1 || u >= units) continue;
 
       // ---- the end of unit u: the warps' partials summed in warp order, stored (fragment f by warp f mod 4)
@@ -907,17 +914,19 @@ TK_STAGED_W(512, 3, 16, 1, 32, 4)
 TK_STAGED_W(512, 2, 16, 2, 32, 4)
 // skinny_cluster_k{KC}s{S}t{TP}c{C}_m64_{bf16,f32,swiglu}: the cluster kernel for M <= 64 rows with chunks of
 // KC columns, S stages, TP 16-row tiles a unit, clusters of C CTAs along x. Grid: a multiple of C CTAs of
-// 32 (kStCW + 1) threads, launched as clusters of C; S (16 TP + 64) st_rs(KC) bytes of dynamic shared memory.
+// 32 (kStCW + 1) threads, launched as clusters of C; 1024 + S (16 TP + 64) 2 KC bytes of dynamic shared memory.
+// wmap, xmap: the tensor maps of w ([N or 2 I, K]) and x ([M, K]) that ops.skinny_cluster encodes.
 #define TK_CLUSTER_K(KCV, SV, TPV, CV, SUF, F32V, EPIV)                                                       \
   extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1)                                          \
       skinny_cluster_k##KCV##s##SV##t##TPV##c##CV##_m64_##SUF(                                                \
-          const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w,                  \
-          void* __restrict__ y, int M, int N, int K, int pre, int evict) {                                   \
-    skinny_cluster_impl<KCV, SV, F32V, EPIV, TPV, CV>(x, ldx, w, y, M, N, K, pre, evict);                     \
+          const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, void* __restrict__ y, \
+          int M, int N, int K, int pre, int evict) {                                                          \
+    skinny_cluster_impl<KCV, SV, F32V, EPIV, TPV, CV>(&wmap, &xmap, y, M, N, K, pre, evict);                  \
   }
 #define TK_CLUSTER(KCV, SV, TPV, CV)                        \
   TK_CLUSTER_K(KCV, SV, TPV, CV, bf16, false, kPlain)       \
   TK_CLUSTER_K(KCV, SV, TPV, CV, f32, true, kPlain)         \
   TK_CLUSTER_K(KCV, SV, TPV, CV, swiglu, false, kSwiGLU)
 TK_CLUSTER(256, 3, 2, 4)
-TK_CLUSTER(256, 3, 1, 4)
+TK_CLUSTER(256, 4, 2, 4)
+TK_CLUSTER(256, 5, 1, 4)
