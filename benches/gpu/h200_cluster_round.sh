@@ -13,7 +13,7 @@ mode=${1:-trace}
 shift
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
-tag=""; [ "$mode" = tma ] && tag=_tma
+tag=""; [ "$mode" = tma ] && tag=${TAG:-_tma}   # TAG: the files' suffix of a later tma call
 if [ "$mode" = trace ] || [ "$mode" = tma ]; then
   timeout 100 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster_trace$tag.log" 2>&1
   rc=$?; echo "check_kernels cluster rc=$rc"; grep -E "FAIL" "$OUT/check_kernels_cluster_trace$tag.log" | head -10
@@ -27,13 +27,13 @@ if [ "$mode" = trace ] || [ "$mode" = tma ]; then
 fi
 if [ "$mode" = tma ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --profile-batches \
-    --timeline-batches 64 --rounds 3 --variants default cl-s4 cl-s3 cl-t1 > "$OUT/profile_tma_06b.log" 2>&1
-  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_tma_06b.log"
-  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile_tma_06b.log" | cut -c1-120 | head -60
+    --timeline-batches 64 --rounds 3 --variants default cl-s4 cl-s3 cl-t1 > "$OUT/profile${tag}_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile${tag}_06b.log"
+  grep -E "graph timeline|^\s+[0-9]+x" "$OUT/profile${tag}_06b.log" | cut -c1-120 | head -60
   timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 64 --prompt 1664 --profile-batches \
-    --rounds 3 --variants default cl-s4 cl-head > "$OUT/profile_tma_06b_1664.log" 2>&1
-  echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile_tma_06b_1664.log"
+    --rounds 3 --variants default cl-s4 cl-head > "$OUT/profile${tag}_06b_1664.log" 2>&1
+  echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile${tag}_06b_1664.log"
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --profile-batches \
-    --rounds 3 --variants default cl-s4 cl-lim > "$OUT/profile_tma_8b.log" 2>&1
-  echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_tma_8b.log"
+    --rounds 3 --variants default cl-s4 cl-lim > "$OUT/profile${tag}_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile${tag}_8b.log"
 fi
