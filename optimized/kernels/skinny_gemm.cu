@@ -672,7 +672,7 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
   constexpr int kBlocks = KC / 32, kNB = kBlocks / kStCW;
   static_assert(KC % 64 == 0 && KC % (32 * kStCW) == 0 && kStage % 1024 == 0, "cluster layout");
   static_assert((TP == 1 || TP == 2) && (C == 2 || C == 4), "cluster widths");
-  extern __shared__ __align__(1024) unsigned char st_smem[];  // 1 KB of slack, then S stages
+  extern __shared__ __align__(128) unsigned char st_smem[];  // up to 1 KB of slack (aligned below), then S stages
   __shared__ __align__(8) u64 bars[2 * S];                    // full[s], then empty[s]
   __shared__ float red[kStCW][TP * MT][4][32];                // per-warp C fragments of a unit
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -693,6 +693,10 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
     cluster_trace[blockIdx.x][7] = rank;
   }
 #endif
+  if (warp == kStCW && lane == 0) {  // the maps' first fetch, ahead of the producer's first copy
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(wmap)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(xmap)) : "memory");
+  }
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
