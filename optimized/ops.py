@@ -1159,7 +1159,7 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
 
 #: built configurations of the cluster kernel (``skinny_gemm.cu``, "The cluster kernel"): (chunk columns, stages,
 #: 16-row tiles a unit, CTAs a cluster)
-SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4))
+SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4), (512, 2, 2, 4))
 SKINNY_CLUSTER_MAX_M = 64
 _cluster_capacity: dict[tuple[int, str, int], int] = {}
 #: tensor maps of the cluster kernel's operands, by everything they encode (address, rows, columns, row

@@ -773,17 +773,17 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
       if (tid == 0) TK_CL_STAGE(i, 1);
       if (i == 0) TK_CL_MARK(3);
       if (u < units) {
-        // Every fragment of the stage first, then the MMAs with a0 for every (x tile, weight tile), then those with
-        // a1: one consumer warp a scheduler, so nothing but this order hides an MMA's or a load's latency
-        // (each product's pair of MMAs is dependent). Each accumulator still sees a0 then a1 of block w, then of
-        // block w + 4: the sums of the staged kernel, in its order.
+        // Per 32-column block: its fragments first, then the MMAs with a0 for every (x tile, weight tile), then
+        // those with a1 (each product's pair of MMAs is dependent; one consumer warp a scheduler). Each
+        // accumulator sees a0 then a1 of block w, then of block w + 4: the staged kernel's sums in its order.
         const u32 st = base + s * kStage;
-        u32 a0[kNB][TP][4], a1[kNB][TP][4];
-        uint4 xx[kNB][MT];
 #pragma unroll
         for (int j = 0; j < kNB; ++j) {
           const int kk = (warp + j * kStCW) * 32 + 8 * t4;
+          if (kk - 8 * t4 >= cols) continue;  // warp-uniform: blocks past a ragged last chunk add nothing
           const bool in = kk < cols;
+          u32 a0[TP][4], a1[TP][4];
+          uint4 xx[MT];
 #pragma unroll
           for (int p = 0; p < TP; ++p) {  // tile u TP + p: rows 16 p .. 16 p + 15 of the stage
             const bool ra = weight_row<EPI>(u * TP + p, g, N) >= 0, rb = weight_row<EPI>(u * TP + p, g + 8, N) >= 0;
@@ -791,26 +791,22 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
             uint4 wb = lds128(st + swz128((16 * p + g + 8) * kRow + kk * 2));
             if (!(in && ra)) wa = z;  // rows past N, columns past K: zeros (as the staged kernel reads them)
             if (!(in && rb)) wb = z;
-            a0[j][p][0] = wa.x; a0[j][p][1] = wb.x; a0[j][p][2] = wa.y; a0[j][p][3] = wb.y;
-            a1[j][p][0] = wa.z; a1[j][p][1] = wb.z; a1[j][p][2] = wa.w; a1[j][p][3] = wb.w;
+            a0[p][0] = wa.x; a0[p][1] = wb.x; a0[p][2] = wa.y; a0[p][3] = wb.y;
+            a1[p][0] = wa.z; a1[p][1] = wb.z; a1[p][2] = wa.w; a1[p][3] = wb.w;
           }
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt)  // x rows g + 8 mt; tiles past M (warp-uniform) are skipped below
-            xx[j][mt] = in && xr[mt] ? lds128(st + swz128((kWRows + g + 8 * mt) * kRow + kk * 2)) : z;
-        }
-#pragma unroll
-        for (int j = 0; j < kNB; ++j) {
-          if ((warp + j * kStCW) * 32 >= cols) continue;  // warp-uniform: blocks past a ragged last chunk add nothing
+          for (int mt = 0; mt < MT; ++mt)  // x rows g + 8 mt (tiles past M, warp-uniform, skipped below)
+            xx[mt] = in && xr[mt] ? lds128(st + swz128((kWRows + g + 8 * mt) * kRow + kk * 2)) : z;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
             if (8 * mt < M)
 #pragma unroll
-              for (int p = 0; p < TP; ++p) mma_bf16(acc[p][mt], a0[j][p], xx[j][mt].x, xx[j][mt].y);
+              for (int p = 0; p < TP; ++p) mma_bf16(acc[p][mt], a0[p], xx[mt].x, xx[mt].y);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
             if (8 * mt < M)
 #pragma unroll
-              for (int p = 0; p < TP; ++p) mma_bf16(acc[p][mt], a1[j][p], xx[j][mt].z, xx[j][mt].w);
+              for (int p = 0; p < TP; ++p) mma_bf16(acc[p][mt], a1[p], xx[mt].z, xx[mt].w);
         }
       }
       __syncwarp();
@@ -944,3 +940,4 @@ TK_STAGED_W(512, 2, 16, 2, 32, 4)
 TK_CLUSTER(256, 3, 2, 4)
 TK_CLUSTER(256, 4, 2, 4)
 TK_CLUSTER(256, 5, 1, 4)
+TK_CLUSTER(512, 2, 2, 4)
