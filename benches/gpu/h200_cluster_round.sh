@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 tag=""; { [ "$mode" = tma ] || [ "$mode" = ncu ]; } && tag=${TAG:-_tma}   # TAG: the files' suffix of a later tma call
 if [ "$mode" = trace ] || [ "$mode" = tma ] || [ "$mode" = ncu ]; then
-  timeout 100 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster_trace$tag.log" 2>&1
+  timeout 160 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster_trace$tag.log" 2>&1
   rc=$?; echo "check_kernels cluster rc=$rc"; grep -E "FAIL" "$OUT/check_kernels_cluster_trace$tag.log" | head -10
   tail -2 "$OUT/check_kernels_cluster_trace$tag.log"
   [ $rc -ne 0 ] && exit 1   # (a hang or a wrong bit: nothing after it is worth the device time)
