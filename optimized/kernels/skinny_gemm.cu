@@ -591,19 +591,14 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// arrive on the mbarrier at this CTA's shared address `bar` in cluster CTA `cta`
+// arrive on the mbarrier at this CTA's shared address `bar` in cluster CTA `cta`. The arrival says "this stage's
+// shared memory has been read" (its loads have returned: their MMAs were issued before it), so it needs no
+// cluster-scope release: with .release.cluster each arrival waited on a memory barrier (Nsight Compute's
+// "membar" stall, ~1 µs a stage; docs/performance.md), at .cta scope it does not.
 __device__ __forceinline__ void mbar_arrive_peer(u32 bar, u32 cta) {
   u32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// spin until the phase of the given parity has completed, acquiring at cluster scope (arrivals of peers)
-__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {
-  u32 done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 // the box of the 3-D tensor map `map` at (c0, c1, c2) into this CTA's shared dst, completion counted on bar
 __device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
@@ -741,7 +736,7 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
       for (int i = 0; i < total; ++i) {
         const int s = i % S, k0 = i % kch * KC;
         if (i >= early) {  // stage i's weights, after its previous use was consumed by the whole cluster
-          if (i >= S) mbar_wait_cluster(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);
+          if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // (the peers' arrivals: see above)
           TK_CL_STAGE(i, 0);
           weights(i);
         }
