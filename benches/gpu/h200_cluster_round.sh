@@ -8,6 +8,8 @@
 #   tma:    the same with the kernel's copies as tensor copies (a box a copy), then the engine A/B (profile_decode.py:
 #           default against the cl-* variants) at qwen3-0.6b batch 32 and 64 (timelines at 64), batch 64 after 1664
 #           tokens, and qwen3-8b batch 32 and 64
+#   final:  the engine A/B at qwen3-0.6b batch 32 and 64 (default, cl-k512, cl-mix), the engine smoke test and
+#           conformance at CI scale on the optimized engine (the launch path's new argument packing)
 #   ncu:    check_kernels.py --only cluster, trace_cluster.py (qwen3-8b), then Nsight Compute on qwen3-8b's gate/up at 32
 #           rows (torch's matmul and the cluster kernel at 256 and 512 columns a chunk; run_cluster_once.py)
 source benches/gpu/_env.sh
@@ -53,4 +55,11 @@ if [ "$mode" = ncu ]; then
   timeout 200 ncu --clock-control none -k "regex:skinny_cluster|nvjet" --launch-count 6 --metrics "$M" \
     python3 benches/gpu/run_cluster_once.py --configs 256:3:2:4 512:2:2:4 > "$OUT/ncu_cluster${tag}.txt" 2>&1
   echo "ncu rc=$?"; grep -vE "^==PROF==|^\s*$" "$OUT/ncu_cluster${tag}.txt" | cut -c1-150 | tail -80
+fi
+if [ "$mode" = final ]; then
+  timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --rounds 3 \
+    --variants default cl-k512 cl-mix > "$OUT/profile_final_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_final_06b.log"
+  smoke 150; mv "$OUT/engine_smoke.log" "$OUT/engine_smoke_cluster_final.log"
+  conformance_ci 240; mv "$OUT/conformance_ci_optimized.log" "$OUT/conformance_ci_optimized_cluster_final.log"
 fi

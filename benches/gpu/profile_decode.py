@@ -233,12 +233,14 @@ BLAS_PDL_VARIANTS: dict[str, bool] = {"blas-pdl": True}
 DECODE_BLAS_VARIANTS: dict[str, str | None] = {"blas-cublas": "cublas"}
 #: variants on top of "default" with the decode GEMMs of 17-64 rows on the cluster kernel (``CudaRunner.cluster_gemm``,
 #: ``cluster_max_elems``): roles -> (chunk columns, stages, tiles a unit, CTAs a cluster, stages before the wait)
-_CL_S4, _CL_S3, _CL_T1 = (256, 4, 2, 4, 4), (256, 3, 2, 4, 3), (256, 5, 1, 4, 5)
+_CL_S4, _CL_S3, _CL_T1, _CL_K512 = (256, 4, 2, 4, 4), (256, 3, 2, 4, 3), (256, 5, 1, 4, 5), (512, 2, 2, 4, 2)
 _LAYER_ROLES = ("qkv", "o_proj", "gate_up", "down")
 GEMM_CLUSTER_VARIANTS: dict[str, tuple[dict[str, tuple[int, int, int, int, int]], int]] = {
     "cl-s4": ({r: _CL_S4 for r in _LAYER_ROLES}, 1 << 62),
     "cl-s3": ({r: _CL_S3 for r in _LAYER_ROLES}, 1 << 62),
     "cl-t1": ({r: _CL_T1 for r in _LAYER_ROLES}, 1 << 62),
+    "cl-k512": ({r: _CL_K512 for r in _LAYER_ROLES}, 1 << 62),
+    "cl-mix": ({"qkv": _CL_K512, "gate_up": _CL_K512, "o_proj": _CL_T1, "down": _CL_T1}, 1 << 62),
     "cl-head": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 1 << 62),
     "cl-lim": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 32 << 20),
 }
