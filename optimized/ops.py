@@ -36,7 +36,7 @@ __all__ = [
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
     "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "skinny_staged", "SKINNY_STAGED_CONFIGS", "SKINNY_STAGED_WIDE", "SKINNY_STAGED_MAX_M",
-    "skinny_cluster", "SKINNY_CLUSTER_CONFIGS", "SKINNY_CLUSTER_MAX_M",
+    "skinny_cluster", "SKINNY_CLUSTER_CONFIGS", "SKINNY_CLUSTER_W8", "SKINNY_CLUSTER_MAX_M",
     "FUSED_DECODE_MAX_B",
 ]
 
@@ -1160,6 +1160,8 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
 #: built configurations of the cluster kernel (``skinny_gemm.cu``, "The cluster kernel"): (chunk columns, stages,
 #: 16-row tiles a unit, CTAs a cluster)
 SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4), (512, 2, 2, 4))
+#: ... of which these are also built with eight consumer warps (``warps=8``: two a tile)
+SKINNY_CLUSTER_W8 = ((256, 4, 2, 4), (512, 2, 2, 4))
 SKINNY_CLUSTER_MAX_M = 64
 _cluster_capacity: dict[tuple[int, str, int], int] = {}
 #: tensor maps of the cluster kernel's operands, by everything they encode (address, rows, columns, row
@@ -1194,20 +1196,25 @@ def _matrix_map(ptr: int, rows: int, cols: int, ld: int, box_cols: int, box_rows
 
 def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                    out: torch.Tensor | None = None, swiglu: bool = False, kc: int = 256, stages: int = 3,
-                   tp: int = 2, cluster: int = 4, pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
+                   tp: int = 2, cluster: int = 4, pre: int | None = None, evict_first: bool = True,
+                   warps: int = 4) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_CLUSTER_MAX_M`` rows by the
     cluster kernel: the weights stream through shared memory by tensor copies, and each chunk of x is copied once
     per thread-block cluster of ``cluster`` CTAs into all of them by multicast tensor copies (``skinny_gemm.cu``,
     "The cluster kernel"); ``(kc, stages, tp, cluster)`` one of ``SKINNY_CLUSTER_CONFIGS``. A unit of ``tp``
     16-row tiles per CTA at a time, assigned statically over at most as many clusters as the device holds at
     once. ``pre``: stages whose weights a CTA may fetch before the programmatic-dependent-launch wait (default
-    ``stages``). ``evict_first``: as ``skinny_staged``. K must be a multiple of 64 (the tensor maps' blocks).
-    Needs the driver's launch path (PDL on, sm_90+). A row's bits are those of ``skinny_staged`` at up to 8 rows
-    (the same sums in the same order), whatever the configuration and grid."""
+    ``stages``). ``evict_first``: as ``skinny_staged``. ``warps``: consumer warps, 4, or 8 (two a tile) for the
+    configurations of ``SKINNY_CLUSTER_W8``. K must be a multiple of 64 (the tensor maps' blocks). Needs the
+    driver's launch path (PDL on, sm_90+). A row's bits are those of ``skinny_staged`` at up to 8 rows (the same
+    sums in the same order), whatever the configuration, warps and grid."""
     M, N, K = _linear_shape(x, w)
     _need(M <= SKINNY_CLUSTER_MAX_M, f"skinny_cluster takes at most {SKINNY_CLUSTER_MAX_M} rows, got {M}")
     _need((kc, stages, tp, cluster) in SKINNY_CLUSTER_CONFIGS,
           f"(kc, stages, tp, cluster) = {(kc, stages, tp, cluster)} is not built; built: {SKINNY_CLUSTER_CONFIGS}")
+    _need(not isinstance(warps, bool)
+          and (warps == 4 or (warps == 8 and (kc, stages, tp, cluster) in SKINNY_CLUSTER_W8)),
+          f"warps = {warps!r}: 4, or 8 for the configurations {SKINNY_CLUSTER_W8}")
     pre = stages if pre is None else pre
     _need(isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0,
           f"pre must be a non-negative int, got {pre!r}")
@@ -1227,21 +1234,21 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
         return out
     dev = _device_index(x)
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
-    name = f"skinny_cluster_k{kc}s{stages}t{tp}c{cluster}_m64_{kind}"
+    name = f"skinny_cluster_k{kc}s{stages}t{tp}c{cluster}{'w8' if warps == 8 else ''}_m64_{kind}"
     smem = skinny_cluster_smem(kc, stages, tp)
+    threads = 32 * (warps + 1)
     key = (dev, name, smem)
     cap = _cluster_capacity.get(key)
     if cap is None:
         import cupy
         with cupy.cuda.Device(dev):
             _, handle = _function(dev, "skinny_gemm", name, smem)
-            cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (_SKINNY_STAGED_THREADS, 1, 1), smem,
-                                                                      cluster)
+            cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (threads, 1, 1), smem, cluster)
         _need(cap >= 1, f"{name}: the device holds no cluster of {cluster} CTAs with {smem} bytes of shared memory")
     grid = skinny_cluster_grid(-(-tiles // tp), cluster, cap)
     wmap = _matrix_map(w.data_ptr(), N, K, K, kc, 8)
     xmap = _matrix_map(x.data_ptr(), M, K, ldx, kc, 64 // cluster)
-    _launch(x, "skinny_gemm", name, (grid, 1, 1), (_SKINNY_STAGED_THREADS, 1, 1),
+    _launch(x, "skinny_gemm", name, (grid, 1, 1), (threads, 1, 1),
             (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))),
             smem, cluster_x=cluster)
     return out

@@ -261,10 +261,11 @@ class CudaRunner:
         #: every qwen3-0.6b layer GEMM, not qwen3-8b's gate/up and down or either LM head
         self.staged_wide_max_elems = STAGED_WIDE_MAX_ELEMS
         #: decode GEMMs of 17-64 rows (default mode) on the cluster kernel (``ops.skinny_cluster``), by role ->
-        #: (chunk columns, stages, 16-row tiles a unit, CTAs a cluster, stages fetched before the PDL wait): one of
+        #: (chunk columns, stages, 16-row tiles a unit, CTAs a cluster, stages fetched before the PDL wait[, consumer
+        #: warps]): one of
         #: ``ops.SKINNY_CLUSTER_CONFIGS``; a role not named takes cuBLAS. Default: none (measured in
-        #: docs/performance.md, "The cluster kernel")
-        self.cluster_gemm: dict[str, tuple[int, int, int, int, int]] = {}
+        #: docs/performance.md, "The cluster GEMM, diagnosed")
+        self.cluster_gemm: dict[str, tuple[int, ...]] = {}
         #: ... for weights of at most this many elements
         self.cluster_max_elems = 1 << 62
         #: ... for weights of at least this many elements (smaller ones take the rules above)
@@ -426,7 +427,7 @@ class CudaRunner:
 
     @staticmethod
     def _cluster_kw(cl: tuple[int, ...]) -> dict[str, int]:
-        return dict(kc=cl[0], stages=cl[1], tp=cl[2], cluster=cl[3], pre=cl[4])
+        return dict(kc=cl[0], stages=cl[1], tp=cl[2], cluster=cl[3], pre=cl[4], warps=cl[5] if len(cl) > 5 else 4)
 
     def _cluster_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
         """The cluster kernel's configuration (``cluster_gemm``) for this GEMM of 17-64 rows, or None."""

@@ -123,10 +123,12 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
     def skinny_cluster(x, w, *, out_dtype=torch.bfloat16, swiglu=False, kc=256, stages=3, tp=2, cluster=4, pre=None,
-                       evict_first=True):
+                       evict_first=True, warps=4):
         assert 16 < x.shape[0] <= real_ops.SKINNY_CLUSTER_MAX_M, "the cluster kernel's rows (the runner's 17-64)"
         assert (kc, stages, tp, cluster) in real_ops.SKINNY_CLUSTER_CONFIGS, "a built configuration"
-        log.append(("skinny_cluster", (x.shape[0], w.data_ptr(), out_dtype, swiglu, kc, stages, tp, cluster, pre)))
+        assert warps == 4 or (kc, stages, tp, cluster) in real_ops.SKINNY_CLUSTER_W8, "a built warp count"
+        log.append(("skinny_cluster", (x.shape[0], w.data_ptr(), out_dtype, swiglu, kc, stages, tp, cluster, pre)
+                    + ((warps,) if warps != 4 else ())))
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 

@@ -294,22 +294,29 @@ def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert maps[-2][1:] == (2 * 3072, 1024, 2048, 256, 8)            # the weight map spans gate and up
     ops.skinny_cluster(x[:17], torch.randn(24, 1024).to(bf), out_dtype=torch.float32, stages=4)   # one cluster
     assert log[-1][1:3] == ("skinny_cluster_k256s4t2c4_m64_f32", (4, 1, 1))
-    assert len(queries) == 4                                           # once per kernel (name and smem)
+    ops.skinny_cluster(x, torch.randn(4096, 1024).to(bf), kc=512, stages=2, warps=8)   # eight consumer warps
+    assert log[-1][1:4] == ("skinny_cluster_k512s2t2c4w8_m64_bf16", (128, 1, 1), (288, 1, 1))
+    assert queries[-1][1:] == ((288, 1, 1), ops.skinny_cluster_smem(512, 2, 2), 4)
+    assert len(queries) == 5                                           # once per kernel (name and smem)
     n_maps = len(maps)
     ops.skinny_cluster(x, w)
-    assert len(queries) == 4 and len(maps) == n_maps                   # the same operands: the maps cached
+    assert len(queries) == 5 and len(maps) == n_maps                   # the same operands: the maps cached
     assert [ops.skinny_cluster_grid(u, 4, 32) for u in (1, 4, 5, 128, 129, 1000)] == [4, 4, 8, 128, 128, 128]
     names = set(kernels.SOURCES["skinny_gemm"])
     for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS:
         assert {f"skinny_cluster_k{kc}s{S}t{tp}c{c}_m64_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
         # beside the fold's static tp x 16 KB and the barriers, under the 227 KB a CTA may have, less 1 KB reserved
         assert ops.skinny_cluster_smem(kc, S, tp) + tp * 16384 + 128 <= 226 * 1024
-    assert sum(n.startswith("skinny_cluster") for n in names) == 3 * len(ops.SKINNY_CLUSTER_CONFIGS)
+    for kc, S, tp, c in ops.SKINNY_CLUSTER_W8:
+        assert {f"skinny_cluster_k{kc}s{S}t{tp}c{c}w8_m64_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+    assert sum(n.startswith("skinny_cluster") for n in names) == 3 * (len(ops.SKINNY_CLUSTER_CONFIGS)
+                                                                      + len(ops.SKINNY_CLUSTER_W8))
     n = len(log)
     w = torch.randn(32, 1024).to(bf)
     for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                  # more than 64 rows
                        (dict(kc=512), x, w), (dict(stages=6), x, w), (dict(tp=3), x, w), (dict(cluster=2), x, w),
                        (dict(pre=-1), x, w), (dict(pre=True), x, w),
+                       (dict(warps=8), x, w), (dict(warps=6, stages=4), x, w), (dict(warps=True), x, w),
                        (dict(evict_first=1), x, w),                                 # a bool, not an int
                        (dict(swiglu=True), x, torch.randn(40, 1024).to(bf)),         # I not a multiple of 8
                        (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 1024).to(bf)),

@@ -386,7 +386,7 @@ def test_cluster_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     plain = opt_engine()
     assert plain.runner.cluster_gemm == {}
     want = _rollout(plain, prompts, sps, turns=2)
-    cfgs = {"qkv": (256, 3, 2, 4, 2), "gate_up": (256, 5, 1, 4, 3), "lm_head": (256, 4, 2, 4, 0)}
+    cfgs = {"qkv": (256, 3, 2, 4, 2), "gate_up": (256, 5, 1, 4, 3), "lm_head": (512, 2, 2, 4, 0, 8)}
     launches.clear()
     eng = opt_engine()
     eng.runner.cluster_gemm = dict(cfgs)

@@ -1049,7 +1049,7 @@ def check_skinny_staged_wide(C: Checks, dev, gen) -> None:
 def check_skinny_cluster(C: Checks, dev, gen) -> None:
     """``ops.skinny_cluster`` (the cluster kernel, 17-64 rows): the flash rule vs a float64 product for bf16 and fp32
     out, bf16 out == rounded fp32 out, a strided x; the bits of the 8-row staged kernel row by row (blocks of 8) for
-    every built configuration, a second launch, no stage before the PDL wait and copies without an L2 hint; the
+    every built configuration (and warp count), a second launch, no stage before the PDL wait and copies without an L2 hint; the
     SwiGLU epilogue bitwise ``silu_mul`` of the plain output. (K a multiple of 64: the tensor maps' blocks.) Shapes
     with a ragged last chunk, partial last tiles
     and units, more units than the clusters hold at once (a CTA with more units than others: idle stages), fewer
@@ -1070,6 +1070,10 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
             for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS[1:]:
                 res += exact(f"kc {kc}, {S} stages, {tp} tiles a unit, clusters of {c}",
                              ops.skinny_cluster(x, w, out_dtype=torch.float32, kc=kc, stages=S, tp=tp, cluster=c), y32)
+            for kc, S, tp, c in ops.SKINNY_CLUSTER_W8:
+                res += exact(f"kc {kc}, {S} stages, {tp} tiles a unit, clusters of {c}, eight consumer warps",
+                             ops.skinny_cluster(x, w, out_dtype=torch.float32, kc=kc, stages=S, tp=tp, cluster=c,
+                                                warps=8), y32)
             return res
         C.run("cluster", f"M={M} N={N} K={K}", run)
     for M, I, K in ((64, 3072, 1024), (32, 12288, 4096), (21, 24, 64), (40, 1544, 2112)):
@@ -1077,6 +1081,8 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
             x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
             outs = [ops.skinny_cluster(x, w, swiglu=True, kc=kc, stages=S, tp=tp, cluster=c)
                     for kc, S, tp, c in ops.SKINNY_CLUSTER_CONFIGS]
+            outs += [ops.skinny_cluster(x, w, swiglu=True, kc=kc, stages=S, tp=tp, cluster=c, warps=8)
+                     for kc, S, tp, c in ops.SKINNY_CLUSTER_W8]
             plain = ops.skinny_cluster(x, w)
             torch.cuda.synchronize()
             gu = x.double() @ w.double().t()
@@ -1085,7 +1091,8 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
             res = fa_rule("vs float64", outs[0], ref32, refbf)
             res += exact("== silu_mul(the plain kernel)", outs[0], ops.silu_mul(plain))
-            for cfg, o in zip(ops.SKINNY_CLUSTER_CONFIGS[1:], outs[1:]):
+            cfgs = list(ops.SKINNY_CLUSTER_CONFIGS[1:]) + [c + ("eight warps",) for c in ops.SKINNY_CLUSTER_W8]
+            for cfg, o in zip(cfgs, outs[1:]):
                 res += exact(f"configuration {cfg}", o, outs[0])
             return res
         C.run("cluster", f"swiglu M={M} I={I} K={K}", run_swiglu)

@@ -10,6 +10,7 @@
 #           tokens, and qwen3-8b batch 32 and 64
 #   final:  the engine A/B at qwen3-0.6b batch 32 and 64 (default, cl-k512, cl-mix), the engine smoke test and
 #           conformance at CI scale on the optimized engine (the launch path's new argument packing)
+#   w8:     check_kernels.py --only cluster and trace_cluster.py (both models) with the eight-warp builds
 #   ncu:    check_kernels.py --only cluster, trace_cluster.py (qwen3-8b), then Nsight Compute on qwen3-8b's gate/up at 32
 #           rows (torch's matmul and the cluster kernel at 256 and 512 columns a chunk; run_cluster_once.py)
 source benches/gpu/_env.sh
@@ -17,8 +18,8 @@ mode=${1:-trace}
 shift
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
-tag=""; { [ "$mode" = tma ] || [ "$mode" = ncu ]; } && tag=${TAG:-_tma}   # TAG: the files' suffix of a later tma call
-if [ "$mode" = trace ] || [ "$mode" = tma ] || [ "$mode" = ncu ]; then
+tag=""; { [ "$mode" = tma ] || [ "$mode" = ncu ] || [ "$mode" = w8 ]; } && tag=${TAG:-_tma}   # TAG: the files' suffix of a later tma call
+if [ "$mode" = trace ] || [ "$mode" = tma ] || [ "$mode" = ncu ] || [ "$mode" = w8 ]; then
   timeout 160 python3 benches/gpu/check_kernels.py --only cluster > "$OUT/check_kernels_cluster_trace$tag.log" 2>&1
   rc=$?; echo "check_kernels cluster rc=$rc"; grep -E "FAIL" "$OUT/check_kernels_cluster_trace$tag.log" | head -10
   tail -2 "$OUT/check_kernels_cluster_trace$tag.log"

@@ -81,11 +81,12 @@ def main() -> int:
 
             mat_us = timed(mm, args.reps)
             head = f"{name:>8} M={M:<3} matmul {mat_us:6.1f} ({wbytes / mat_us / 1e3:4.0f})"
-            for kc, S, tp, C in ops.SKINNY_CLUSTER_CONFIGS:
-                def cl(i, x=x, ws=ws, kc=kc, S=S, tp=tp, C=C, odt=odt):
+            for kc, S, tp, C, W in ([c + (4,) for c in ops.SKINNY_CLUSTER_CONFIGS]
+                                    + [c + (8,) for c in ops.SKINNY_CLUSTER_W8]):
+                def cl(i, x=x, ws=ws, kc=kc, S=S, tp=tp, C=C, W=W, odt=odt):
                     return ops.skinny_cluster(x, ws[i % len(ws)], out_dtype=odt, kc=kc, stages=S, tp=tp, cluster=C,
-                                              pre=S)
-                cfg = f"k{kc}s{S}t{tp}c{C}"
+                                              pre=S, warps=W)
+                cfg = f"k{kc}s{S}t{tp}c{C}" + ("w8" if W == 8 else "")
                 outs, us = {}, {}
                 for tag in BUILDS:
                     install(mods[tag], "skinny_gemm")

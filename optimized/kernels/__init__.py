@@ -52,6 +52,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
             for kind in ("bf16", "f32", "swiglu"))
     + tuple(f"skinny_cluster_k{kc}s{s}t{tp}c{c}_m64_{kind}"
             for kc, s, tp, c in ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4), (512, 2, 2, 4))
+            for kind in ("bf16", "f32", "swiglu"))
+    + tuple(f"skinny_cluster_k{kc}s{s}t{tp}c{c}w8_m64_{kind}" for kc, s, tp, c in ((256, 4, 2, 4), (512, 2, 2, 4))
             for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),

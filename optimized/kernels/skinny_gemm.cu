@@ -660,11 +660,14 @@ __device__ __forceinline__ unsigned long long cl_now() {
 #define TK_CL_STAGE(i, j)
 #endif
 
-template <int KC, int S, bool F32, int EPI, int TP, int C>
+// SPLIT = 2 (TP = 2): eight consumer warps, warp w taking the blocks of warp w mod 4 for tile w / 4 only -- two
+// warps a scheduler, the same sums in the same order (the fold adds the four block groups of a tile in order).
+template <int KC, int S, bool F32, int EPI, int TP, int C, int SPLIT = 1>
 __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const TensorMap* xmap,
                                                     void* __restrict__ y, int M, int N, int K, int pre, int evict) {
   constexpr int MT = 8, kRow = 2 * KC, kWRows = 16 * TP, kStage = (kWRows + 8 * MT) * kRow, kXRows = 64 / C;
-  constexpr int kBlocks = KC / 32, kNB = kBlocks / kStCW;
+  constexpr int kBlocks = KC / 32, kNB = kBlocks / kStCW, kCW = kStCW * SPLIT, TPW = TP / SPLIT;
+  static_assert((SPLIT == 1 || SPLIT == 2) && TP % SPLIT == 0, "cluster split");
   static_assert(KC % 64 == 0 && KC % (32 * kStCW) == 0 && kStage % 1024 == 0, "cluster layout");
   static_assert((TP == 1 || TP == 2) && (C == 2 || C == 4), "cluster widths");
   extern __shared__ __align__(128) unsigned char st_smem[];  // up to 1 KB of slack (aligned below), then S stages
@@ -688,7 +691,7 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
     cluster_trace[blockIdx.x][7] = rank;
   }
 #endif
-  if (warp == kStCW && lane == 0) {  // the maps' first fetch, ahead of the producer's first copy
+  if (warp == kCW && lane == 0) {  // the maps' first fetch, ahead of the producer's first copy
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(wmap)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(xmap)) : "memory");
   }
@@ -696,14 +699,14 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, C * kStCW);
+      mbar_init(bar_empty + 8 * s, C * kCW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cluster_sync_all();  // every CTA's barriers exist before any copy or arrival reaches them
   TK_CL_MARK(1);
 
-  if (warp == kStCW) {  // ---- producer: lane 0
+  if (warp == kCW) {  // ---- producer: lane 0
     if (lane == 0) {
       const u64 policy = l2_evict_first();
       const int early = min(min(pre, S), total);
@@ -751,14 +754,14 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
     pdl_wait();
     pdl_launch_dependents();
     TK_CL_MARK(2);
-    const int g = lane >> 2, t4 = lane & 3;
+    const int g = lane >> 2, t4 = lane & 3, bw = warp & (kStCW - 1), p0 = warp / kStCW * TPW;
     bool xr[MT];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) xr[mt] = g + 8 * mt < M;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-    float acc[TP][MT][4];
+    float acc[TPW][MT][4];  // tiles p0 .. p0 + TPW - 1 of the unit
 #pragma unroll
-    for (int p = 0; p < TP; ++p)
+    for (int p = 0; p < TPW; ++p)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) acc[p][mt][0] = acc[p][mt][1] = acc[p][mt][2] = acc[p][mt][3] = 0.f;
     for (int i = 0; i < total; ++i) {
@@ -774,16 +777,17 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
         const u32 st = base + s * kStage;
 #pragma unroll
         for (int j = 0; j < kNB; ++j) {
-          const int kk = (warp + j * kStCW) * 32 + 8 * t4;
+          const int kk = (bw + j * kStCW) * 32 + 8 * t4;
           if (kk - 8 * t4 >= cols) continue;  // warp-uniform: blocks past a ragged last chunk add nothing
           const bool in = kk < cols;
-          u32 a0[TP][4], a1[TP][4];
+          u32 a0[TPW][4], a1[TPW][4];
           uint4 xx[MT];
 #pragma unroll
-          for (int p = 0; p < TP; ++p) {  // tile u TP + p: rows 16 p .. 16 p + 15 of the stage
-            const bool ra = weight_row<EPI>(u * TP + p, g, N) >= 0, rb = weight_row<EPI>(u * TP + p, g + 8, N) >= 0;
-            uint4 wa = lds128(st + swz128((16 * p + g) * kRow + kk * 2));
-            uint4 wb = lds128(st + swz128((16 * p + g + 8) * kRow + kk * 2));
+          for (int p = 0; p < TPW; ++p) {  // tile u TP + p0 + p: rows 16 (p0 + p) .. of the stage
+            const int t = u * TP + p0 + p, r = 16 * (p0 + p);
+            const bool ra = weight_row<EPI>(t, g, N) >= 0, rb = weight_row<EPI>(t, g + 8, N) >= 0;
+            uint4 wa = lds128(st + swz128((r + g) * kRow + kk * 2));
+            uint4 wb = lds128(st + swz128((r + g + 8) * kRow + kk * 2));
             if (!(in && ra)) wa = z;  // rows past N, columns past K: zeros (as the staged kernel reads them)
             if (!(in && rb)) wb = z;
             a0[p][0] = wa.x; a0[p][1] = wb.x; a0[p][2] = wa.y; a0[p][3] = wb.y;
@@ -796,32 +800,33 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
           for (int mt = 0; mt < MT; ++mt)
             if (8 * mt < M)
 #pragma unroll
-              for (int p = 0; p < TP; ++p) mma_bf16(acc[p][mt], a0[p], xx[mt].x, xx[mt].y);
+              for (int p = 0; p < TPW; ++p) mma_bf16(acc[p][mt], a0[p], xx[mt].x, xx[mt].y);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
             if (8 * mt < M)
 #pragma unroll
-              for (int p = 0; p < TP; ++p) mma_bf16(acc[p][mt], a1[p], xx[mt].z, xx[mt].w);
+              for (int p = 0; p < TPW; ++p) mma_bf16(acc[p][mt], a1[p], xx[mt].z, xx[mt].w);
         }
       }
       __syncwarp();
       if (lane < C) mbar_arrive_peer(bar_empty + 8 * s, (u32)lane);  // consumed, in every CTA's count
       if (kc != kch - 1 || u >= units) continue;
 
-      // ---- the end of unit u: the warps' partials summed in warp order, stored (fragment f by warp f mod 4)
+      // ---- the end of unit u: the block groups' partials summed in order 0 .. 3, stored (fragment f by warp
+      // f mod kCW)
 #pragma unroll
-      for (int p = 0; p < TP; ++p)
+      for (int p = 0; p < TPW; ++p)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            red[warp][p * MT + mt][c][lane] = acc[p][mt][c];
+            red[bw][(p0 + p) * MT + mt][c][lane] = acc[p][mt][c];
             acc[p][mt][c] = 0.f;
           }
-      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // the consumer warps only
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kCW) : "memory");  // the consumer warps only
 #pragma unroll
       for (int f = 0; f < TP * MT; ++f) {
-        if (f % kStCW != warp) continue;
+        if (f % kCW != warp) continue;
         float sum[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -832,7 +837,7 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
         }
         skinny_store<F32, EPI>(y, sum, u * TP + f / MT, 8 * (f % MT), lane, M, N);
       }
-      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // folded: red is free again
+      asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kCW) : "memory");  // folded: red is free again
     }
     __syncwarp();
     TK_CL_MARK(4);
@@ -917,22 +922,25 @@ TK_STAGED_W(512, 3, 16, 1, 16, 2)
 TK_STAGED_W(512, 4, 16, 1, 16, 2)
 TK_STAGED_W(512, 3, 16, 1, 32, 4)
 TK_STAGED_W(512, 2, 16, 2, 32, 4)
-// skinny_cluster_k{KC}s{S}t{TP}c{C}_m64_{bf16,f32,swiglu}: the cluster kernel for M <= 64 rows with chunks of
-// KC columns, S stages, TP 16-row tiles a unit, clusters of C CTAs along x. Grid: a multiple of C CTAs of
-// 32 (kStCW + 1) threads, launched as clusters of C; 1024 + S (16 TP + 64) 2 KC bytes of dynamic shared memory.
-// wmap, xmap: the tensor maps of w ([N or 2 I, K]) and x ([M, K]) that ops.skinny_cluster encodes.
-#define TK_CLUSTER_K(KCV, SV, TPV, CV, SUF, F32V, EPIV)                                                       \
-  extern "C" __global__ void __launch_bounds__(32 * (kStCW + 1), 1)                                          \
-      skinny_cluster_k##KCV##s##SV##t##TPV##c##CV##_m64_##SUF(                                                \
+// skinny_cluster_k{KC}s{S}t{TP}c{C}[w8]_m64_{bf16,f32,swiglu}: the cluster kernel for M <= 64 rows with chunks of
+// KC columns, S stages, TP 16-row tiles a unit, clusters of C CTAs along x; w8: eight consumer warps (SPLIT = 2).
+// Grid: a multiple of C CTAs of 32 (4 SPLIT + 1) threads, launched as clusters of C; 1024 + S (16 TP + 64) 2 KC
+// bytes of dynamic shared memory. wmap, xmap: the tensor maps of w ([N or 2 I, K]) and x ([M, K]) that
+// ops.skinny_cluster encodes.
+#define TK_CLUSTER_K(KCV, SV, TPV, CV, SPV, WS, SUF, F32V, EPIV)                                              \
+  extern "C" __global__ void __launch_bounds__(32 * (kStCW * SPV + 1), 1)                                    \
+      skinny_cluster_k##KCV##s##SV##t##TPV##c##CV##WS##_m64_##SUF(                                            \
           const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, void* __restrict__ y, \
           int M, int N, int K, int pre, int evict) {                                                          \
-    skinny_cluster_impl<KCV, SV, F32V, EPIV, TPV, CV>(&wmap, &xmap, y, M, N, K, pre, evict);                  \
+    skinny_cluster_impl<KCV, SV, F32V, EPIV, TPV, CV, SPV>(&wmap, &xmap, y, M, N, K, pre, evict);             \
   }
-#define TK_CLUSTER(KCV, SV, TPV, CV)                        \
-  TK_CLUSTER_K(KCV, SV, TPV, CV, bf16, false, kPlain)       \
-  TK_CLUSTER_K(KCV, SV, TPV, CV, f32, true, kPlain)         \
-  TK_CLUSTER_K(KCV, SV, TPV, CV, swiglu, false, kSwiGLU)
-TK_CLUSTER(256, 3, 2, 4)
-TK_CLUSTER(256, 4, 2, 4)
-TK_CLUSTER(256, 5, 1, 4)
-TK_CLUSTER(512, 2, 2, 4)
+#define TK_CLUSTER(KCV, SV, TPV, CV, SPV, WS)                      \
+  TK_CLUSTER_K(KCV, SV, TPV, CV, SPV, WS, bf16, false, kPlain)     \
+  TK_CLUSTER_K(KCV, SV, TPV, CV, SPV, WS, f32, true, kPlain)       \
+  TK_CLUSTER_K(KCV, SV, TPV, CV, SPV, WS, swiglu, false, kSwiGLU)
+TK_CLUSTER(256, 3, 2, 4, 1, )
+TK_CLUSTER(256, 4, 2, 4, 1, )
+TK_CLUSTER(256, 5, 1, 4, 1, )
+TK_CLUSTER(512, 2, 2, 4, 1, )
+TK_CLUSTER(256, 4, 2, 4, 2, w8)
+TK_CLUSTER(512, 2, 2, 4, 2, w8)
