@@ -136,6 +136,17 @@ def launch_attrs(cluster_x: int = 1) -> tuple[tuple[int, tuple[int, ...]], ...]:
     return attrs
 
 
+def _attr_array(cluster_x: int) -> tuple[ctypes.Array, int]:
+    """``launch_attrs(cluster_x)`` as the ``CUlaunchAttribute`` array a ``CUlaunchConfig`` points to, and its length."""
+    wanted = launch_attrs(cluster_x)
+    attrs = (_LaunchAttr * len(wanted))()
+    for a, (aid, vals) in zip(attrs, wanted):
+        a.id = aid
+        for i, v in enumerate(vals):
+            a.value[i] = v
+    return attrs, len(wanted)
+
+
 def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.generic], smem: int, stream: int,
                cluster_x: int = 1) -> None:
     """``cuLaunchKernelEx`` of the CUfunction ``func_ptr`` on ``stream`` with programmatic stream
@@ -148,17 +159,12 @@ def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.gener
     buf = ctypes.create_string_buffer(raw, max(8, len(raw)))
     base = ctypes.addressof(buf)
     params = (ctypes.c_void_p * max(1, len(args)))(*[base + o for o in offsets])
-    wanted = launch_attrs(cluster_x)
-    attrs = (_LaunchAttr * len(wanted))()
-    for a, (aid, vals) in zip(attrs, wanted):
-        a.id = aid
-        for i, v in enumerate(vals):
-            a.value[i] = v
+    attrs, n_attrs = _attr_array(cluster_x)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
     if cluster_x > 1 and gx % cluster_x:
         raise ValueError(f"grid x {gx} is not a multiple of the cluster's {cluster_x}")
-    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, attrs, len(wanted))
+    cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, attrs, n_attrs)
     rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
     if rc != 0:
         raise driver_error(lib, rc, "cuLaunchKernelEx")
@@ -180,14 +186,9 @@ def max_active_clusters(func_ptr: int, block: tuple, smem: int, cluster_x: int) 
         raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
     if not isinstance(cluster_x, int) or cluster_x < 1:
         raise ValueError(f"cluster_x must be a positive int, got {cluster_x!r}")
-    wanted = launch_attrs(cluster_x)
-    attrs = (_LaunchAttr * len(wanted))()
-    for a, (aid, vals) in zip(attrs, wanted):
-        a.id = aid
-        for i, v in enumerate(vals):
-            a.value[i] = v
+    attrs, n_attrs = _attr_array(cluster_x)
     bx, by, bz = (tuple(block) + (1, 1))[:3]
-    cfg = _LaunchConfig(cluster_x * 256, 1, 1, bx, by, bz, smem, None, attrs, len(wanted))
+    cfg = _LaunchConfig(cluster_x * 256, 1, 1, bx, by, bz, smem, None, attrs, n_attrs)
     n = ctypes.c_int(0)
     fn = lib.cuOccupancyMaxActiveClusters
     rc = fn(ctypes.byref(n), ctypes.c_void_p(func_ptr), ctypes.byref(cfg))

@@ -1098,6 +1098,20 @@ def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
     return max(1, min(tiles, sms * ctas_per_sm))
 
 
+def _tiled_width(N: int, swiglu: bool, out_dtype: torch.dtype, kernel: str) -> tuple[int, int]:
+    """The output width and 16-row tiles of a staged or cluster GEMM of ``N`` weight rows: ``N`` and ``ceil(N/16)``,
+    or with ``swiglu`` (gate and up rows, bf16 out only) ``N / 2`` and ``N / 16``; ``ValueError`` otherwise."""
+    if swiglu:
+        _need(out_dtype == torch.bfloat16, f"{kernel}(swiglu=True) writes bf16")
+        _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
+        width, tiles = N // 2, N // 16
+    else:
+        _need(0 < N, f"N = {N} must be positive")
+        width, tiles = N, -(-N // 16)
+    _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    return width, tiles
+
+
 def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                   out: torch.Tensor | None = None, swiglu: bool = False, kc: int | None = None,
                   stages: int | None = None, lanes: int = 16, ctas_per_sm: int = 2, pre: int | None = None,
@@ -1135,14 +1149,7 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     pre = stages if pre is None else pre
     _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
     _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
-    if swiglu:
-        _need(out_dtype == torch.bfloat16, "skinny_staged(swiglu=True) writes bf16")
-        _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
-        width, tiles = N // 2, N // 16
-    else:
-        _need(0 < N, f"N = {N} must be positive")
-        width, tiles = N, -(-N // 16)
-    _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    width, tiles = _tiled_width(N, swiglu, out_dtype, "skinny_staged")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
     if M == 0:
         return out
@@ -1219,14 +1226,7 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
     _need(isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0,
           f"pre must be a non-negative int, got {pre!r}")
     _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
-    if swiglu:
-        _need(out_dtype == torch.bfloat16, "skinny_cluster(swiglu=True) writes bf16")
-        _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
-        width, tiles = N // 2, N // 16
-    else:
-        _need(0 < N, f"N = {N} must be positive")
-        width, tiles = N, -(-N // 16)
-    _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    width, tiles = _tiled_width(N, swiglu, out_dtype, "skinny_cluster")
     _need(K % 64 == 0, f"skinny_cluster needs K a multiple of 64 (its tensor maps), got {K}")
     _need(_clusters_ok(x), "skinny_cluster needs thread-block clusters: the driver's launch path (PDL on), sm_90+")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
