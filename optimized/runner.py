@@ -262,9 +262,8 @@ class CudaRunner:
         self.staged_wide_max_elems = STAGED_WIDE_MAX_ELEMS
         #: decode GEMMs of 17-64 rows (default mode) on the cluster kernel (``ops.skinny_cluster``), by role ->
         #: (chunk columns, stages, 16-row tiles a unit, CTAs a cluster, stages fetched before the PDL wait[, consumer
-        #: warps]): one of
-        #: ``ops.SKINNY_CLUSTER_CONFIGS``; a role not named takes cuBLAS. Default: none (measured in
-        #: docs/performance.md, "The cluster GEMM, diagnosed")
+        #: warps]), the first four one of ``ops.SKINNY_CLUSTER_CONFIGS``; a role not named takes cuBLAS. Default:
+        #: none (measured in docs/performance.md, "The cluster GEMM, diagnosed")
         self.cluster_gemm: dict[str, tuple[int, ...]] = {}
         #: ... for weights of at most this many elements
         self.cluster_max_elems = 1 << 62

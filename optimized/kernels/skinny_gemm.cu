@@ -158,6 +158,22 @@ __device__ __forceinline__ void skinny_store(void* __restrict__ y, const float (
   }
 }
 
+// Fragment f: the W warps' (block groups') partials red[0 .. W - 1][f] added in that order, stored as tile
+// `tile`, x rows m0 .. (the fold of the staged and the cluster kernels)
+template <bool F32, int EPI, int NF, int W>
+__device__ __forceinline__ void fold_store(const float (*red)[NF][4][32], int f, void* __restrict__ y, int tile, int m0,
+                                           int lane, int M, int N) {
+  float sum[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    float v = red[0][f][c][lane];
+#pragma unroll
+    for (int ww = 1; ww < W; ++ww) v += red[ww][f][c][lane];
+    sum[c] = v;
+  }
+  skinny_store<F32, EPI>(y, sum, tile, m0, lane, M, N);
+}
+
 template <int MT, int WARPS, bool F32, int EPI = kPlain>
 __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                             const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M, int N,
@@ -529,15 +545,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 #pragma unroll
     for (int f = 0; f < TP * MT; ++f) {
       if (f % kStCW != warp) continue;
-      float sum[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float v = red[par][0][f][c][lane];
-#pragma unroll
-        for (int ww = 1; ww < kStCW; ++ww) v += red[par][ww][f][c][lane];
-        sum[c] = v;
-      }
-      skinny_store<F32, EPI>(y, sum, t * TP + f / MT, 8 * (f % MT), lane, M, N);
+      fold_store<F32, EPI, TP * MT, kStCW>(red[par], f, y, t * TP + f / MT, 8 * (f % MT), lane, M, N);
     }
     if constexpr (kRed == 1)
       asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kStCW) : "memory");  // folded: red is free again
@@ -827,15 +835,7 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
 #pragma unroll
       for (int f = 0; f < TP * MT; ++f) {
         if (f % kCW != warp) continue;
-        float sum[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float v = red[0][f][c][lane];
-#pragma unroll
-          for (int ww = 1; ww < kStCW; ++ww) v += red[ww][f][c][lane];
-          sum[c] = v;
-        }
-        skinny_store<F32, EPI>(y, sum, u * TP + f / MT, 8 * (f % MT), lane, M, N);
+        fold_store<F32, EPI, TP * MT, kStCW>(red, f, y, u * TP + f / MT, 8 * (f % MT), lane, M, N);
       }
       asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kCW) : "memory");  // folded: red is free again
     }
