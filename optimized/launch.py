@@ -224,17 +224,48 @@ def encode_matrix_map(addr: int, rows: int, cols: int, row_bytes: int, box_cols:
     (``skinny_gemm.cu``, "The cluster kernel"). ``ValueError`` for what it cannot encode (``check_matrix_map``),
     ``RuntimeError`` with the driver's error name if the driver refuses."""
     check_matrix_map(addr, rows, cols, row_bytes, box_cols, box_rows)
+    return encode_tiled_map(addr, (64, cols // 64, rows), (128, row_bytes), (64, box_cols // 64, box_rows))
+
+
+def encode_block_map(addr: int, rows: int, cols: int, row_bytes: int, box_cols: int, box_rows: int) -> TensorMap:
+    """The same matrix seen as (64 columns, rows, cols / 64 blocks), boxes of (64, ``box_rows``, ``box_cols`` /
+    64): a box lands block after block, each block's rows 128 bytes apart (``skinny_wg.cu``'s layout, wgmma's
+    canonical K-major one). ``ValueError`` / ``RuntimeError`` as ``encode_matrix_map``."""
+    check_matrix_map(addr, rows, cols, row_bytes, box_cols, box_rows)
+    return encode_tiled_map(addr, (64, rows, cols // 64), (row_bytes, 128), (64, box_rows, box_cols // 64))
+
+
+def encode_swiglu_map(addr: int, half_rows: int, cols: int, box_cols: int, box_rows: int) -> TensorMap:
+    """The contiguous bf16 ``[gate | up]`` weight ``[2 half_rows, cols]`` seen as 5-D: (64 columns, 8 rows, gate |
+    up, half_rows / 8 groups, cols / 64 blocks), boxes of (64, 8, 2, ``box_rows`` / 16, ``box_cols`` / 64): a box
+    lands block after block, each block's 8-row groups gate, up, gate, up, .. (``skinny_wg.cu``'s SwiGLU layout).
+    ``half_rows`` % 8 == 0 and ``box_rows`` % 16 == 0. ``ValueError`` / ``RuntimeError`` as ``encode_matrix_map``."""
+    check_matrix_map(addr, 2 * half_rows, cols, 2 * cols, box_cols, box_rows)
+    if half_rows % 8 or box_rows % 16:
+        raise ValueError(f"half_rows ({half_rows}) must be a multiple of 8 and box_rows ({box_rows}) of 16")
+    row = 2 * cols
+    return encode_tiled_map(addr, (64, 8, 2, half_rows // 8, cols // 64), (row, half_rows * row, 8 * row, 128),
+                            (64, 8, 2, box_rows // 16, box_cols // 64))
+
+
+def encode_tiled_map(addr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]) -> TensorMap:
+    """``cuTensorMapEncodeTiled`` of bf16 elements at ``addr``: ``dims`` innermost first (the first contiguous),
+    the byte ``strides`` of the others, a ``box`` per copy; 128-byte swizzle, zeros past the edges, L2 promotion
+    of 256 bytes. ``RuntimeError`` with the driver's error name if the driver refuses."""
+    if not 1 <= len(dims) <= 5 or len(strides) != len(dims) - 1 or len(box) != len(dims):
+        raise ValueError(f"a tensor map has 1-5 dims, one stride fewer and a box dim each: {dims}, {strides}, {box}")
     lib = _driver()
     if lib is None:
         raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
+    n = len(dims)
     store = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 64)
     at = -ctypes.addressof(store) % 64  # the driver wants the map 64-byte aligned
-    dims = (ctypes.c_uint64 * 3)(64, cols // 64, rows)
-    strides = (ctypes.c_uint64 * 2)(128, row_bytes)
-    box = (ctypes.c_uint32 * 3)(64, box_cols // 64, box_rows)
-    steps = (ctypes.c_uint32 * 3)(1, 1, 1)
+    c_dims = (ctypes.c_uint64 * n)(*dims)
+    c_strides = (ctypes.c_uint64 * max(1, n - 1))(*strides)
+    c_box = (ctypes.c_uint32 * n)(*box)
+    steps = (ctypes.c_uint32 * n)(*([1] * n))
     rc = lib.cuTensorMapEncodeTiled(ctypes.c_void_p(ctypes.addressof(store) + at), ctypes.c_int(_TMAP_BFLOAT16),
-                                    ctypes.c_uint(3), ctypes.c_void_p(addr), dims, strides, box, steps,
+                                    ctypes.c_uint(n), ctypes.c_void_p(addr), c_dims, c_strides, c_box, steps,
                                     ctypes.c_int(0), ctypes.c_int(_TMAP_SWIZZLE_128B), ctypes.c_int(_TMAP_L2_256B),
                                     ctypes.c_int(0))
     if rc != 0:

@@ -1171,9 +1171,10 @@ SKINNY_CLUSTER_CONFIGS = ((256, 3, 2, 4), (256, 4, 2, 4), (256, 5, 1, 4), (512, 
 SKINNY_CLUSTER_W8 = ((256, 4, 2, 4), (512, 2, 2, 4))
 SKINNY_CLUSTER_MAX_M = 64
 _cluster_capacity: dict[tuple[int, str, int], int] = {}
-#: tensor maps of the cluster kernel's operands, by everything they encode (address, rows, columns, row
-#: bytes, box): a graph's buffers and the weights keep theirs; cleared when it grows past ``_TENSOR_MAPS_MAX``
-_tensor_maps: dict[tuple[int, int, int, int, int, int], "launch.TensorMap"] = {}
+#: tensor maps of the cluster and warpgroup kernels' operands, by everything they encode (kind, address, rows,
+#: columns, row bytes, box): a graph's buffers and the weights keep theirs; cleared when it grows past
+#: ``_TENSOR_MAPS_MAX``
+_tensor_maps: dict[tuple, "launch.TensorMap"] = {}
 _TENSOR_MAPS_MAX = 4096
 
 
@@ -1189,15 +1190,15 @@ def skinny_cluster_grid(units: int, cluster: int, capacity: int) -> int:
     return cluster * max(1, min(-(-units // cluster), capacity))
 
 
-def _matrix_map(ptr: int, rows: int, cols: int, ld: int, box_cols: int, box_rows: int) -> "launch.TensorMap":
-    """The cluster kernel's tensor map of the bf16 matrix ``[rows, cols]`` at ``ptr``, rows ``ld`` elements
-    apart (``launch.encode_matrix_map``), cached."""
-    key = (ptr, rows, cols, 2 * ld, box_cols, box_rows)
+def _tensor_map(kind: str, *args: int) -> "launch.TensorMap":
+    """The tensor map ``launch.encode_<kind>_map(*args)`` (``matrix``: the cluster kernel's, ``block`` and ``swiglu``:
+    the warpgroup kernel's), cached by everything it encodes."""
+    key = (kind, *args)
     m = _tensor_maps.get(key)
     if m is None:
         if len(_tensor_maps) >= _TENSOR_MAPS_MAX:
             _tensor_maps.clear()
-        m = _tensor_maps[key] = launch.encode_matrix_map(*key)
+        m = _tensor_maps[key] = getattr(launch, f"encode_{kind}_map")(*args)
     return m
 
 
@@ -1246,13 +1247,103 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
             cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (threads, 1, 1), smem, cluster)
         _need(cap >= 1, f"{name}: the device holds no cluster of {cluster} CTAs with {smem} bytes of shared memory")
     grid = skinny_cluster_grid(-(-tiles // tp), cluster, cap)
-    wmap = _matrix_map(w.data_ptr(), N, K, K, kc, 8)
-    xmap = _matrix_map(x.data_ptr(), M, K, ldx, kc, 64 // cluster)
+    wmap = _tensor_map("matrix", w.data_ptr(), N, K, 2 * K, kc, 8)
+    xmap = _tensor_map("matrix", x.data_ptr(), M, K, 2 * ldx, kc, 64 // cluster)
     _launch(x, "skinny_gemm", name, (grid, 1, 1), (threads, 1, 1),
             (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))),
             smem, cluster_x=cluster)
     return out
 
+
+
+#: built configurations of the warpgroup kernel (``skinny_wg.cu``): (chunk columns, stages, x rows a tile (the
+#: wgmma's N: 32 or 64), 64-row weight tiles a unit, CTAs that split K (a cluster)); the stages are what fits
+#: 227 KB beside the split-K landing area
+SKINNY_WG_CONFIGS = ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4), (128, 6, 32, 1, 8),
+                     (128, 6, 64, 1, 1), (128, 6, 64, 1, 2), (128, 5, 64, 1, 4), (128, 3, 64, 1, 8),
+                     (128, 5, 32, 2, 1), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4),
+                     (128, 4, 64, 2, 1), (128, 3, 64, 2, 2))
+SKINNY_WG_MAX_M = 64
+#: the target ``skinny_wg.cu`` must be built for (wgmma): a compute-capability-9.0 device (``kernels.ARCH_TARGETS``)
+SKINNY_WG_TARGET = "sm_90a"
+_SKINNY_WG_THREADS = 160
+
+
+def skinny_wg_smem(kc: int, stages: int, nx: int, wt: int, kp: int) -> int:
+    """Dynamic shared memory of a warpgroup-kernel launch: 1 KB to align the stages to 1024 bytes, ``stages`` x
+    (64 ``wt`` weight rows + ``nx`` x rows) of ``kc`` bf16, and the landing area of ``kp - 1`` CTAs' fp32
+    partials (``wg_stage_bytes``, ``wg_recv_bytes`` in ``skinny_wg.cu``)."""
+    return 1024 + stages * (64 * wt + nx) * kc * 2 + (kp - 1) * 64 * wt * nx * 4
+
+
+def skinny_wg_rows(M: int) -> int:
+    """The x rows of the warpgroup kernel's tile for ``M`` rows: 32 up to 32, else 64."""
+    return 32 if M <= 32 else 64
+
+
+def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]:
+    """The built configuration (``SKINNY_WG_CONFIGS``) for ``M`` rows, ``wt`` tiles a unit and ``kp`` CTAs
+    splitting K; ``ValueError`` if there is none."""
+    nx = skinny_wg_rows(M)
+    for cfg in SKINNY_WG_CONFIGS:
+        if cfg[2:] == (nx, wt, kp):
+            return cfg
+    raise ValueError(f"no skinny_wg configuration for {M} rows (x tile {nx}), wt = {wt!r}, kp = {kp!r}; built: "
+                     f"{SKINNY_WG_CONFIGS}")
+
+
+def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+              out: torch.Tensor | None = None, swiglu: bool = False, wt: int = 1, kp: int = 1,
+              pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
+    """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_WG_MAX_M`` rows by the warpgroup
+    kernel (``skinny_wg.cu``): tensor copies stream 64 ``wt`` weight rows and the x rows through shared memory,
+    one warpgroup multiplies them by ``wgmma``, and ``kp`` > 1 CTAs of a cluster split K, CTA 0 adding the others'
+    partials in rank order. The configuration is ``skinny_wg_config(M, wt, kp)``. ``pre``: stages whose weights a
+    CTA may fetch before the programmatic-dependent-launch wait (default: all of them). ``evict_first``: as
+    ``skinny_staged``. K must be a multiple of 64 ``kp``, and of 128 ``kp`` when ``kp`` > 1. Needs the driver's
+    launch path (PDL on) and a compute-capability-9.0 device (the kernels' ``sm_90a`` build). Deterministic: the
+    same inputs and configuration give the same bits; another configuration sums in another order."""
+    M, N, K = _linear_shape(x, w)
+    _need(M <= SKINNY_WG_MAX_M, f"skinny_wg takes at most {SKINNY_WG_MAX_M} rows, got {M}")
+    kc, stages, nx, wt, kp = skinny_wg_config(M, wt, kp)
+    pre = stages if pre is None else pre
+    _need(isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0,
+          f"pre must be a non-negative int, got {pre!r}")
+    _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
+    width, _ = _tiled_width(N, swiglu, out_dtype, "skinny_wg")
+    _need(K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0),
+          f"skinny_wg with kp = {kp} needs K a multiple of {64 * kp if kp == 1 else kc * kp}, got {K}")
+    _need(_clusters_ok(x), "skinny_wg needs the driver's launch path (PDL on), sm_90+")
+    dev = _device_index(x)
+    _need(kernels.target("skinny_wg", dev) == SKINNY_WG_TARGET,
+          f"skinny_wg needs its kernels built for {SKINNY_WG_TARGET} (a compute-capability-9.0 GPU)")
+    out, ldx = _linear_out(x, w, out_dtype, out, width=width)
+    if M == 0:
+        return out
+    kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
+    name = f"skinny_wg_k{kc}s{stages}n{nx}t{wt}p{kp}_{kind}"
+    smem = skinny_wg_smem(kc, stages, nx, wt, kp)
+    if kp > 1:
+        key = (dev, name, smem)
+        cap = _cluster_capacity.get(key)
+        if cap is None:
+            import cupy
+            with cupy.cuda.Device(dev):
+                _, handle = _function(dev, "skinny_wg", name, smem)
+                cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (_SKINNY_WG_THREADS, 1, 1), smem, kp)
+            _need(cap >= 1, f"{name}: the device holds no cluster of {kp} CTAs with {smem} bytes of shared memory")
+    else:
+        cap = _num_sms(dev)  # one CTA a multiprocessor (its shared memory)
+    outs = 32 * wt if swiglu else 64 * wt  # output columns of a unit
+    grid = kp * min(-(-width // outs), cap)
+    if swiglu:
+        wmap = _tensor_map("swiglu", w.data_ptr(), width, K, kc, 64 * wt)
+    else:
+        wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, kc, 64 * wt)
+    xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, kc, nx)
+    _launch(x, "skinny_wg", name, (grid, 1, 1), (_SKINNY_WG_THREADS, 1, 1),
+            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))), smem, cluster_x=kp)
+    return out
 
 # --------------------------------------------------------------------------------------
 # sampling

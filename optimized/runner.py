@@ -267,6 +267,10 @@ class CudaRunner:
         self.cluster_gemm: dict[str, tuple[int, ...]] = {}
         #: ... for weights of at most this many elements
         self.cluster_max_elems = 1 << 62
+        #: decode GEMMs of 17-64 rows (default mode) on the warpgroup kernel (``ops.skinny_wg``), by role -> (64-row
+        #: tiles a unit, CTAs splitting K), ahead of ``cluster_gemm``; a role not named, or one whose K the
+        #: configuration does not take, takes the rules below. Default: none
+        self.wg_gemm: dict[str, tuple[int, int]] = {}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
@@ -410,6 +414,9 @@ class CudaRunner:
         kernel where ``staged`` names the GEMM's ``role``, or our fixed-order GEMM in batch-invariant mode."""
         if self.invariant:
             return ops.gemm(x, w)
+        wg = self._wg_cfg(x, w, role)
+        if wg is not None:
+            return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(x, w, role)
         if cl is not None:
             return ops.skinny_cluster(x, w, **self._cluster_kw(cl))
@@ -427,6 +434,18 @@ class CudaRunner:
     @staticmethod
     def _cluster_kw(cl: tuple[int, ...]) -> dict[str, int]:
         return dict(kc=cl[0], stages=cl[1], tp=cl[2], cluster=cl[3], pre=cl[4], warps=cl[5] if len(cl) > 5 else 4)
+
+    def _wg_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int] | None:
+        """The warpgroup kernel's (tiles a unit, CTAs splitting K) (``wg_gemm``) for this GEMM of 17-64 rows, or None
+        (also where that configuration does not take this K: ``ops.skinny_wg``)."""
+        if self.invariant or self.skinny_max_m <= 0 or not 16 < x.shape[0] <= ops.SKINNY_WG_MAX_M:
+            return None
+        cfg = self.wg_gemm.get(role)
+        if cfg is None:
+            return None
+        kc = ops.skinny_wg_config(x.shape[0], *cfg)[0]
+        K, kp = w.shape[1], cfg[1]
+        return cfg if K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0) else None
 
     def _cluster_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
         """The cluster kernel's configuration (``cluster_gemm``) for this GEMM of 17-64 rows, or None."""
@@ -467,6 +486,9 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self.invariant:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
+        wg = self._wg_cfg(hidden, self.lm_head, "lm_head")
+        if wg is not None:
+            return ops.skinny_wg(hidden, self.lm_head, out_dtype=torch.float32, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(hidden, self.lm_head, "lm_head")
         if cl is not None:
             return ops.skinny_cluster(hidden, self.lm_head, out_dtype=torch.float32, **self._cluster_kw(cl))
@@ -514,6 +536,9 @@ class CudaRunner:
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
+        wg = self._wg_cfg(h, wgu, "gate_up")
+        if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
+            return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(h, wgu, "gate_up")
         if cl is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_cluster(h, wgu, swiglu=True, **self._cluster_kw(cl))

@@ -132,6 +132,15 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
+    def skinny_wg(x, w, *, out_dtype=torch.bfloat16, swiglu=False, wt=1, kp=1, pre=None, evict_first=True):
+        assert 16 < x.shape[0] <= real_ops.SKINNY_WG_MAX_M, "the warpgroup kernel's rows (the runner's 17-64)"
+        kc = real_ops.skinny_wg_config(x.shape[0], wt, kp)[0]     # a built configuration (else ValueError)
+        K = w.shape[1]
+        assert K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0), "a K the configuration takes"
+        log.append(("skinny_wg", (x.shape[0], w.data_ptr(), out_dtype, swiglu, wt, kp)))
+        y = linear(x, w)
+        return silu_mul(y) if swiglu else y.to(out_dtype)
+
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode, *, tokens=None, logprobs=None):
         toks, lps = [], []
         for b in range(logits.shape[0]):
@@ -155,6 +164,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                  paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,
                                  skinny_cluster=skinny_cluster, SKINNY_CLUSTER_MAX_M=real_ops.SKINNY_CLUSTER_MAX_M,
+                                 skinny_wg=skinny_wg, SKINNY_WG_MAX_M=real_ops.SKINNY_WG_MAX_M,
+                                 skinny_wg_config=real_ops.skinny_wg_config,
                                  SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
                                  skinny_staged_rows=real_ops.skinny_staged_rows,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))

@@ -138,14 +138,17 @@ def test_prefill_variant_never_picks_the_wgmma_kernels():
 
 
 def test_arch_specific_build_targets(monkeypatch):
-    """attention.cu is built for sm_90a on a compute-capability-9.0 device (its wgmma kernels), every
-    other source and every other device as CuPy builds it; ``TURNKV_ARCH_SPECIFIC=0`` turns that off."""
+    """attention.cu and skinny_wg.cu are built for sm_90a on a compute-capability-9.0 device (their wgmma
+    kernels), every other source and every other device as CuPy builds it; ``TURNKV_ARCH_SPECIFIC=0`` turns that
+    off."""
     monkeypatch.delenv("TURNKV_ARCH_SPECIFIC", raising=False)
-    assert kernels.arch_target("attention", (9, 0)) == "sm_90a"
-    assert kernels.arch_target("attention", (8, 0)) is None and kernels.arch_target("attention", (10, 0)) is None
-    assert all(kernels.arch_target(name, (9, 0)) is None for name in kernels.SOURCES if name != "attention")
+    wgmma = ("attention", "skinny_wg")
+    for name in wgmma:
+        assert kernels.arch_target(name, (9, 0)) == "sm_90a"
+        assert kernels.arch_target(name, (8, 0)) is None and kernels.arch_target(name, (10, 0)) is None
+    assert all(kernels.arch_target(name, (9, 0)) is None for name in kernels.SOURCES if name not in wgmma)
     monkeypatch.setenv("TURNKV_ARCH_SPECIFIC", "0")
-    assert kernels.arch_target("attention", (9, 0)) is None
+    assert all(kernels.arch_target(name, (9, 0)) is None for name in wgmma)
 
 
 def test_nvrtc_target_swaps_cupys_architecture_flag_for_one_compile(monkeypatch):
@@ -220,6 +223,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
                 assert stmts[0].startswith("skinny_staged_impl<"), (kname, stmts)
             elif kname.startswith("skinny_cluster"):
                 assert stmts[0].startswith("skinny_cluster_impl<"), (kname, stmts)
+            elif name == "skinny_wg":
+                assert stmts[0].startswith("skinny_wg_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
             elif name == "skinny_gemm":
@@ -259,6 +264,16 @@ def test_every_kernel_waits_for_its_predecessor_first():
     assert "tensor_copy(" in code and "wmap" in code and not re.search(r"(?<!\.)\b(xmap|y)\b", code), \
         "before the wait: the weights only"
     assert "tensor_copy_multicast(" in after and "xmap" in after and "tensor_copy_multicast(" not in before
+    # the warpgroup kernel: the same split (its x copies are plain tensor copies after the wait)
+    impl = kernels.source("skinny_wg").split("void skinny_wg_impl(")[1].split("\n}\n")[0]
+    producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]
+    consumers = impl.split("// ---- consumers")[1]
+    assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
+    before, after = producer.split("\n", 1)[1].split("pdl_wait();", 1)
+    code = re.sub(r"//[^\n]*", "", before)
+    assert "tensor_copy(" in code and "wmap" in code and not re.search(r"(?<!\.)\b(xmap|y)\b", code), \
+        "before the wait: the weights only"
+    assert "xmap" in after
 
 
 def test_the_fused_decode_attention_reads_before_its_wait_only_what_the_kernel_before_does_not_write():

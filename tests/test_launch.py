@@ -331,6 +331,98 @@ def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert len(log) == n
 
 
+def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.skinny_wg`` on the CPU with ``_launch`` recorded: the kernel of ``skinny_wg_config`` (x tile 32 up to 32
+    rows, else 64), 160 threads, its shared memory (stages and split-K landing area), clusters of ``kp`` along x,
+    a grid of at most one cluster a unit and at most one CTA a multiprocessor (``kp`` = 1) or the clusters the
+    device holds (``kp`` > 1, asked once per kernel); the block maps of w and x (64 ``wt``-row and NX-row boxes of
+    128 columns, x's row stride) and the SwiGLU map of ``[gate | up]``, cached; every built configuration has its
+    kernels and fits 227 KB; bad input -- more than 64 rows, an unbuilt (wt, kp), K not a multiple of 64 kp (or of
+    128 kp when split), a float32 SwiGLU, no driver launch path, a device without the sm_90a build -- is a
+    ValueError that launches nothing."""
+    import contextlib
+    import sys
+    import types
+
+    import torch
+
+    from optimized import kernels, launch, ops
+
+    queries, maps = [], []
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda dev: contextlib.nullcontext()))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
+    monkeypatch.setattr(kernels, "target", lambda name, dev: "sm_90a" if name == "skinny_wg" else None)
+    monkeypatch.setattr(ops, "_function", lambda dev, module, name, smem, ctas_per_sm=None: (None, 9))
+    monkeypatch.setattr(ops, "_cluster_capacity", {})
+    monkeypatch.setattr(ops, "_tensor_maps", {})
+    monkeypatch.setattr(launch, "max_active_clusters",
+                        lambda handle, block, smem, c: queries.append((handle, block, smem, c)) or 132 // c)
+
+    def encoder(kind):
+        def encode(*key):
+            maps.append((kind,) + key)
+            return launch.TensorMap(struct.pack("<Q", len(maps)) + bytes(120))
+        return encode
+    monkeypatch.setattr(launch, "encode_block_map", encoder("block"))
+    monkeypatch.setattr(launch, "encode_swiglu_map", encoder("swiglu"))
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None,
+                        cluster_x=1: launch_log.append((module, name, grid, block, args, smem, cluster_x)))
+    log = launch_log
+    bf = torch.bfloat16
+    x = torch.randn(64, 1024 + 64).to(bf)[:, :1024]                   # rows 1088 elements apart
+    w = torch.randn(24576, 1024).to(bf)
+    out = ops.skinny_wg(x, w)                                         # 384 units of 64 rows, 132 CTAs
+    mod, name, grid, block, args, smem, cx = log[-1]
+    assert out.shape == (64, 24576) and out.dtype == bf
+    assert (mod, name, grid, block, cx) == ("skinny_wg", "skinny_wg_k128s6n64t1p1_bf16", (132, 1, 1), (160, 1, 1), 1)
+    assert smem == 1024 + 6 * (64 + 64) * 128 * 2 == ops.skinny_wg_smem(128, 6, 64, 1, 1)
+    assert maps == [("block", w.data_ptr(), 24576, 1024, 2048, 128, 64), ("block", x.data_ptr(), 64, 1024, 2176, 128, 64)]
+    assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
+    assert int(args[2]) == out.data_ptr() and [int(a) for a in args[3:]] == [64, 24576, 1024, 6, 1]   # M N K pre evict
+    assert queries == []                                               # no cluster: no occupancy query
+    x2 = torch.randn(20, 2048).to(bf)
+    ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=8, pre=2, evict_first=False)   # 16 units, split 8 ways
+    assert log[-1][1:3] == ("skinny_wg_k128s6n32t1p8_bf16", (128, 1, 1)) and log[-1][6] == 8
+    assert log[-1][5] == 1024 + 6 * 96 * 256 + 7 * 64 * 32 * 4 == ops.skinny_wg_smem(128, 6, 32, 1, 8)
+    assert [int(a) for a in log[-1][4][3:]] == [20, 1024, 2048, 2, 0]
+    assert queries == [(9, (160, 1, 1), log[-1][5], 8)]
+    assert maps[-1] == ("block", x2.data_ptr(), 20, 2048, 4096, 128, 32)
+    out = ops.skinny_wg(x[:40], torch.randn(2 * 3072, 1024).to(bf), swiglu=True, wt=2)   # 48 units of 64 outputs
+    assert out.shape == (40, 3072) and log[-1][1:3] == ("skinny_wg_k128s4n64t2p1_swiglu", (48, 1, 1))
+    assert maps[-2][0] == "swiglu" and maps[-2][2:] == (3072, 1024, 128, 128)   # (half rows, K, box cols, box rows)
+    ops.skinny_wg(x[:17], torch.randn(24, 1024).to(bf), out_dtype=torch.float32, kp=2)   # one unit: one cluster
+    assert log[-1][1:3] == ("skinny_wg_k128s8n32t1p2_f32", (2, 1, 1))
+    n_maps, n_q = len(maps), len(queries)
+    ops.skinny_wg(x, w)
+    assert len(maps) == n_maps and len(queries) == n_q                # the same operands: the maps cached
+    names = set(kernels.SOURCES["skinny_wg"])
+    for kc, S, nx, wt, kp in ops.SKINNY_WG_CONFIGS:
+        assert {f"skinny_wg_k{kc}s{S}n{nx}t{wt}p{kp}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
+        assert ops.skinny_wg_smem(kc, S, nx, wt, kp) <= 227 * 1024 - 256   # skinny_wg.cu's static_assert
+        assert ops.skinny_wg_config(nx, wt, kp) == (kc, S, nx, wt, kp)
+    assert len(names) == 3 * len(ops.SKINNY_WG_CONFIGS)
+    n = len(log)
+    for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                   # more than 64 rows
+                       (dict(wt=3), x, w), (dict(kp=3), x, w), (dict(wt=2, kp=4), x, w),   # not built at 64 rows
+                       (dict(pre=-1), x, w), (dict(pre=True), x, w), (dict(evict_first=1), x, w),
+                       (dict(swiglu=True), x, torch.randn(40, 1024).to(bf)),         # I not a multiple of 8
+                       (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 1024).to(bf)),
+                       (dict(), x, torch.randn(48, 2048).to(bf)),                    # K differs
+                       (dict(), torch.randn(20, 1000).to(bf), torch.randn(48, 1000).to(bf)),   # K % 64
+                       (dict(kp=8), torch.randn(20, 1536).to(bf), torch.randn(48, 1536).to(bf))):  # K % (128 kp)
+        with pytest.raises(ValueError):
+            ops.skinny_wg(bx, bw, **kw)
+    monkeypatch.setattr(kernels, "target", lambda name, dev: None)
+    with pytest.raises(ValueError, match="sm_90a"):
+        ops.skinny_wg(x, w)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: False)
+    with pytest.raises(ValueError, match="launch path"):
+        ops.skinny_wg(x, w)
+    assert len(log) == n
+
 def test_tensor_maps_pack_at_64_bytes_and_bad_matrices_are_value_errors():
     """``pack_params``: a ``TensorMap``'s 128 bytes at the next multiple of 64 after the scalars before it, the
     scalars after it in 8-byte slots; a tensor map is exactly 128 bytes. ``check_matrix_map`` (what

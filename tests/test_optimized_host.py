@@ -427,6 +427,58 @@ def test_cluster_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     assert all(d[0] > 16 for k, d in launches if k == "skinny_cluster")
 
 
+def test_wg_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
+    """``wg_gemm``: the GEMMs of 17-64 rows go to ``skinny_wg`` with their role's (tiles a unit, CTAs splitting K),
+    ahead of ``cluster_gemm``; a K the configuration does not take, 16 rows or fewer, roles not named, batch-invariant
+    mode and ``skinny_max_m = 0`` do not; the rollout is the one without it. The default: no role."""
+    prompts = [[(5 * i + j) % 512 for j in range(2 + i % 5)] for i in range(20)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 20
+    plain = opt_engine()
+    assert plain.runner.wg_gemm == {}
+    want = _rollout(plain, prompts, sps, turns=2)
+    r = plain.runner
+    K_of = {"qkv": r.layers[0]["wqkv"].shape[1], "gate_up": r.layers[0]["wgu"].shape[1], "lm_head": r.lm_head.shape[1]}
+    cfgs = {"qkv": (1, 1), "gate_up": (2, 1), "lm_head": (1, 2)}
+    assert all(K % 64 == 0 for K in K_of.values()), K_of   # (TINY's K: every configuration above takes them)
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.wg_gemm = dict(cfgs)
+    eng.runner.cluster_gemm = {"qkv": (256, 3, 2, 4, 2), "o_proj": (256, 3, 2, 4, 2)}
+    assert _rollout(eng, prompts, sps, turns=2) == want
+    role_of = {eng.runner.lm_head.data_ptr(): "lm_head"}
+    for L in eng.runner.layers:
+        role_of.update({L["wqkv"].data_ptr(): "qkv", L["wo"].data_ptr(): "o_proj",
+                        L["wgu"].data_ptr(): "gate_up", L["wd"].data_ptr(): "down"})
+    wg = [d for k, d in launches if k == "skinny_wg"]
+    assert wg and all(16 < m <= 64 for m, *_ in wg), wg
+    usable = {role for role in cfgs if K_of[role] % (64 * cfgs[role][1]) == 0
+              and (cfgs[role][1] == 1 or (K_of[role] // cfgs[role][1]) % 128 == 0)}
+    assert {role_of[ptr] for _, ptr, *_ in wg} == usable, (wg, usable)
+    for _m, ptr, dt, sw, *cfg in wg:
+        role = role_of[ptr]
+        assert tuple(cfg) == cfgs[role] and sw == (role == "gate_up"), (role, cfg)
+        assert dt == (torch.float32 if role == "lm_head" else torch.bfloat16)
+    cl = {role_of[d[1]] for k, d in launches if k == "skinny_cluster"}
+    assert cl == {"o_proj"}, cl                         # qkv: the warpgroup kernel's first
+    for kw in ({"batch_invariant": True}, {}):
+        launches.clear()
+        eng = opt_engine(**kw)
+        eng.runner.wg_gemm = dict(cfgs)
+        if not kw:
+            eng.runner.skinny_max_m = 0
+        _rollout(eng, prompts, sps, turns=2)
+        assert "skinny_wg" not in {k for k, _ in launches}, kw
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.wg_gemm = {"qkv": (1, 8)}                # K / 8 not a multiple of 128 (TINY): not taken
+    _rollout(eng, prompts, sps, turns=2)
+    assert ("skinny_wg" in {k for k, _ in launches}) == (K_of["qkv"] % 1024 == 0)
+    launches.clear()
+    eng = opt_engine()                                  # 12 rows: not the warpgroup kernel's
+    eng.runner.wg_gemm = dict(cfgs)
+    _rollout(eng, prompts[:12], sps[:12], turns=2)
+    assert all(d[0] > 16 for k, d in launches if k == "skinny_wg")
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

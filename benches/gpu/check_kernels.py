@@ -1098,6 +1098,54 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
         C.run("cluster", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
+def wg_configs(M: int, K: int) -> list[tuple[int, int]]:
+    """The (tiles a unit, CTAs splitting K) of every built warpgroup-kernel configuration for ``M`` rows that takes
+    this ``K``."""
+    nx = ops.skinny_wg_rows(M)
+    return [(wt, kp) for kc, S, n, wt, kp in ops.SKINNY_WG_CONFIGS
+            if n == nx and K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0)]
+
+
+def check_skinny_wg(C: Checks, dev, gen) -> None:
+    """``ops.skinny_wg`` (the warpgroup kernel, 17-64 rows): for every built configuration that takes the shape,
+    the flash rule vs a float64 product for bf16 and fp32 out and bf16 out == rounded fp32 out; the same bits on a
+    second launch and with no stage before the PDL wait and copies without an L2 hint; the SwiGLU epilogue
+    bitwise ``silu_mul`` of the plain output of the same configuration, and the flash rule for it. Shapes with a
+    ragged last chunk (K % 128 != 0), partial last units, more units than the grid holds, fewer output columns
+    than a unit, a strided x (``skinny_inputs``) and the qwen3 shapes."""
+    shapes = [(32, 4096, 1024), (17, 1000, 2048), (64, 6144, 4096), (33, 4096, 4096), (50, 151936, 1024),
+              (64, 40, 1024), (24, 100, 1600), (64, 1024, 3072), (48, 4096, 12288)]
+    for M, N, K in shapes:
+        def run(M=M, N=N, K=K):
+            x, w = skinny_inputs(M, N, K, gen, dev)  # (x strided)
+            res = []
+            for wt, kp in wg_configs(M, K):
+                cfg = dict(wt=wt, kp=kp)
+                y32, r = linear_accuracy(lambda a, b, **kw: ops.skinny_wg(a, b, **cfg, **kw), x, w)
+                res += [(ok, f"wt {wt} kp {kp}: {d}") for ok, d in r]
+                res += exact(f"wt {wt} kp {kp}: second launch", ops.skinny_wg(x, w, out_dtype=torch.float32, **cfg),
+                             y32)
+                res += exact(f"wt {wt} kp {kp}: no stage before the PDL wait, no L2 hint",
+                             ops.skinny_wg(x, w, out_dtype=torch.float32, pre=0, evict_first=False, **cfg), y32)
+            return res
+        C.run("wg", f"M={M} N={N} K={K}", run)
+    for M, I, K in ((64, 3072, 1024), (32, 12288, 4096), (21, 24, 1024), (40, 1544, 2048)):
+        def run_swiglu(M=M, I=I, K=K):
+            x, w = skinny_inputs(M, 2 * I, K, gen, dev, w_scale=2.0)
+            gu = x.double() @ w.double().t()
+            ref32 = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+            gbf = torch.matmul(x, w.t())
+            refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
+            res = []
+            for wt, kp in wg_configs(M, K):
+                out = ops.skinny_wg(x, w, swiglu=True, wt=wt, kp=kp)
+                plain = ops.skinny_wg(x, w, wt=wt, kp=kp)
+                torch.cuda.synchronize()
+                res += [(ok, f"wt {wt} kp {kp}: {d}") for ok, d in fa_rule("vs float64", out, ref32, refbf)]
+                res += exact(f"wt {wt} kp {kp}: == silu_mul(the plain kernel)", out, ops.silu_mul(plain))
+            return res
+        C.run("wg", f"swiglu M={M} I={I} K={K}", run_swiglu)
+
 def rope_tables(D: int, max_pos: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
     """The runner's fp32 RoPE tables (theta 1e6): cos, sin ``[max_pos, D/2]`` on ``dev``."""
     cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
@@ -1251,6 +1299,7 @@ SECTIONS = {
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
     "staged": check_skinny_staged, "staged_wide": check_skinny_staged_wide, "qk": check_qk_attention,
     "cluster": check_skinny_cluster,
+    "wg": check_skinny_wg,
 }
 
 

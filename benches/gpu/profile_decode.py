@@ -31,7 +31,7 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   kernels do not wait behind -- a measurement of what those launches cost, with wrong outputs), the
   ``DECODE_BLAS_VARIANTS`` (``blas-cublas``: the decode GEMMs on cuBLAS through torch's cuBLAS path, not its
   cuBLASLt path), the ``GEMM_CLUSTER_VARIANTS`` (``cl-*``: the GEMMs of 17-64 rows on the cluster kernel, by
-  role and size) and the
+  role and size), the ``WG_VARIANTS`` (``wg-*``: those GEMMs on the warpgroup kernel, by role) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -244,11 +244,20 @@ GEMM_CLUSTER_VARIANTS: dict[str, tuple[dict[str, tuple[int, int, int, int, int]]
     "cl-head": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 1 << 62),
     "cl-lim": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 32 << 20),
 }
+#: variants on top of "default" with the decode GEMMs of 17-64 rows on the warpgroup kernel (``CudaRunner.wg_gemm``):
+#: roles -> (64-row tiles a unit, CTAs splitting K); a K a configuration does not take stays on cuBLAS
+WG_VARIANTS: dict[str, dict[str, tuple[int, int]]] = {
+    "wg-1": {r: (1, 1) for r in _LAYER_ROLES},
+    "wg-s2": {"qkv": (1, 2), "o_proj": (1, 2), "gate_up": (1, 1), "down": (1, 2)},
+    "wg-s4": {"qkv": (1, 4), "o_proj": (1, 4), "gate_up": (1, 1), "down": (1, 4)},
+    "wg-s8": {"qkv": (1, 4), "o_proj": (1, 8), "gate_up": (1, 1), "down": (1, 8)},
+    "wg-gu": {"gate_up": (1, 1)},
+}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS,
                  WIDE_VARIANTS, BLAS_PDL_VARIANTS, DECODE_BLAS_VARIANTS,
-                 GEMM_CLUSTER_VARIANTS)
+                 GEMM_CLUSTER_VARIANTS, WG_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -410,6 +419,7 @@ def main() -> int:
                 eng.runner.decode_blas = DECODE_BLAS_VARIANTS.get(variant, default_decode_blas)   # read at capture
                 cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))
                 eng.runner.cluster_gemm, eng.runner.cluster_max_elems = dict(cl_roles), cl_max
+                eng.runner.wg_gemm = dict(WG_VARIANTS.get(variant, {}))
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
@@ -488,6 +498,7 @@ def main() -> int:
             eng.runner.blas_pdl = False
             eng.runner.decode_blas = default_decode_blas
             eng.runner.cluster_gemm, eng.runner.cluster_max_elems = {}, 1 << 62
+            eng.runner.wg_gemm = {}
             eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
             eng.runner.staged_one_wave = dict(default_wave)
             ops.DECODE_CLUSTER = True

@@ -1,7 +1,8 @@
 """CUDA kernels of the optimized engine, compiled at run time through CuPy's ``RawModule`` (NVRTC).
 
 One ``.cu`` file per reference twin lives next to this module (``attention.cu``, ``gemm.cu``,
-``skinny_gemm.cu``, ``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``, ``embedding.cu``, ``kv_cache.cu``).
+``skinny_gemm.cu``, ``skinny_wg.cu``, ``sampling.cu``, ``rmsnorm.cu``, ``rope.cu``, ``activation.cu``,
+``embedding.cu``, ``kv_cache.cu``).
 Each exposes plain ``extern "C" __global__`` kernels (templated internals are instantiated under
 explicit names such as ``paged_prefill_d128``) and includes ``<cuda_bf16.h>`` and, for the
 tensor-core kernels, the local header ``mma.cuh``. nvcc finds that header beside the source (see
@@ -55,6 +56,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
             for kind in ("bf16", "f32", "swiglu"))
     + tuple(f"skinny_cluster_k{kc}s{s}t{tp}c{c}w8_m64_{kind}" for kc, s, tp, c in ((256, 4, 2, 4), (512, 2, 2, 4))
             for kind in ("bf16", "f32", "swiglu")),
+    "skinny_wg": tuple(f"skinny_wg_k{kc}s{s}n{nx}t{wt}p{kp}_{kind}"
+                       for kc, s, nx, wt, kp in ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4),
+                                                 (128, 6, 32, 1, 8), (128, 6, 64, 1, 1), (128, 6, 64, 1, 2),
+                                                 (128, 5, 64, 1, 4), (128, 3, 64, 1, 8), (128, 5, 32, 2, 1),
+                                                 (128, 5, 32, 2, 2), (128, 4, 32, 2, 4), (128, 4, 64, 2, 1),
+                                                 (128, 3, 64, 2, 2))
+                       for kind in ("bf16", "f32", "swiglu")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),
     "rope": ("qk_norm_rope",),
@@ -72,9 +80,11 @@ OPTIONS: tuple[str, ...] = ("-std=c++17",)
 #: (``paged_prefill_d128_wg*``) use instructions of exactly sm_90 that PTX for plain ``sm_90`` may not
 #: (``wgmma.mma_async``: the "a" targets); the file's other kernels compile to the same SASS either way
 #: (nvcc 13.0, compared instruction for instruction). Elsewhere the file is built as every other, and
-#: the wgmma kernels trap (``ops`` never launches them there: ``ops.prefill_variants``).
+#: the wgmma kernels trap (``ops`` never launches them there: ``ops.prefill_variants``). skinny_wg.cu
+#: (the warpgroup GEMM) has nothing but wgmma kernels: they trap in a plain build, and ``ops.skinny_wg``
+#: launches them only where it is built for its target.
 #: ``TURNKV_ARCH_SPECIFIC=0`` turns these builds off (the plain build everywhere).
-ARCH_TARGETS: dict[tuple[str, tuple[int, int]], str] = {("attention", (9, 0)): "sm_90a"}
+ARCH_TARGETS: dict[tuple[str, tuple[int, int]], str] = {("attention", (9, 0)): "sm_90a", ("skinny_wg", (9, 0)): "sm_90a"}
 
 _lock = threading.Lock()
 _modules: dict[tuple[str, int], object] = {}

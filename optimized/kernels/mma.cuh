@@ -158,6 +158,25 @@ __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const u32
         TK_F4(d, 8), TK_F4(d, 9), TK_F4(d, 10), TK_F4(d, 11), TK_F4(d, 12), TK_F4(d, 13), TK_F4(d, 14), TK_F4(d, 15)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
+// d (64 x 8J, fp32) = A (64 x 16, K-major in shared memory) . B (16 x 8J, K-major in shared memory) + (acc ? d : 0),
+// J = 4 or 8 (skinny_wg.cu: A the weight rows, B the x rows)
+__device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[4][4], u64 desc_a, u64 desc_b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : TK_F4(d, 0), TK_F4(d, 1), TK_F4(d, 2), TK_F4(d, 3)
+      : "l"(desc_a), "l"(desc_b), "r"(acc));
+}
+__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[8][4], u64 desc_a, u64 desc_b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+      "%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : TK_F4(d, 0), TK_F4(d, 1), TK_F4(d, 2), TK_F4(d, 3), TK_F4(d, 4), TK_F4(d, 5), TK_F4(d, 6), TK_F4(d, 7)
+      : "l"(desc_a), "l"(desc_b), "r"(acc));
+}
 #undef TK_F4
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

@@ -42,6 +42,8 @@
 #include "mma.cuh"
 #include "swiglu.cuh"
 #include "pdl.cuh"
+#include "skinny.cuh"
+#include "tma.cuh"
 
 #ifdef TK_STAGED_TRACE
 __device__ unsigned long long staged_trace[4096][6];  // at namespace scope: found by name (trace_staged.py)
@@ -56,8 +58,6 @@ __device__ unsigned long long cluster_stage_trace[1024][64][2];
 namespace {
 
 constexpr int kU = 8;  // 32-column blocks in flight per lane (x2 rows x 16 bytes of weights each)
-
-enum Epilogue { kPlain = 0, kSwiGLU = 1 };
 
 // The weight row behind row r (0 .. 15) of this CTA's 16, or -1 past the end. N is the output width:
 // the weight's row count, or I for SwiGLU (whose weight has 2I rows: gate rows, then up rows; a CTA
@@ -121,40 +121,6 @@ __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict_
   for (int u = 0; u < kU; u += 2) {  // blocks kb and kb + WARPS of the first round: 2 x 64 bytes
     const int kb = warp + (u + (lane >> 4)) * WARPS;
     if (kb < nkb) asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(w + (long long)row * K + (kb << 5))));
-  }
-}
-
-// The epilogue's store of one C fragment (lane l of the n8 tile of x rows m0 .. m0+7), summed in
-// fp32: tile `tile` of 16 weight rows (plain: output columns 16 tile .. +15; SwiGLU: 8 gate and 8 up
-// rows, output columns 8 tile .. +7). C fragment: c0, c1 -> (row gg, x rows 2tt, 2tt+1); c2, c3 -> row
-// gg + 8, the same x rows.
-template <bool F32, int EPI>
-__device__ __forceinline__ void skinny_store(void* __restrict__ y, const float (&sum)[4], int tile, int m0, int l,
-                                             int M, int N) {
-  const int gg = l >> 2, tt = l & 3;
-  if constexpr (EPI == kSwiGLU) {  // rows gg and gg + 8: gate and up of output column 8 tile + gg
-    const int n = tile * 8 + gg;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int m = m0 + 2 * tt + c;
-      if (n < N && m < M) {
-        const float gt = __bfloat162float(__float2bfloat16_rn(sum[c]));
-        const float up = __bfloat162float(__float2bfloat16_rn(sum[c + 2]));
-        reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(silu_mul1(gt, up));
-      }
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int n = tile * 16 + gg + 8 * (c >> 1);
-      const int m = m0 + 2 * tt + (c & 1);
-      if (n < N && m < M) {
-        if constexpr (F32)
-          reinterpret_cast<float*>(y)[(long long)m * N + n] = sum[c];
-        else
-          reinterpret_cast<__nv_bfloat16*>(y)[(long long)m * N + n] = __float2bfloat16_rn(sum[c]);
-      }
-    }
   }
 }
 
@@ -285,43 +251,6 @@ constexpr int kStCW = 4;  // consumer warps (the producer is warp kStCW)
 // KC columns of a chunk (2 KC bytes of each row); rows of a stage st_rs(KC) bytes apart
 __host__ __device__ constexpr int st_rs(int KC) { return KC * 2 + 64; }
 
-__device__ __forceinline__ void mbar_init(u32 bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// spin until the barrier's phase of the given parity has completed
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  u32 done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-}
-// bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned); completion counted on bar
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// the same with an L2 eviction policy for the lines the copy brings in (createpolicy)
-__device__ __forceinline__ void bulk_copy_hint(u32 dst, const void* src, u32 bytes, u32 bar, u64 policy) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-               : "memory");
-}
-// The weight copies at L2 priority evict-first (evict != 0; else copies without a hint). A decode step streams
-// ~15 GB of weights (qwen3-8b) through a 50 MB L2, each line read once; at the default priority they push
-// out what the step's small kernels read next -- the residual rows an add_rmsnorm reads, written a layer's
-// weights earlier, and the KV cache the attention reads again the next step.
-__device__ __forceinline__ u64 l2_evict_first() {
-  u64 p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
 __device__ __forceinline__ uint4 lds128(u32 addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -587,53 +516,6 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 //   * nobody leaves before the cluster's last barrier: a peer may still copy into this CTA's stages or
 //     arrive on its barriers.
 // MT = 8: up to 64 rows (rows past M are zeros and not stored).
-struct __align__(64) TensorMap {  // CUtensorMap: opaque, 128 bytes, encoded by the driver on the host
-  unsigned long long v[16];
-};
-__device__ __forceinline__ u32 cluster_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// every thread of every CTA of the cluster (release / acquire)
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// arrive on the mbarrier at this CTA's shared address `bar` in cluster CTA `cta`. The arrival says "this stage's
-// shared memory has been read" (its loads have returned: their MMAs were issued before it), so it needs no
-// cluster-scope release: with .release.cluster each arrival waited on a memory barrier (Nsight Compute's
-// "membar" stall, ~1 µs a stage; docs/performance.md), at .cta scope it does not.
-__device__ __forceinline__ void mbar_arrive_peer(u32 bar, u32 cta) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// the box of the 3-D tensor map `map` at (c0, c1, c2) into this CTA's shared dst, completion counted on bar
-__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
-                                            u64 policy, int evict) {
-  const unsigned long long m = reinterpret_cast<unsigned long long>(map);
-  if (evict)
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-}
-// the same box into the shared dst of every cluster CTA in `mask`, completion counted on each one's bar.
-// (ptxas advises the sm_90a target for .multicast::cluster, for the sake of later architectures; on sm_90 it is
-// the Hopper instruction either way.)
-__device__ __forceinline__ void tensor_copy_multicast(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
-                                                      unsigned short mask) {
-  const unsigned long long m = reinterpret_cast<unsigned long long>(map);
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-      : "memory");
-}
 // byte offset in a 1024-byte-aligned stage of the logical offset `off` (128-byte swizzle of the tensor copies)
 __device__ __forceinline__ u32 swz128(u32 off) { return off ^ ((off >> 3) & 0x70u); }
 // the first weight row of box h (0, 1: 8 rows each) of tile t, or -1 past the weight (weight_row's rows)

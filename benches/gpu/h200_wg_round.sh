@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Twenty-second session's device calls: the warpgroup GEMM (skinny_wg.cu, 17-64 rows) against cuBLAS
+# (docs/performance.md, "The warpgroup GEMM"; run from the repository root):
+#   bash benches/gpu/h200_wg_round.sh MODE
+#   first:  check_kernels.py --only wg (stops here on a failure), probe_wg.py on the qwen3-0.6b and qwen3-8b GEMMs at
+#           32 and 64 rows, then the engine A/B (profile_decode.py: default against the wg-* variants) at qwen3-8b
+#           and qwen3-0.6b batch 32 and 64
+#   TAG: the files' suffix (default _first)
+source benches/gpu/_env.sh
+mode=${1:-first}
+tag=${TAG:-_$mode}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = first ]; then
+  timeout 200 python3 benches/gpu/check_kernels.py --only wg > "$OUT/check_kernels_wg$tag.log" 2>&1
+  rc=$?; echo "check_kernels wg rc=$rc"; grep -E "FAIL" "$OUT/check_kernels_wg$tag.log" | cut -c1-300 | head -12
+  tail -3 "$OUT/check_kernels_wg$tag.log"
+  [ $rc -ne 0 ] && exit 1   # (a hang or a wrong result: nothing after it is worth the device time)
+  for m in qwen3-8b qwen3-0.6b; do
+    timeout 120 python3 benches/gpu/probe_wg.py --model $m --out "$OUT" --tag "$tag" > "$OUT/probe_wg${tag}_$m.log" 2>&1
+    echo "probe_wg $m rc=$?"; cut -c1-330 "$OUT/probe_wg${tag}_$m.log"
+  done
+  timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --rounds 3 \
+    --variants default wg-1 wg-s2 wg-s4 wg-gu > "$OUT/profile_wg${tag}_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_8b.log"
+  timeout 110 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --rounds 3 \
+    --variants default wg-1 wg-s4 wg-s8 > "$OUT/profile_wg${tag}_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_06b.log"
+fi

@@ -1,0 +1,241 @@
+// skinny_wg.cu -- y = x W^T for decode steps of 17-64 rows with warpgroup MMAs (wgmma, sm_90a).
+//
+// Reference twin: reference/model.py, linear(x, w) (default mode only, like skinny_gemm.cu: the sums' order
+// depends on the configuration). Layouts as skinny_gemm.cu: x bf16 [M, K] (row stride ldx), W bf16 [N, K] (or
+// [gate | up] [2I, K] for the SwiGLU epilogue), y [M, N] (or [M, I]) bf16 or fp32. K % (64 KP) == 0.
+//
+// Why a fourth GEMM: above 16 rows a decode step's GEMMs are cuBLAS's, whose kernels cannot start before the
+// kernel ahead of them has finished (no programmatic-dependency wait: docs/performance.md, "Decode GEMMs on
+// cuBLAS"). The cluster kernel of skinny_gemm.cu waits but its mma.sync consumers, one warp a scheduler, could not
+// keep up with their stages ("The cluster GEMM, diagnosed"). Here one warpgroup issues each 16-column step of a
+// stage as one wgmma per 64 weight rows, with both operands in shared memory where the tensor copies put them:
+//   * a unit is R = 64 WT weight rows (the wgmma's M side; WT = 1 or 2 accumulators) times all NX (32 or 64) x
+//     rows (its N side: "swap AB", no tensor-core row is spent on padding x rows beyond NX);
+//   * stage layout, as tensor copies with the 128-byte swizzle write it: the weight box, [KC / 64 blocks][R rows]
+//     [64 columns], then the x box, [KC / 64][NX][64]. Each block's rows start on a 1024-byte boundary and rows
+//     lie 128 bytes apart, which is the canonical K-major layout of wgmma (mma.cuh): 8-row groups 1024 bytes
+//     apart (the descriptors' stride offset), a 16-column step 32 bytes further along the row. One tensor copy
+//     a stage for the weights and one for x (the host's maps: ops.skinny_wg);
+//   * SwiGLU: the weight map is 5-D, (64 columns, 8 rows, gate | up, I / 8 groups, K / 64 blocks), so the box
+//     lands each group's 8 gate rows and then its 8 up rows: a thread's D fragment holds rows g and g + 8 of its
+//     warp's 16, the gate and the up row of one output column, as the other skinny kernels' fragments do, and
+//     skinny_store writes silu(gate) * up with their rounding;
+//   * split K (KP = 2, 4, 8): the KP CTAs of a thread-block cluster take the same unit, CTA r the columns
+//     [r K / KP, (r + 1) K / KP). At the unit's end CTAs 1 .. KP - 1 send their fp32 partials into CTA 0's
+//     shared memory by st.async, counted on CTA 0's "red" barrier; CTA 0 adds them to its own in rank order
+//     (deterministic), stores, and frees its landing area with a remote arrival on each peer's "free" barrier;
+//   * work: static. Cluster c (of G / KP) takes the units c, c + G / KP, ...; the host makes G / KP at most the
+//     units, so every CTA has one;
+//   * pipeline: warp 4 (lane 0) is the producer. Stage i's "full" barrier expects its weight and x boxes; its
+//     "empty" barrier counts the four consumer warps. The weights of the first `pre` stages may be issued
+//     before the PDL wait (no kernel writes them); x only after it. The consumers issue a stage's wgmmas as one
+//     group and release the stage before it once all but that group are done (wgmma.wait_group 1);
+//   * rows past N (or I) and x rows past M arrive as zeros (the maps' bounds) and are not stored.
+// A thread's accumulators: acc[t][j][0..1] = (weight row 64 t + 16 w + g, x rows 8 j + 2 t4, + 1), acc[t][j][2..3]
+// = (row + 8, the same x rows), w its warp, g = lane / 4, t4 = lane % 4.
+
+#include <cuda_bf16.h>
+
+#include "mma.cuh"
+#include "swiglu.cuh"
+#include "pdl.cuh"
+#include "skinny.cuh"
+#include "tma.cuh"
+
+namespace {
+
+template <int J>
+__device__ __forceinline__ void wgmma_ss(float (&d)[J][4], u64 desc_a, u64 desc_b, int acc);
+#if defined(TK_WGMMA)
+template <>
+__device__ __forceinline__ void wgmma_ss<4>(float (&d)[4][4], u64 desc_a, u64 desc_b, int acc) {
+  wgmma_ss_m64n32k16(d, desc_a, desc_b, acc);
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<8>(float (&d)[8][4], u64 desc_a, u64 desc_b, int acc) {
+  wgmma_ss_m64n64k16(d, desc_a, desc_b, acc);
+}
+#endif
+
+// the stage bytes and the landing area of the split-K partials (host twin: ops.skinny_wg_smem)
+__host__ __device__ constexpr int wg_stage_bytes(int KC, int NX, int WT) { return (64 * WT + NX) * KC * 2; }
+__host__ __device__ constexpr int wg_recv_bytes(int NX, int WT, int KP) { return (KP - 1) * 64 * WT * NX * 4; }
+
+template <int KC, int S, int NX, int WT, int KP, bool F32, int EPI>
+__device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
+                                               int M, int N, int K, int pre, int evict) {
+  constexpr int kStage = wg_stage_bytes(KC, NX, WT);
+  static_assert(KC % 64 == 0 && (NX == 32 || NX == 64) && (WT == 1 || WT == 2), "skinny_wg shapes");
+  static_assert(KP == 1 || KP == 2 || KP == 4 || KP == 8, "skinny_wg split");
+  static_assert(1024 + S * kStage + wg_recv_bytes(NX, WT, KP) <= 227 * 1024 - 256, "skinny_wg: shared memory");
+#if defined(TK_WGMMA)
+  constexpr int R = 64 * WT, J = NX / 8;
+  constexpr int kW = R * KC * 2;
+  constexpr int kPart = WT * J * 128 * 16;  // one CTA's partials: [WT][J][128 threads][4 floats]
+  extern __shared__ __align__(128) unsigned char wg_smem[];  // up to 1 KB of slack, S stages, the landing area
+  __shared__ __align__(8) u64 bars[2 * S + 2];             // full[s], empty[s], red, free
+  // the warp index through a shuffle: ptxas then knows it is warp-uniform, and the consumers' branch is not a
+  // divergent path (where it would serialize the wgmmas: its advisory C7518)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  const int outs = EPI == kSwiGLU ? R / 2 : R;  // output columns of a unit
+  const int units = (N + outs - 1) / outs;
+  const int clusters = (int)gridDim.x / KP, c = (int)blockIdx.x / KP;
+  const u32 rank = KP > 1 ? cluster_rank() : 0u;
+  const int kpart = K / KP, kch = (kpart + KC - 1) / KC;  // chunks of this CTA's columns (host: kpart % KC == 0
+                                                          // when KP > 1; else the last chunk's columns past K are 0)
+  const int mine = (units - 1 - c) / clusters + 1;        // units of this cluster (c < units: the host's grid)
+  const int total = mine * kch;
+  const u32 base = (smem_u32(wg_smem) + 1023u) & ~1023u;  // the swizzle's pattern repeats every 1024 bytes
+  const u32 recv = base + S * kStage;
+  const u32 bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S, bar_red = bar_full + 16 * S,
+            bar_free = bar_red + 8;
+  if (warp == 4 && lane == 0) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(wmap)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(xmap)) : "memory");
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, 4);
+    }
+    mbar_init(bar_red, 1);
+    mbar_init(bar_free, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if constexpr (KP > 1)
+    cluster_sync_all();  // the peers' barriers exist before any st.async or arrival reaches them
+  else
+    __syncthreads();
+
+  if (warp == 4) {  // ---- producer: lane 0
+    if (lane == 0) {
+      const u64 policy = evict ? l2_evict_first() : 0ull;
+      const int early = min(min(pre, S), total);
+      auto weights = [&](int i) {  // stage i's weight box, and the bytes the stage expects (x's included)
+        const int s = i % S, u = c + i / kch * clusters, kb = ((int)rank * kpart + i % kch * KC) / 64;
+        mbar_expect_tx(bar_full + 8 * s, (u32)kStage);
+        if constexpr (EPI == kSwiGLU)
+          tensor_copy5(base + s * kStage, wmap, 0, 0, 0, u * (R / 16), kb, bar_full + 8 * s, policy, evict);
+        else
+          tensor_copy(base + s * kStage, wmap, 0, u * R, kb, bar_full + 8 * s, policy, evict);
+      };
+      for (int i = 0; i < early; ++i) weights(i);
+      pdl_wait();  // x is the kernel before's output
+      pdl_launch_dependents();
+      for (int i = 0; i < total; ++i) {
+        const int s = i % S, kb = ((int)rank * kpart + i % kch * KC) / 64;
+        if (i >= early) {
+          if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
+          weights(i);
+        }
+        tensor_copy(base + s * kStage + kW, xmap, 0, 0, kb, bar_full + 8 * s, 0ull, 0);
+      }
+    }
+    __syncwarp();
+  } else {  // ---- consumers
+    pdl_wait();
+    pdl_launch_dependents();
+    float acc[WT][J][4];
+    int i = 0;
+    for (int uu = 0; uu < mine; ++uu) {
+      const int u = c + uu * clusters;
+      for (int kc = 0; kc < kch; ++kc, ++i) {
+        const int s = i % S;
+        const u32 st = base + s * kStage;
+        mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KC / 16; ++kk) {  // block kk / 4, 16-column step kk % 4 of it
+          const u32 off = (u32)(kk >> 2) * 128u, step = (u32)(kk & 3) * 32u;
+          const u64 db = wg_desc_sw128(st + kW + off * NX + step, 16, 1024);
+#pragma unroll
+          for (int t = 0; t < WT; ++t)
+            wgmma_ss<J>(acc[t], wg_desc_sw128(st + off * R + t * 8192 + step, 16, 1024), db, kc > 0 || kk > 0);
+        }
+        wg_commit();
+        wg_wait<1>();  // every group but this stage's has completed: the stage before is read
+        __syncwarp();
+        if (kc > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((i - 1) % S));
+        if (kc != kch - 1) continue;
+
+        // ---- the end of unit u
+        wg_wait<0>();
+#pragma unroll
+        for (int t = 0; t < WT; ++t) wg_fence_regs<J>(acc[t]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+        if constexpr (KP > 1) {
+          if (rank != 0) {  // send the partials to CTA 0 once it has read the previous ones
+            if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);
+            const u32 dst = recv + ((u32)rank - 1u) * kPart + (u32)tid * 16u;
+#pragma unroll
+            for (int t = 0; t < WT; ++t)
+#pragma unroll
+              for (int j = 0; j < J; ++j)
+                st_async_f4(dst + (u32)(t * J + j) * 2048u, bar_red, 0u, acc[t][j][0], acc[t][j][1], acc[t][j][2],
+                            acc[t][j][3]);
+            continue;
+          }
+          if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * kPart));
+          mbar_wait(bar_red, (u32)uu & 1u);
+          const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
+#pragma unroll
+          for (int p = 1; p < KP; ++p)  // rank order
+#pragma unroll
+            for (int t = 0; t < WT; ++t)
+#pragma unroll
+              for (int j = 0; j < J; ++j) {
+                const float4 v = *reinterpret_cast<const float4*>(recv_p + (p - 1) * kPart + (t * J + j) * 2048 + tid * 16);
+                acc[t][j][0] += v.x;
+                acc[t][j][1] += v.y;
+                acc[t][j][2] += v.z;
+                acc[t][j][3] += v.w;
+              }
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
+          if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
+        }
+#pragma unroll
+        for (int t = 0; t < WT; ++t)
+#pragma unroll
+          for (int j = 0; j < J; ++j)
+            skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
+      }
+    }
+  }
+  if constexpr (KP > 1) cluster_sync_all();  // nobody leaves while a peer may still arrive on its barriers
+#else
+  __trap();  // an sm_90 build (optimized/kernels/__init__.py builds this file for sm_90a)
+#endif
+}
+
+}  // namespace
+
+// skinny_wg_k{KC}s{S}n{NX}t{WT}p{KP}_{bf16,f32,swiglu}: the kernel for M <= NX rows with chunks of KC columns,
+// S stages, units of 64 WT weight rows, K split over clusters of KP CTAs. Grid: KP x (at most the units) CTAs of
+// 160 threads (launched as clusters of KP), ops.skinny_wg_smem bytes of dynamic shared memory. wmap, xmap: the
+// tensor maps ops.skinny_wg encodes.
+#define TK_WG_K(KCV, SV, NXV, WTV, KPV, SUF, F32V, EPIV)                                                         \
+  extern "C" __global__ void __launch_bounds__(160, 1) skinny_wg_k##KCV##s##SV##n##NXV##t##WTV##p##KPV##_##SUF( \
+      const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, void* __restrict__ y,      \
+      int M, int N, int K, int pre, int evict) {                                                                  \
+    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV>(&wmap, &xmap, y, M, N, K, pre, evict);                     \
+  }
+#define TK_WG(KCV, SV, NXV, WTV, KPV)                          \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16, false, kPlain)         \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, f32, true, kPlain)           \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, swiglu, false, kSwiGLU)
+// (KC, S, NX, WT, KP): the stages that fit 227 KB with the landing area (ops.SKINNY_WG_CONFIGS)
+TK_WG(128, 8, 32, 1, 1)
+TK_WG(128, 8, 32, 1, 2)
+TK_WG(128, 8, 32, 1, 4)
+TK_WG(128, 6, 32, 1, 8)
+TK_WG(128, 6, 64, 1, 1)
+TK_WG(128, 6, 64, 1, 2)
+TK_WG(128, 5, 64, 1, 4)
+TK_WG(128, 3, 64, 1, 8)
+TK_WG(128, 5, 32, 2, 1)
+TK_WG(128, 5, 32, 2, 2)
+TK_WG(128, 4, 32, 2, 4)
+TK_WG(128, 4, 64, 2, 1)
+TK_WG(128, 3, 64, 2, 2)
