@@ -1281,6 +1281,28 @@ def skinny_wg_rows(M: int) -> int:
     return 32 if M <= 32 else 64
 
 
+#: the warpgroup kernel's split rule (``skinny_wg_split``): weights of at least ``WG_SPLIT_BYTES`` want at least
+#: ``WG_MIN_CTAS[1]`` CTAs at work, smaller ones ``WG_MIN_CTAS[0]``. Measured on the H200 (132 SMs) at the qwen3-0.6b
+#: and qwen3-8b GEMMs, 32 and 64 rows (docs/performance.md, "The warpgroup GEMM"): a small GEMM pays for a split
+#: with its reduction (qwen3-0.6b's qkv: 3.9 µs on 64 CTAs, 4.9 on 128), a large one needs every SM pulling (qwen3-8b's
+#: o_proj: 11.8 µs on 64 CTAs, 9.8 on 128)
+WG_SPLIT_BYTES = 16 << 20
+WG_MIN_CTAS = (64, 128)
+
+
+def skinny_wg_split(N: int, K: int, swiglu: bool = False, wt: int = 1, kc: int = 128) -> int:
+    """CTAs splitting K (1, 2, 4, 8) for the warpgroup kernel on a ``[N, K]`` weight (``swiglu``: ``[gate | up]``):
+    the fewest that put its units (64 ``wt`` weight rows each) on at least ``WG_MIN_CTAS[large]`` CTAs, ``large``
+    the weight's bytes reaching ``WG_SPLIT_BYTES``, and at most what K takes (a multiple of 64 ``kp``, of ``kc kp``
+    when split)."""
+    units = -(-N // (64 * wt))
+    target = WG_MIN_CTAS[2 * N * K >= WG_SPLIT_BYTES]
+    kp = next((k for k in (1, 2, 4, 8) if units * k >= target), 8)
+    while kp > 1 and K % (kc * kp):
+        kp //= 2
+    return kp
+
+
 def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]:
     """The built configuration (``SKINNY_WG_CONFIGS``) for ``M`` rows, ``wt`` tiles a unit and ``kp`` CTAs
     splitting K; ``ValueError`` if there is none."""

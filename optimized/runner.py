@@ -267,10 +267,11 @@ class CudaRunner:
         self.cluster_gemm: dict[str, tuple[int, ...]] = {}
         #: ... for weights of at most this many elements
         self.cluster_max_elems = 1 << 62
-        #: decode GEMMs of 17-64 rows (default mode) on the warpgroup kernel (``ops.skinny_wg``), by role -> (64-row
-        #: tiles a unit, CTAs splitting K), ahead of ``cluster_gemm``; a role not named, or one whose K the
-        #: configuration does not take, takes the rules below. Default: none
-        self.wg_gemm: dict[str, tuple[int, int]] = {}
+        #: decode GEMMs of 17-64 rows (default mode) on the warpgroup kernel (``ops.skinny_wg``), ahead of
+        #: ``cluster_gemm``: by the kernel's x tile (32: up to 32 rows, 64: 33-64) and role -> (64-row tiles a unit,
+        #: CTAs splitting K), or None for one tile and ``ops.skinny_wg_split``'s split; a role not named, or one
+        #: whose K the configuration does not take, takes the rules below. Default: none
+        self.wg_gemm: dict[int, dict[str, tuple[int, int] | None]] = {}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
@@ -435,16 +436,18 @@ class CudaRunner:
     def _cluster_kw(cl: tuple[int, ...]) -> dict[str, int]:
         return dict(kc=cl[0], stages=cl[1], tp=cl[2], cluster=cl[3], pre=cl[4], warps=cl[5] if len(cl) > 5 else 4)
 
-    def _wg_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, int] | None:
+    def _wg_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str, swiglu: bool = False) -> tuple[int, int] | None:
         """The warpgroup kernel's (tiles a unit, CTAs splitting K) (``wg_gemm``) for this GEMM of 17-64 rows, or None
         (also where that configuration does not take this K: ``ops.skinny_wg``)."""
-        if self.invariant or self.skinny_max_m <= 0 or not 16 < x.shape[0] <= ops.SKINNY_WG_MAX_M:
+        M, (N, K) = x.shape[0], w.shape
+        if self.invariant or self.skinny_max_m <= 0 or not 16 < M <= ops.SKINNY_WG_MAX_M or K % 64:
             return None
-        cfg = self.wg_gemm.get(role)
-        if cfg is None:
+        roles = self.wg_gemm.get(ops.skinny_wg_rows(M), {})
+        if role not in roles:
             return None
-        kc = ops.skinny_wg_config(x.shape[0], *cfg)[0]
-        K, kp = w.shape[1], cfg[1]
+        cfg = roles[role] or (1, ops.skinny_wg_split(N, K, swiglu))
+        kc = ops.skinny_wg_config(M, *cfg)[0]
+        kp = cfg[1]
         return cfg if K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0) else None
 
     def _cluster_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
@@ -536,7 +539,7 @@ class CudaRunner:
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
-        wg = self._wg_cfg(h, wgu, "gate_up")
+        wg = self._wg_cfg(h, wgu, "gate_up", swiglu=True)
         if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(h, wgu, "gate_up")

@@ -165,7 +165,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                  gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,
                                  skinny_cluster=skinny_cluster, SKINNY_CLUSTER_MAX_M=real_ops.SKINNY_CLUSTER_MAX_M,
                                  skinny_wg=skinny_wg, SKINNY_WG_MAX_M=real_ops.SKINNY_WG_MAX_M,
-                                 skinny_wg_config=real_ops.skinny_wg_config,
+                                 skinny_wg_config=real_ops.skinny_wg_config, skinny_wg_rows=real_ops.skinny_wg_rows,
+                                 skinny_wg_split=real_ops.skinny_wg_split,
                                  SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
                                  skinny_staged_rows=real_ops.skinny_staged_rows,
                                  ATTN_HEAD_DIMS=(16, 32, 64, 128))

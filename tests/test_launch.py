@@ -423,6 +423,22 @@ def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
         ops.skinny_wg(x, w)
     assert len(log) == n
 
+def test_skinny_wg_split_rule_at_the_measured_shapes():
+    """``ops.skinny_wg_split``: the fewest CTAs splitting K that put the units on 64 CTAs (weights under 16 MB) or 128
+    (from 16 MB), as measured on the H200 at the qwen3 shapes (docs/performance.md, "The warpgroup GEMM"), and no
+    more than K takes."""
+    from optimized import ops
+
+    want = {  # (N, K, swiglu): kp -- qwen3-8b's qkv, o_proj, gate_up, down, LM head, then qwen3-0.6b's
+        (6144, 4096, False): 2, (4096, 4096, False): 2, (24576, 4096, True): 1, (4096, 12288, False): 2,
+        (151936, 4096, False): 1,
+        (4096, 1024, False): 1, (1024, 2048, False): 4, (6144, 1024, True): 1, (1024, 3072, False): 4,
+        (151936, 1024, False): 1}
+    assert {k: ops.skinny_wg_split(*k) for k in want} == want
+    assert ops.skinny_wg_split(64, 8192) == 8            # one unit: at most 8 CTAs ...
+    assert ops.skinny_wg_split(64, 1536) == 4            # ... and no more than K takes (1536 / 8 % 128 != 0)
+    assert ops.skinny_wg_split(64, 64) == 1
+
 def test_tensor_maps_pack_at_64_bytes_and_bad_matrices_are_value_errors():
     """``pack_params``: a ``TensorMap``'s 128 bytes at the next multiple of 64 after the scalars before it, the
     scalars after it in 8-byte slots; a tensor map is exactly 128 bytes. ``check_matrix_map`` (what

@@ -428,9 +428,10 @@ def test_cluster_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
 
 
 def test_wg_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
-    """``wg_gemm``: the GEMMs of 17-64 rows go to ``skinny_wg`` with their role's (tiles a unit, CTAs splitting K),
-    ahead of ``cluster_gemm``; a K the configuration does not take, 16 rows or fewer, roles not named, batch-invariant
-    mode and ``skinny_max_m = 0`` do not; the rollout is the one without it. The default: no role."""
+    """``wg_gemm``: the GEMMs of 17-64 rows go to ``skinny_wg`` with their x tile's and role's (tiles a unit, CTAs
+    splitting K), or one tile and ``ops.skinny_wg_split``'s split for None, ahead of ``cluster_gemm``; a K the
+    configuration does not take, 16 rows or fewer, roles not named, an x tile not named, batch-invariant mode and
+    ``skinny_max_m = 0`` do not; the rollout is the one without it. The default: no role."""
     prompts = [[(5 * i + j) % 512 for j in range(2 + i % 5)] for i in range(20)]
     sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 20
     plain = opt_engine()
@@ -442,7 +443,7 @@ def test_wg_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     assert all(K % 64 == 0 for K in K_of.values()), K_of   # (TINY's K: every configuration above takes them)
     launches.clear()
     eng = opt_engine()
-    eng.runner.wg_gemm = dict(cfgs)
+    eng.runner.wg_gemm = {32: dict(cfgs), 64: dict(cfgs)}
     eng.runner.cluster_gemm = {"qkv": (256, 3, 2, 4, 2), "o_proj": (256, 3, 2, 4, 2)}
     assert _rollout(eng, prompts, sps, turns=2) == want
     role_of = {eng.runner.lm_head.data_ptr(): "lm_head"}
@@ -463,19 +464,26 @@ def test_wg_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     for kw in ({"batch_invariant": True}, {}):
         launches.clear()
         eng = opt_engine(**kw)
-        eng.runner.wg_gemm = dict(cfgs)
+        eng.runner.wg_gemm = {32: dict(cfgs), 64: dict(cfgs)}
         if not kw:
             eng.runner.skinny_max_m = 0
         _rollout(eng, prompts, sps, turns=2)
         assert "skinny_wg" not in {k for k, _ in launches}, kw
     launches.clear()
     eng = opt_engine()
-    eng.runner.wg_gemm = {"qkv": (1, 8)}                # K / 8 not a multiple of 128 (TINY): not taken
+    eng.runner.wg_gemm = {32: {"qkv": (1, 8)}, 64: {"qkv": (1, 8)}}   # K / 8 not a multiple of 128 (TINY): not taken
     _rollout(eng, prompts, sps, turns=2)
     assert ("skinny_wg" in {k for k, _ in launches}) == (K_of["qkv"] % 1024 == 0)
     launches.clear()
+    eng = opt_engine()                                  # None: one tile, the split rule's CTAs
+    eng.runner.wg_gemm = {32: {"qkv": None, "gate_up": None}}
+    _rollout(eng, prompts, sps, turns=2)
+    wg = [d for k, d in launches if k == "skinny_wg"]
+    assert wg and {d[3] for d in wg} == {False, True}, wg
+    assert all(d[0] <= 32 and tuple(d[4:]) == (1, 1) for d in wg), wg   # TINY's weights: the rule's kp is 1
+    launches.clear()
     eng = opt_engine()                                  # 12 rows: not the warpgroup kernel's
-    eng.runner.wg_gemm = dict(cfgs)
+    eng.runner.wg_gemm = {32: dict(cfgs), 64: dict(cfgs)}
     _rollout(eng, prompts[:12], sps[:12], turns=2)
     assert all(d[0] > 16 for k, d in launches if k == "skinny_wg")
 

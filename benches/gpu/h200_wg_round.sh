@@ -5,7 +5,9 @@
 #   first:  check_kernels.py --only wg (stops here on a failure), probe_wg.py on the qwen3-0.6b and qwen3-8b GEMMs at
 #           32 and 64 rows, then the engine A/B (profile_decode.py: default against the wg-* variants) at qwen3-8b
 #           and qwen3-0.6b batch 32 and 64
-#   TAG: the files' suffix (default _first)
+#   rule:   the engine A/B with the split rule (ops.skinny_wg_split) by role and x tile: profile_decode.py at qwen3-8b and
+#           qwen3-0.6b batch 32 and 64 (timelines at qwen3-8b batch 32), qwen3-0.6b batch 64 after 1664 tokens
+#   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-first}
 tag=${TAG:-_$mode}
@@ -20,10 +22,21 @@ if [ "$mode" = first ]; then
     timeout 120 python3 benches/gpu/probe_wg.py --model $m --out "$OUT" --tag "$tag" > "$OUT/probe_wg${tag}_$m.log" 2>&1
     echo "probe_wg $m rc=$?"; cut -c1-330 "$OUT/probe_wg${tag}_$m.log"
   done
-  timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --rounds 3 \
+  timeout 170 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --rounds 3 --profile-batches \
     --variants default wg-1 wg-s2 wg-s4 wg-gu > "$OUT/profile_wg${tag}_8b.log" 2>&1
   echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_8b.log"
-  timeout 110 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --rounds 3 \
+  timeout 110 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --rounds 3 --profile-batches \
     --variants default wg-1 wg-s4 wg-s8 > "$OUT/profile_wg${tag}_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_06b.log"
+fi
+if [ "$mode" = rule ]; then
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --rounds 3 --profile-batches \
+    --variants default wg-s2 wg-rule wg-head wg-head32 > "$OUT/profile_wg${tag}_8b.log" 2>&1
+  echo "profile 8b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_8b.log"
+  timeout 120 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --rounds 3 --profile-batches \
+    --variants default wg-rule wg-head wg-head32 > "$OUT/profile_wg${tag}_06b.log" 2>&1
+  echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_06b.log"
+  timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 64 --prompt 1664 --rounds 3 --profile-batches \
+    --variants default wg-head wg-head32 > "$OUT/profile_wg${tag}_06b_1664.log" 2>&1
+  echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile_wg${tag}_06b_1664.log"
 fi

@@ -245,13 +245,16 @@ GEMM_CLUSTER_VARIANTS: dict[str, tuple[dict[str, tuple[int, int, int, int, int]]
     "cl-lim": ({r: _CL_S4 for r in _LAYER_ROLES + ("lm_head",)}, 32 << 20),
 }
 #: variants on top of "default" with the decode GEMMs of 17-64 rows on the warpgroup kernel (``CudaRunner.wg_gemm``):
-#: roles -> (64-row tiles a unit, CTAs splitting K); a K a configuration does not take stays on cuBLAS
-WG_VARIANTS: dict[str, dict[str, tuple[int, int]]] = {
-    "wg-1": {r: (1, 1) for r in _LAYER_ROLES},
-    "wg-s2": {"qkv": (1, 2), "o_proj": (1, 2), "gate_up": (1, 1), "down": (1, 2)},
-    "wg-s4": {"qkv": (1, 4), "o_proj": (1, 4), "gate_up": (1, 1), "down": (1, 4)},
-    "wg-s8": {"qkv": (1, 4), "o_proj": (1, 8), "gate_up": (1, 1), "down": (1, 8)},
-    "wg-gu": {"gate_up": (1, 1)},
+#: x tile (32, 64) -> roles -> (64-row tiles a unit, CTAs splitting K), None: ``ops.skinny_wg_split``'s; a K a
+#: configuration does not take stays on cuBLAS
+_WG_HEAD = _LAYER_ROLES + ("lm_head",)
+WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
+    "wg-1": {n: {r: (1, 1) for r in _LAYER_ROLES} for n in (32, 64)},
+    "wg-s2": {n: {"qkv": (1, 2), "o_proj": (1, 2), "gate_up": (1, 1), "down": (1, 2)} for n in (32, 64)},
+    "wg-s4": {n: {"qkv": (1, 4), "o_proj": (1, 4), "gate_up": (1, 1), "down": (1, 4)} for n in (32, 64)},
+    "wg-rule": {n: {r: None for r in _LAYER_ROLES} for n in (32, 64)},
+    "wg-head": {n: {r: None for r in _WG_HEAD} for n in (32, 64)},
+    "wg-head32": {32: {r: None for r in _WG_HEAD}, 64: {r: None for r in ("qkv", "o_proj", "down", "lm_head")}},
 }
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
@@ -419,7 +422,7 @@ def main() -> int:
                 eng.runner.decode_blas = DECODE_BLAS_VARIANTS.get(variant, default_decode_blas)   # read at capture
                 cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))
                 eng.runner.cluster_gemm, eng.runner.cluster_max_elems = dict(cl_roles), cl_max
-                eng.runner.wg_gemm = dict(WG_VARIANTS.get(variant, {}))
+                eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, {}).items()}
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
