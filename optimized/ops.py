@@ -1303,6 +1303,12 @@ def skinny_wg_split(N: int, K: int, swiglu: bool = False, wt: int = 1, kc: int =
     return kp
 
 
+def skinny_wg_available(ref: torch.Tensor) -> bool:
+    """Whether ``skinny_wg`` can launch on ``ref``'s device: the driver's launch path (PDL on) and the kernels built
+    for ``SKINNY_WG_TARGET`` (a compute-capability-9.0 GPU; compiles ``skinny_wg.cu`` on its first call)."""
+    return _clusters_ok(ref) and kernels.target("skinny_wg", _device_index(ref)) == SKINNY_WG_TARGET
+
+
 def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]:
     """The built configuration (``SKINNY_WG_CONFIGS``) for ``M`` rows, ``wt`` tiles a unit and ``kp`` CTAs
     splitting K; ``ValueError`` if there is none."""

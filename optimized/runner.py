@@ -150,6 +150,10 @@ BLAS_PDL_KERNELS = r"^nvjet_"
 #: "Decode GEMMs on cuBLAS: launches and backends"
 DECODE_BLAS = "cublaslt"
 DECODE_BLAS_ROWS = (17, 64)
+#: the decode GEMMs of 17-64 rows on the warpgroup kernel by default (``CudaRunner.wg_gemm``): every role at both x
+#: tiles, one 64-row tile a unit and ``ops.skinny_wg_split``'s split of K -- docs/performance.md, "The warpgroup GEMM"
+WG_GEMM: dict[int, dict[str, tuple[int, int] | None]] = {32: {r: None for r in GEMM_ROLES},
+                                                        64: {r: None for r in GEMM_ROLES}}
 
 
 @contextlib.contextmanager
@@ -270,8 +274,11 @@ class CudaRunner:
         #: decode GEMMs of 17-64 rows (default mode) on the warpgroup kernel (``ops.skinny_wg``), ahead of
         #: ``cluster_gemm``: by the kernel's x tile (32: up to 32 rows, 64: 33-64) and role -> (64-row tiles a unit,
         #: CTAs splitting K), or None for one tile and ``ops.skinny_wg_split``'s split; a role not named, or one
-        #: whose K the configuration does not take, takes the rules below. Default: none
-        self.wg_gemm: dict[int, dict[str, tuple[int, int] | None]] = {}
+        #: whose K the configuration does not take, takes the rules below. Default: ``WG_GEMM`` where the kernel can
+        #: run (``ops.skinny_wg_available``: a compute-capability-9.0 GPU, PDL on), else none
+        self.wg_gemm: dict[int, dict[str, tuple[int, int] | None]] = (
+            {n: dict(d) for n, d in WG_GEMM.items()} if self.dev.type == "cuda" and ops.skinny_wg_available(
+                torch.empty(0, device=self.dev)) else {})
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)

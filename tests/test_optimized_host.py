@@ -487,6 +487,33 @@ def test_wg_gemm_routes_gemms_of_17_to_64_rows(opt_engine, launches):
     _rollout(eng, prompts[:12], sps[:12], turns=2)
     assert all(d[0] > 16 for k, d in launches if k == "skinny_wg")
 
+def test_wg_gemm_default_takes_every_role_by_the_split_rule(opt_engine, launches):
+    """``runner.WG_GEMM`` (the default on a compute-capability-9.0 GPU): every GEMM role at both x tiles, each by the
+    split rule (None). With it the rollout is the one without it, and every GEMM of 17-64 rows -- the four layer
+    roles and the LM head -- goes to ``skinny_wg`` (TINY's K takes the rule's split, 1). Off the GPU it is off."""
+    from optimized import runner as runner_mod
+
+    assert set(runner_mod.WG_GEMM) == {32, 64}
+    assert all(d == {r: None for r in runner_mod.GEMM_ROLES} for d in runner_mod.WG_GEMM.values())
+    prompts = [[(3 * i + j) % 512 for j in range(2 + i % 4)] for i in range(40)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 40
+    plain = opt_engine()
+    assert plain.runner.wg_gemm == {}                   # (a CPU engine)
+    want = [_rollout(plain, prompts[:n], sps[:n], turns=2) for n in (20, 40)]   # decode steps of 20 and 40 rows
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.wg_gemm = {n: dict(d) for n, d in runner_mod.WG_GEMM.items()}
+    assert [_rollout(eng, prompts[:n], sps[:n], turns=2) for n in (20, 40)] == want
+    role_of = {eng.runner.lm_head.data_ptr(): "lm_head"}
+    for L in eng.runner.layers:
+        role_of.update({L["wqkv"].data_ptr(): "qkv", L["wo"].data_ptr(): "o_proj",
+                        L["wgu"].data_ptr(): "gate_up", L["wd"].data_ptr(): "down"})
+    wg = [d for k, d in launches if k == "skinny_wg"]
+    assert {role_of[d[1]] for d in wg} == set(runner_mod.GEMM_ROLES), wg
+    assert {d[0] <= 32 for d in wg} == {True, False}, "both x tiles"
+    assert all(tuple(d[4:]) == (1, 1) for d in wg), wg
+    assert not any(k in ("skinny_cluster", "skinny_staged") and d[0] > 16 for k, d in launches)
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

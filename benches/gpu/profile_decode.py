@@ -246,9 +246,11 @@ GEMM_CLUSTER_VARIANTS: dict[str, tuple[dict[str, tuple[int, int, int, int, int]]
 }
 #: variants on top of "default" with the decode GEMMs of 17-64 rows on the warpgroup kernel (``CudaRunner.wg_gemm``):
 #: x tile (32, 64) -> roles -> (64-row tiles a unit, CTAs splitting K), None: ``ops.skinny_wg_split``'s; a K a
-#: configuration does not take stays on cuBLAS
+#: configuration does not take stays on cuBLAS; ``wg-off``: every one of them on cuBLAS (the default before the
+#: twenty-third session; "default" is the engine's own ``runner.WG_GEMM`` on a compute-capability-9.0 GPU)
 _WG_HEAD = _LAYER_ROLES + ("lm_head",)
 WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
+    "wg-off": {},
     "wg-1": {n: {r: (1, 1) for r in _LAYER_ROLES} for n in (32, 64)},
     "wg-s2": {n: {"qkv": (1, 2), "o_proj": (1, 2), "gate_up": (1, 1), "down": (1, 2)} for n in (32, 64)},
     "wg-s4": {n: {"qkv": (1, 4), "o_proj": (1, 4), "gate_up": (1, 1), "down": (1, 4)} for n in (32, 64)},
@@ -396,6 +398,7 @@ def main() -> int:
         default_wide = {w: dict(d) for w, d in eng.runner.staged_wide.items()}
         default_wide_max = eng.runner.staged_wide_max_elems
         default_decode_blas = eng.runner.decode_blas
+        default_wg = {n: dict(d) for n, d in eng.runner.wg_gemm.items()}
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -409,7 +412,8 @@ def main() -> int:
             def use(variant: str, eng=eng, graph_sets=graph_sets, pools=pools, mm0=default_mm,
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
                     default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide,
-                    default_wide_max=default_wide_max, default_decode_blas=default_decode_blas) -> None:
+                    default_wide_max=default_wide_max, default_decode_blas=default_decode_blas,
+                    default_wg=default_wg) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -422,7 +426,7 @@ def main() -> int:
                 eng.runner.decode_blas = DECODE_BLAS_VARIANTS.get(variant, default_decode_blas)   # read at capture
                 cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))
                 eng.runner.cluster_gemm, eng.runner.cluster_max_elems = dict(cl_roles), cl_max
-                eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, {}).items()}
+                eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, default_wg).items()}
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
@@ -501,7 +505,7 @@ def main() -> int:
             eng.runner.blas_pdl = False
             eng.runner.decode_blas = default_decode_blas
             eng.runner.cluster_gemm, eng.runner.cluster_max_elems = {}, 1 << 62
-            eng.runner.wg_gemm = {}
+            eng.runner.wg_gemm = {n: dict(d) for n, d in default_wg.items()}
             eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
             eng.runner.staged_one_wave = dict(default_wave)
             ops.DECODE_CLUSTER = True
