@@ -12,6 +12,7 @@
 #           64, then the engine decode bench (its transformers peers included)
 #   final:  with the kernel on by default: the engine smoke test, conformance at CI scale and the GPU-scale qwen3-8b
 #           clauses, the engine A/B at qwen3-0.6b batch 64 after 1664 tokens (the agentic workload's decode), then the agentic bench
+#   labs:   the kernel labs for decode attention and paged prefill on the current tree (their SDPA peers included)
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-first}
@@ -65,5 +66,10 @@ if [ "$mode" = final ]; then   # the tree with the warpgroup GEMM on by default 
   echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile_wg${tag}_06b_1664.log"
   run_benches 240 "agentic"
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_agentic_wgemm.log" 2>/dev/null
+  pack_bench
+fi
+if [ "$mode" = labs ]; then
+  run_benches 240 "kernel_decode or kernel_prefill"
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_kernel_labs_wg.log" 2>/dev/null
   pack_bench
 fi
