@@ -1341,10 +1341,9 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     width, _ = _tiled_width(N, swiglu, out_dtype, "skinny_wg")
     _need(K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0),
           f"skinny_wg with kp = {kp} needs K a multiple of {64 * kp if kp == 1 else kc * kp}, got {K}")
-    _need(_clusters_ok(x), "skinny_wg needs the driver's launch path (PDL on), sm_90+")
+    _need(skinny_wg_available(x), f"skinny_wg needs the driver's launch path (PDL on) and its kernels built for "
+          f"{SKINNY_WG_TARGET} (a compute-capability-9.0 GPU)")
     dev = _device_index(x)
-    _need(kernels.target("skinny_wg", dev) == SKINNY_WG_TARGET,
-          f"skinny_wg needs its kernels built for {SKINNY_WG_TARGET} (a compute-capability-9.0 GPU)")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
     if M == 0:
         return out
