@@ -38,12 +38,13 @@ def decode(scale: Scale, policy: str, q, k_cache, v_cache, tables, lens, ctx: in
 
 
 def prefill(scale: Scale, q, k_cache, v_cache, tables, lens, q_seq_idx, q_pos, sm_scale: float,
-            variant: str | None = None):
-    """Closure: paged continued prefill of ``q [T, n_q, D]`` (GPU: ``variant`` as in ``ops.paged_prefill``)."""
+            variant: str | None = None, mean_keys: float | None = None):
+    """Closure: paged continued prefill of ``q [T, n_q, D]`` (GPU: ``variant`` and ``mean_keys`` as in
+    ``ops.paged_prefill``: without a variant the kernel is the one the engine's runner would pick)."""
     if scale.gpu:
         from optimized import ops
         return lambda: ops.paged_prefill(q, k_cache, v_cache, tables, lens, q_seq_idx, q_pos, sm_scale,
-                                         variant=variant)
+                                         variant=variant, mean_keys=mean_keys)
     t, sl, qi, qp = tables.long(), lens.long(), q_seq_idx.long(), q_pos.long()
     return lambda: attention.paged_prefill(q, k_cache, v_cache, t, sl, qi, qp, sm_scale)
 

@@ -30,10 +30,11 @@ CHUNKS = {"cpu": (8, 24), "gpu": (256, 1024, 4096)}
 PREFIXES = {"cpu": (0, 40), "gpu": (0, 1024, 4096, 16384)}
 QUERY_TOKENS = {"cpu": 32, "gpu": 8192}          # nseq = max(1, QUERY_TOKENS // chunk) sequences per problem
 IMPLS = {"cpu": ("reference", "sdpa math"),
-         "gpu": ("turnkv", "turnkv 64-row", "turnkv wg128", "sdpa flash", "sdpa cudnn")}
-# "turnkv": the engine's choice (ops.prefill_variant: the two-tiles-per-warp kernel on big grids);
-# "turnkv 64-row": the one-tile-per-warp kernel forced (variant "default"); "turnkv wg128": the
-# two-warpgroup wgmma kernel forced where the device has it (sm_90a), for the comparison
+         "gpu": ("turnkv", "turnkv x2", "turnkv 64-row", "sdpa flash", "sdpa cudnn")}
+# "turnkv": the engine's choice (ops.prefill_variant with the runner's mean keys per row: the warp-specialised
+# wgmma kernel on big grids of an sm_90a build, else the two-tiles-per-warp kernel); "turnkv x2": the
+# two-tiles-per-warp mma.sync kernel forced (the choice before the twenty-fourth session); "turnkv 64-row": the
+# one-tile-per-warp kernel forced (variant "default")
 PEER = {"cpu": "sdpa math", "gpu": "sdpa flash"}  # the target's peer
 
 _times: dict[tuple, float] = {}
@@ -78,21 +79,19 @@ def test_prefill(benchmark, scale: Scale, ceilings, results, C, P, impl):
     ref = attention_math(q0, kd, vd, pos1, sm, high_dtype(scale), lowp=False).reshape(nseq * C, nq, D)
     low = attention_math(q0, kd, vd, pos1, sm, high_dtype(scale), lowp=True).reshape(nseq * C, nq, D)
     del kd, vd
-    if impl == "turnkv wg128":
-        from optimized import ops
-        if "wg128" not in ops.prefill_variants(D, torch.device(dev).index or 0):
-            results.note(GROUP, "turnkv wg128 not run: the attention kernels are not built for sm_90a here")
-            pytest.skip("no wgmma kernels on this device")
-    if impl in ("turnkv", "turnkv 64-row", "turnkv wg128", "reference"):
-        variant = {"turnkv 64-row": "default", "turnkv wg128": "wg128"}.get(impl)
-        fns = [_ours.prefill(scale, qs[i], p.k_cache, p.v_cache, p.tables, p.lens, q_idx, q_pos, sm, variant)
-               for i, p in enumerate(probs)]
+    mean_keys = P + (C + 1) / 2        # keys a query row sees, on average (what the engine's runner passes)
+    if impl in ("turnkv", "turnkv x2", "turnkv 64-row", "reference"):
+        variant = {"turnkv 64-row": "default", "turnkv x2": "x2"}.get(impl)
+        fns = [_ours.prefill(scale, qs[i], p.k_cache, p.v_cache, p.tables, p.lens, q_idx, q_pos, sm, variant,
+                             mean_keys) for i, p in enumerate(probs)]
         check = flash_rule(fns[0]().float(), ref, low, f"{impl} C={C} P={P}")
         gqa = "native (paged)"
         if scale.gpu:  # the kernel it ran
             from optimized import ops
+            index = torch.device(dev).index or 0
             chosen = variant or ops.prefill_variant(
-                nseq * C, nq, nkv, D, torch.cuda.get_device_properties(dev).multi_processor_count)
+                nseq * C, nq, nkv, D, torch.cuda.get_device_properties(dev).multi_processor_count,
+                ws="ws" in ops.prefill_variants(D, index), mean_keys=mean_keys)
             gqa += f", {chosen}"
     else:
         backend = impl.split()[1]

@@ -63,19 +63,26 @@ PREFILL_VARIANTS: dict[int, dict[str, tuple[str, int, int, int]]] = {
     32: {"default": ("paged_prefill_d32", 64, 64, 1)},
     64: {"default": ("paged_prefill_d64", 64, 64, 1), "x2": ("paged_prefill_d64_x2", 64, 128, 2)},
     128: {"default": ("paged_prefill_d128", 64, 64, 1), "x2": ("paged_prefill_d128_x2", 64, 128, 2),
-          "wg64": ("paged_prefill_d128_wg64", 64, 64, 1), "wg128": ("paged_prefill_d128_wg128", 64, 128, 1)},
+          "wg64": ("paged_prefill_d128_wg64", 64, 64, 1), "wg128": ("paged_prefill_d128_wg128", 64, 128, 1),
+          "ws": ("paged_prefill_d128_ws", 64, 128, 1)},
 }
 #: the variants built from warpgroup MMAs (``wgmma``): launched only where ``kernels.target("attention")``
 #: is this target (a compute-capability-9.0 device, ``kernels.ARCH_TARGETS``)
-PREFILL_WGMMA: dict[str, str] = {"wg64": "sm_90a", "wg128": "sm_90a"}
+PREFILL_WGMMA: dict[str, str] = {"wg64": "sm_90a", "wg128": "sm_90a", "ws": "sm_90a"}
+#: the warp-specialised wgmma kernel (``ws``): a producer warpgroup for the copies beside the two consumer
+#: warpgroups of its 128 rows (384 threads), a ring of this many K/V tile slots (WS_STAGES in attention.cu)
+PREFILL_WS_STAGES: dict[str, int] = {"ws": 4}
 
 
 def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tiles_per_warp: int = 1,
-                       swizzled: bool = False) -> int:
+                       swizzled: bool = False, ring: int = 0) -> int:
     """Dynamic shared memory of a paged-prefill kernel: 2 stages of K and V tiles, plus the Q tile's
     own buffer when a warp holds two row tiles (with one, Q aliases a stage). ``swizzled`` (the wgmma
     kernels): 2 K and 3 or 4 V tiles without row padding, Q always in its own buffer, and 1024 bytes
-    of slack to start the tiles on a 1024-byte boundary (PrefillCfg in attention.cu)."""
+    of slack to start the tiles on a 1024-byte boundary (PrefillCfg in attention.cu). ``ring`` > 0 (the
+    warp-specialised kernel, swizzled): that many slots of a K and a V tile each instead."""
+    if swizzled and ring > 0:
+        return (2 * ring * block_n * head_dim + block_m * (head_dim + 8)) * 2 + 1024
     if swizzled:  # a ring of 2 K tiles and one of V tiles: 4 with two warpgroups (BM = 128), else 3
         v_slots = 4 if block_m == 128 else 3
         return ((2 + v_slots) * block_n * head_dim + block_m * (head_dim + 8)) * 2 + 1024
@@ -576,7 +583,8 @@ def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, q_seq_idx: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None,
                   *, out: torch.Tensor | None = None, variant: str | None = None,
-                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  mean_keys: float | None = None) -> torch.Tensor:
     """Causal attention by absolute position over each sequence's pages (twin: ``reference.attention.paged_prefill``).
 
     ``q [T, n_q, D]`` bf16 (token-row stride allowed); caches bf16 ``[N, bs, n_kv, D]``;
@@ -586,7 +594,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     contiguous in ``T`` (one chunk per sequence, padding anywhere): the kernel stays correct
     otherwise but a CTA then makes one pass over the KV per sequence it holds.
     ``rope=(cos, sin)`` (fp32 ``[max_pos, D/2]``): the caches hold pre-RoPE keys, rotated in the
-    kernel at their absolute positions (fused RoPE). Returns bf16 ``[T, n_q, D]``.
+    kernel at their absolute positions (fused RoPE). ``mean_keys``: the mean count of keys a query row
+    sees, where the caller knows it on the host (the runner does); only ``prefill_variant``'s choice of
+    kernel reads it, never the result. Returns bf16 ``[T, n_q, D]``.
     """
     T, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
@@ -604,7 +614,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out
     _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
     if variant is None:
-        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(_device_index(q)))
+        dev = _device_index(q)
+        variant = prefill_variant(T, n_q, n_kv, D, _num_sms(dev), ws="ws" in prefill_variants(D, dev),
+                                  mean_keys=mean_keys)
     _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
     wgmma = variant in PREFILL_WGMMA
     if wgmma:
@@ -612,36 +624,51 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               f"prefill variant {variant!r} needs the attention kernels built for {PREFILL_WGMMA[variant]} "
               f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
     kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
+    ring = PREFILL_WS_STAGES.get(variant, 0)
     tt = block_m // G
     tiles = -(-T // tt)
-    if wgmma:                      # a KV head's tiles together (attention.cu: the CTAs' order)
+    if wgmma and not ring:         # a KV head's tiles together (attention.cu: the CTAs' order)
         grid = (tiles, n_kv, 1)
     else:                          # every KV head of the heaviest tile first
         _need(tiles <= 65535, f"{T} query tokens make {tiles} tiles of {tt}: more than the grid's 65535; "
                               f"prefill them in chunks")
         grid = (n_kv, tiles, 1)
-    smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=wgmma)
-    _launch(q, "attention", kname, grid, (2 * block_m // mt, 1, 1),
+    smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=wgmma, ring=ring)
+    threads = 3 * block_m if ring else 2 * block_m // mt   # ws: a producer warpgroup + one consumer per 64 rows
+    _launch(q, "attention", kname, grid, (threads, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(q_seq_idx),
              _p(q_pos), _p(out), _i(T), _i(B), _i(n_q), _i(n_kv), _i(bs), _f(_scale(scale, D)),
              cos_p, sin_p, max_pos), smem)
     return out
 
 
-def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int) -> str:
-    """The paged-prefill kernel ``paged_prefill(variant=None)`` launches: the two-tiles-per-warp
-    kernel (``x2``: 128 query rows per CTA, each K/V fragment read from shared memory once for 32
-    rows) when its grid still gives every multiprocessor its two resident CTAs, the 64-row kernel
-    otherwise (short prefills keep more, smaller CTAs in flight). Never the wgmma kernels: on the
-    H200 they give the same bits and, since the mma.sync kernels take the heaviest tiles first, no
-    more speed (docs/performance.md, "Warpgroup MMAs"); a caller may name them. Measured on the H200
-    in docs/performance.md (paged prefill section)."""
+#: ``prefill_variant`` takes the warp-specialised kernel only where a query row sees at least this many keys on
+#: average (when the caller says): on short fresh chunks its one CTA a multiprocessor loses to x2's two (H200:
+#: 32 sequences x 256 new tokens over no prefix, 128.5 keys a row: ws 0.88x x2; 8 x 1024 over none, 512.5
+#: keys: 1.08x; docs/performance.md, "Warp specialisation")
+WS_MIN_MEAN_KEYS = 256
+
+
+def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int, ws: bool = False,
+                    mean_keys: float | None = None) -> str:
+    """The paged-prefill kernel ``paged_prefill(variant=None)`` launches. Where the two-tiles-per-warp
+    kernel's grid (``x2``: 128 query rows per CTA) still gives every multiprocessor its two resident
+    CTAs: the warp-specialised wgmma kernel (``ws``) where the device's build has it (``ws=True``: a
+    compute-capability-9.0 GPU) unless the caller's ``mean_keys`` is below ``WS_MIN_MEAN_KEYS``, else
+    x2. Smaller grids get the 64-row kernel (short prefills keep more, smaller CTAs in flight). Every
+    choice gives the same bits (``PREFILL_VARIANTS``). Never ``wg64`` / ``wg128``: they gave no speed
+    over the mma.sync kernels; a caller may name them. Measured on the H200 in docs/performance.md
+    (paged prefill section)."""
     if "x2" not in PREFILL_VARIANTS.get(D, {}):
         return "default"
     block_m = PREFILL_VARIANTS[D]["x2"][2]
     G = max(1, n_q // max(1, n_kv))
     ctas = -(-T // max(1, block_m // G)) * n_kv
-    return "x2" if ctas >= 2 * num_sms else "default"
+    if ctas < 2 * num_sms:
+        return "default"
+    if ws and "ws" in PREFILL_VARIANTS[D] and (mean_keys is None or mean_keys >= WS_MIN_MEAN_KEYS):
+        return "ws"
+    return "x2"
 
 
 def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size: int) -> int:

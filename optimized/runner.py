@@ -211,6 +211,7 @@ class CudaRunner:
         self.graphs: dict[tuple[int, int], dict] = {}
         self.pool = None
         self.invariant = ecfg.batch_invariant
+        self._prefill_mean_keys: float | None = None   # set by _prefill for its forward (kernel choice only)
         self.rope = (self.cos, self.sin) if ecfg.rope_in_attention else None   # fused RoPE tables
         self.host: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}   # swapped-out KV (pinned)
         self.record_logits = False
@@ -403,7 +404,7 @@ class CudaRunner:
         and takes the split-KV path like a decode step."""
         if qidx is not None and not self.invariant:
             return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale,
-                                     rope=self.rope)
+                                     rope=self.rope, mean_keys=self._prefill_mean_keys)
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
                                    max_splits=max_splits, row_seq=qidx, rope=self.rope)
 
@@ -631,8 +632,15 @@ class CudaRunner:
             qidx = np.where(live, q_seq_idx, 0).astype(np.int32)                          # [T] table rows
             split = self.decode_split(self.max_model_len, 1)[0] or self.max_model_len     # a decode graph's split
             max_splits = max(1, -(-int(lens.max(initial=1)) // split))
-        return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
-                            up(tables, torch.int32), up(lens, torch.int32), up(qidx, torch.int32), split, max_splits)
+        live = positions >= 0
+        # the mean count of keys a query row sees (position + 1), for the choice of prefill kernel only
+        self._prefill_mean_keys = float((positions[live] + 1).mean()) if live.any() else 0.0
+        try:
+            return self.forward(up(ids, torch.int32), up(positions, torch.int32), up(slots, torch.int32),
+                                up(tables, torch.int32), up(lens, torch.int32), up(qidx, torch.int32), split,
+                                max_splits)
+        finally:
+            self._prefill_mean_keys = None
 
     def _launch_decode(self, batch: StepBatch, ids_from: dict | None = None) -> dict:
         """Upload the step's metadata, replay its graph and queue the copy of its tokens to the host;

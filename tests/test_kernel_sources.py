@@ -104,10 +104,20 @@ def test_prefill_variants_match_their_instantiations():
     # the wgmma kernels: head dim 128, 64 keys a tile, one 16-row tile per warp (TK_PREFILL_WG's body)
     assert "paged_prefill_impl<128, 64, BMV, 1, true>(" in src
     inst |= {m[0]: (128, 64, int(m[1]), 1) for m in re.findall(r"^TK_PREFILL_WG\((\w+), (\d+), \d+\)", src, re.M)}
+    # the warp-specialised kernel: the same tiles, 128 rows (two consumer warpgroups of 64)
+    assert "paged_prefill_ws_impl<128, 64>(" in src and "BM = 128, NS = WS_STAGES" in src
+    inst["paged_prefill_d128_ws"] = (128, 64, 128, 1)
     for D, variants in ops.PREFILL_VARIANTS.items():
         for name, bn, bm, mt in variants.values():
             assert inst[name] == (D, bn, bm, mt), name
-    assert set(ops.PREFILL_WGMMA) == {v for v, (name, *_) in ops.PREFILL_VARIANTS[128].items() if "_wg" in name}
+    assert set(ops.PREFILL_WGMMA) == {v for v, (name, *_) in ops.PREFILL_VARIANTS[128].items()
+                                      if "_wg" in name or "_ws" in name}
+    # the ring of the warp-specialised kernel is attention.cu's WS_STAGES, and its shared memory fits one CTA
+    assert set(ops.PREFILL_WS_STAGES) <= set(ops.PREFILL_WGMMA)
+    assert f"WS_STAGES = {ops.PREFILL_WS_STAGES['ws']}," in src
+    assert ops.prefill_smem_bytes(128, 64, 128, 1, swizzled=True, ring=4) == 166912
+    assert "166912" in src
+    assert 166912 + 6720 + 1024 <= 228 * 1024
     assert ops.prefill_smem_bytes(128, 64, 64, 1) == 69632      # Q aliased onto a stage
     assert ops.prefill_smem_bytes(128, 64, 128, 2) == 104448    # Q in its own buffer
     # wgmma: (2 K + 3 or 4 V tiles) x 16 KB + Q's padded rows + 1 KB of alignment slack, as PrefillCfg says
@@ -131,10 +141,19 @@ def test_prefill_variant_choice():
 
 
 def test_prefill_variant_never_picks_the_wgmma_kernels():
-    """They are a caller's choice (``variant=``): the H200 gave them no speed over the mma.sync kernels."""
+    """wg64 and wg128 are a caller's choice (``variant=``): the H200 gave them no speed over the mma.sync
+    kernels. The warp-specialised ``ws`` takes x2's place on x2's grids where the build has it, unless the
+    caller's mean keys a row sees is below ``WS_MIN_MEAN_KEYS`` (short fresh chunks)."""
     sms = 132
     for T in (64, 256, 8192, 65536):
         assert ops.prefill_variant(T, 32, 8, 128, sms) not in ops.PREFILL_WGMMA
+        for keys in (None, 1.0, 300.0, 1e5):
+            choice = ops.prefill_variant(T, 32, 8, 128, sms, ws=True, mean_keys=keys)
+            assert choice not in ("wg64", "wg128")
+            x2 = ops.prefill_variant(T, 32, 8, 128, sms)
+            short = keys is not None and keys < ops.WS_MIN_MEAN_KEYS
+            assert choice == ("ws" if x2 == "x2" and not short else x2), (T, keys, choice)
+    assert ops.prefill_variant(8192, 16, 8, 64, sms, ws=True) == "x2"   # no ws kernel at head dim 64
 
 
 def test_arch_specific_build_targets(monkeypatch):

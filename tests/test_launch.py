@@ -690,7 +690,8 @@ def test_attention_rejects_a_cache_past_int32_chunk_offsets(launch_log, monkeypa
 def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log, monkeypatch):
     """``variant="wg128"`` (or ``wg64``) launches its kernel with 128 (64) rows a CTA, two (one) warpgroups
     and the swizzled tiles' shared memory where the attention module is built for sm_90a, and is a
-    ValueError elsewhere, before any launch; the engine's own choice is x2 on both builds."""
+    ValueError elsewhere, before any launch; the engine's own choice is x2 without that build and the
+    warp-specialised ``ws`` with it (x2 where the caller's ``mean_keys`` is below ``WS_MIN_MEAN_KEYS``)."""
     import torch
 
     from optimized import kernels, ops
@@ -708,20 +709,31 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
         monkeypatch.setattr(kernels, "target", lambda name, dev, t=target: t)
         launch_log.clear()
         if target is None:
-            for v in ("wg64", "wg128"):
+            for v in ("wg64", "wg128", "ws"):
                 with pytest.raises(ValueError, match="sm_90a"):
                     ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant=v)
             assert launch_log == [] and ops.prefill_variants(D, 0) == ["default", "x2"]
             ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos)
             assert launch_log[-1][1] == "paged_prefill_d128_x2"
             continue
-        assert ops.prefill_variants(D, 0) == ["default", "x2", "wg64", "wg128"]
+        assert ops.prefill_variants(D, 0) == ["default", "x2", "wg64", "wg128", "ws"]
         for v, rows in (("wg64", 64), ("wg128", 128)):
             ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant=v)
             module, name, grid, block, *_ = launch_log[-1]
             assert (module, name) == ("attention", f"paged_prefill_d128_{v}")
             assert grid == (T // (rows // 4), n_kv, 1) and block == (2 * rows, 1, 1)
+        # the warp-specialised kernel: 384 threads (producer + two consumer warpgroups), the ring's shared
+        # memory, every KV head of the heaviest tile first like the mma.sync kernels
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant="ws")
+        module, name, grid, block, *rest = launch_log[-1]
+        assert (module, name) == ("attention", "paged_prefill_d128_ws")
+        assert grid == (n_kv, T // (128 // 4), 1) and block == (384, 1, 1)
+        # the engine's choice on this build: ws, unless the caller's mean keys a row sees is short
         ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos)
+        assert launch_log[-1][1] == "paged_prefill_d128_ws"
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=ops.WS_MIN_MEAN_KEYS)
+        assert launch_log[-1][1] == "paged_prefill_d128_ws"
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, mean_keys=ops.WS_MIN_MEAN_KEYS - 1)
         assert launch_log[-1][1] == "paged_prefill_d128_x2"
         # the mma.sync kernels take every KV head of the heaviest tile first: grid (n_kv, tiles)
         assert launch_log[-1][2] == (n_kv, T // (128 // 4), 1) and launch_log[-1][3] == (128, 1, 1)

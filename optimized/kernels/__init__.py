@@ -34,6 +34,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "attention": (
         "paged_prefill_d16", "paged_prefill_d32", "paged_prefill_d64", "paged_prefill_d128",
         "paged_prefill_d64_x2", "paged_prefill_d128_x2", "paged_prefill_d128_wg64", "paged_prefill_d128_wg128",
+        "paged_prefill_d128_ws",
         "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
         "split_kv_qk_partials_d16", "split_kv_qk_partials_d32", "split_kv_qk_partials_d64",
         "split_kv_qk_partials_d128",

@@ -48,6 +48,8 @@
 
 #include "mma.cuh"
 
+#include "mbarrier.cuh"
+
 #include "qk_norm.cuh"
 
 // Phase stamps of split_kv_partials (benches/gpu/trace_decode.py compiles this file with
@@ -573,6 +575,81 @@ struct RowStep {
   }
 };
 
+// The Q tile of a prefill CTA -> sQ [BM][D + 8] by cp.async, THREADS threads (this one: tid). Row r is
+// token t0 + r / G, query head kvh * G + r % G; rows of padding, of a token past T or of no valid sequence
+// (s_pos < 0) are zero-filled. The caller commits the group.
+template <int D, int BM, int THREADS>
+__device__ __forceinline__ void load_q_tile(__nv_bfloat16* sQ, const __nv_bfloat16* __restrict__ q, int q_stride,
+                                            const int* s_pos, int t0, int kvh, int G, int tid) {
+  constexpr int LD = D + 8, CH = D / 8;
+  // thread: chunk c of rows r0, r0 + QS, ...; each row's (token, head) = (r / G, r % G) stepped, not divided
+  constexpr int QS = THREADS / CH;
+  static_assert(THREADS % CH == 0 && BM % QS == 0, "whole rows per sweep, whole sweeps per tile");
+  const int c = tid % CH, r0 = tid / CH;
+  RowStep rg(r0, QS, G);
+  // element offset of (token t0 + tt, head kvh * G + g, chunk c) in q, stepped with (tt, g)
+  long long off = (long long)(t0 + rg.tt) * q_stride + (kvh * G + rg.g) * D + c * 8;
+  const long long step = (long long)rg.dq * q_stride + rg.dr * D, wrap = (long long)q_stride - G * D;
+  u32 dst = smem_u32(sQ + r0 * LD + c * 8);
+#pragma unroll 4
+  for (int r = r0; r < BM; r += QS, dst += QS * LD * 2) {
+    const bool ok = s_pos[rg.tt] >= 0;  // (-1 for every token index >= TT: r < rows_used is implied)
+    cp_async16_or_zero(dst, q + (ok ? off : 0), !ok);
+    off += step;
+    if (rg.next()) off += wrap;
+  }
+}
+
+// A prefill warp's epilogue: normalise its 16 * MT rows of O by their running sums (this thread's slots
+// of s_l), stage them (bf16) in its own rows of sQ, then 16-byte stores to out [T, n_q, D]. Only this warp
+// reads and writes those rows of sQ; the caller makes sure nothing else still reads them.
+template <int D, int MT, int THREADS>
+__device__ __forceinline__ void store_out_rows(const float (&o)[MT][D / 8][4], const float (&s_l)[MT][2][THREADS],
+                                               __nv_bfloat16* sQ, __nv_bfloat16* __restrict__ out, int tid, int row0,
+                                               int lane, int rows_used, int t0, int T, int n_q, int kvh, int G) {
+  constexpr int LD = D + 8, CH = D / 8;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = s_l[mt][h][tid];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 16 * mt + (lane >> 2) + 8 * h;
+        const int col = nt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<u32*>(sQ + r * LD + col) =
+            pack_bf16(o[mt][nt][2 * h] * inv[h], o[mt][nt][2 * h + 1] * inv[h]);
+      }
+    }
+  }
+  __syncwarp();
+  {
+    // lane: chunk c of rows r1, r1 + OS, ... of this warp's 16 * MT rows, (token, head) stepped as above
+    constexpr int OS = 32 / CH;
+    static_assert(32 % CH == 0 && (16 * MT) % OS == 0, "whole rows per warp sweep");
+    const int c = lane % CH, r1 = row0 + lane / CH;
+    RowStep rg(r1, OS, G);
+    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in out, stepped with (tt, g)
+    long long off = ((long long)(t0 + rg.tt) * n_q + kvh * G + rg.g) * D + c * 8;
+    const long long step = ((long long)rg.dq * n_q + rg.dr) * D, wrap = (long long)(n_q - G) * D;
+#pragma unroll 4
+    for (int r = r1; r < row0 + 16 * MT; r += OS) {
+      if (r < rows_used && t0 + rg.tt < T)
+        *reinterpret_cast<uint4*>(out + off) = *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8);
+      off += step;
+      if (rg.next()) off += wrap;
+    }
+  }
+}
+
+
 template <int D, int BN_, int BM_, int MT_, bool WG_ = false>
 struct PrefillCfg {
   // MT = 1: one warp per 16 query rows (BM = 64: 4 warps), Q fragments held in registers; the Q tile
@@ -618,7 +695,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
                                                    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                                    int max_pos) {
   typedef PrefillCfg<D, BN_, BM_, MT_, WG_> C;
-  constexpr int BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
+  constexpr int BM = C::BM, BN = C::BN, MT = C::MT, THREADS = C::THREADS;
   constexpr int STAGE = 2 * BN * C::KLD;  // one stage: K [BN][KLD] then V [BN][KLD]
   constexpr int TILE = BN * C::KLD;       // WG: a K ring of 2 tiles, then a V ring of 3
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -665,24 +742,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   // zero-filled: such rows are in no pass and write zeros), a commit group of its own. With its own
   // buffer (MT = 2) nothing waits for it here: it lands with the first K/V tile, whose copies the first
   // pass issues right away, so the two loads' latencies overlap.
-  {
-    // thread: chunk c of rows r0, r0 + QS, ...; each row's (token, head) = (r / G, r % G) stepped, not divided
-    constexpr int QS = THREADS / CH;
-    static_assert(THREADS % CH == 0 && BM % QS == 0, "whole rows per sweep, whole sweeps per tile");
-    const int c = tid % CH, r0 = tid / CH;
-    RowStep rg(r0, QS, G);
-    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in q, stepped with (tt, g)
-    long long off = (long long)(t0 + rg.tt) * q_stride + (kvh * G + rg.g) * D + c * 8;
-    const long long step = (long long)rg.dq * q_stride + rg.dr * D, wrap = (long long)q_stride - G * D;
-    u32 dst = smem_u32(sQ + r0 * LD + c * 8);
-#pragma unroll 4
-    for (int r = r0; r < BM; r += QS, dst += QS * LD * 2) {
-      const bool ok = s_pos[rg.tt] >= 0;  // (-1 for every token index >= TT: r < rows_used is implied)
-      cp_async16_or_zero(dst, q + (ok ? off : 0), !ok);
-      off += step;
-      if (rg.next()) off += wrap;
-    }
-  }
+  load_q_tile<D, BM, THREADS>(sQ, q, q_stride, s_pos, t0, kvh, G, tid);
   cp_async_commit();
 
   u32 qf[C::Q_REGS ? D / 16 : 1][4];  // MT = 1: the Q fragments, in registers for the whole kernel
@@ -933,46 +993,227 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
     cp_async_wait<0>();
     __syncthreads();
   }
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    float inv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = s_l[mt][h][tid];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      inv[h] = l > 0.f ? 1.f / l : 0.f;
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 16 * mt + (lane >> 2) + 8 * h;
-        const int col = nt * 8 + 2 * (lane & 3);
-        *reinterpret_cast<u32*>(sQ + r * LD + col) =
-            pack_bf16(o[mt][nt][2 * h] * inv[h], o[mt][nt][2 * h + 1] * inv[h]);
-      }
-    }
-  }
-  __syncwarp();
-  {
-    // lane: chunk c of rows r1, r1 + OS, ... of this warp's 16 * MT rows, (token, head) stepped as above
-    constexpr int OS = 32 / CH;
-    static_assert(32 % CH == 0 && (16 * MT) % OS == 0, "whole rows per warp sweep");
-    const int c = lane % CH, r1 = row0 + lane / CH;
-    RowStep rg(r1, OS, G);
-    // element offset of (token t0 + tt, head kvh * G + g, chunk c) in out, stepped with (tt, g)
-    long long off = ((long long)(t0 + rg.tt) * n_q + kvh * G + rg.g) * D + c * 8;
-    const long long step = ((long long)rg.dq * n_q + rg.dr) * D, wrap = (long long)(n_q - G) * D;
-#pragma unroll 4
-    for (int r = r1; r < row0 + 16 * MT; r += OS) {
-      if (r < rows_used && t0 + rg.tt < T)
-        *reinterpret_cast<uint4*>(out + off) = *reinterpret_cast<const uint4*>(sQ + r * LD + c * 8);
-      off += step;
-      if (rg.next()) off += wrap;
-    }
-  }
+  store_out_rows<D, MT, THREADS>(o, s_l, sQ, out, tid, row0, lane, rows_used, t0, T, n_q, kvh, G);
 }
+
+#ifdef TK_WGMMA
+// ------------------------------------------------------------------------------------------------
+// paged_prefill_d128_ws: the wgmma prefill with warp specialisation (flash-attention-3's structure)
+//
+// The same math, tiles and bits as paged_prefill_d128_wg128 (128 query rows a CTA, 64-key tiles in the
+// 128-byte-swizzled layout, every row's products chained in the same order), with the copies and the
+// MMAs in different warps. Three warpgroups, one CTA a multiprocessor:
+//   warpgroup 0, the producer (setmaxnreg down to WS_PRODUCER_REGS): looks the pages up, issues each
+//     tile's K and V copies (cp.async) into a ring of WS_STAGES slots, and marks a slot full on its
+//     mbarrier once its copies have landed (each producer thread: wait for its copies, proxy fence,
+//     arrive; with fused RoPE it rotates the K tile first). It waits on a slot's "empty" barrier
+//     before refilling it.
+//   warpgroups 1 and 2, the consumers (setmaxnreg up to WS_CONSUMER_REGS): 64 query rows each, the
+//     wg64 kernel's loop (S of tile j issued, then P V of tile j - 1 behind it, tile j's softmax while
+//     P V runs) with an mbarrier wait where that kernel had a CTA barrier; when P V of tile j - 1 has
+//     landed each consumer warp arrives on its slot's "empty" barrier.
+// No CTA barrier sits in the key loop, so the two consumer warpgroups drift apart and one's softmax
+// overlaps the other's MMAs, and the copies never wait for the slowest warp.
+// Both roles walk the same passes (one per sequence of the tile) and number the tiles of all passes
+// consecutively: tile n lives in slot n % WS_STAGES, phase (n / WS_STAGES) & 1.
+// Without fused RoPE a producer thread marks tile n full after issuing tile n + 1 (wait_group 1), so
+// its copies stay in flight while it waits; a slot is refilled only after both consumers finished
+// P V of the tile WS_STAGES before, which needs WS_STAGES >= 3 to never wait on a mark not yet made.
+// Dynamic shared memory: WS_STAGES slots of a K and a V tile (BN x D bf16, swizzled) + Q [BM][D + 8] + 1024
+// bytes of alignment slack = 166912 bytes at 4 slots (ops.prefill_smem_bytes(..., ring=4)); one CTA a
+// multiprocessor, 384 threads at 168 registers at entry: 56 (producer) + 2 x 224 (consumers) = 3 x 168.
+// ------------------------------------------------------------------------------------------------
+constexpr int WS_STAGES = 4, WS_PRODUCER_REGS = 56, WS_CONSUMER_REGS = 224;
+static_assert(WS_STAGES >= 3, "a slot's refill must not wait on a full mark the producer has not made");
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The next sequence (index > last) present in the CTA's token table, and the keys its pass needs: [0, L).
+// b = 0x7fffffff when none is left. Every thread scans the same shared memory: uniform.
+__device__ __forceinline__ void next_prefill_pass(const int* s_seq, const int* s_pos, int TT, int last,
+                                                  const int* __restrict__ seq_lens, int& b, int& L, int& slen) {
+  b = 0x7fffffff;
+  for (int tt = 0; tt < TT; ++tt) {
+    const int sq = s_seq[tt];
+    if (sq > last && sq < b) b = sq;
+  }
+  if (b == 0x7fffffff) return;
+  int maxpos = -1;
+  for (int tt = 0; tt < TT; ++tt)
+    if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
+  slen = seq_lens[b];
+  L = min(maxpos + 1, slen);
+}
+
+template <int D, int BN>
+__device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
+                                                      const __nv_bfloat16* __restrict__ k_cache,
+                                                      const __nv_bfloat16* __restrict__ v_cache,
+                                                      const int* __restrict__ block_tables, int max_blocks,
+                                                      const int* __restrict__ seq_lens,
+                                                      const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,
+                                                      __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv,
+                                                      int block_size, float scale, const float* __restrict__ cos_t,
+                                                      const float* __restrict__ sin_t, int max_pos) {
+  static_assert(D == 128 && BN == 64, "the wgmma tiles' shapes");
+  constexpr int BM = 128, NS = WS_STAGES, TILE = BN * D, CONSUMERS = 2 * BM;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // the tiles on a 1024-byte boundary (their swizzle's period; the host adds the slack):
+  // K slots [NS][BN][D], V slots [NS][BN][D], Q [BM][D + 8]
+  unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_base);
+  __nv_bfloat16* sQ = sK + 2 * NS * TILE;
+  const u32 sK_u = smem_u32(sK), sV_u = sK_u + NS * TILE * 2, sQ_u = smem_u32(sQ);
+  __shared__ int s_seq[BM];
+  __shared__ int s_pos[BM];
+  __shared__ int s_lim[BM];
+  __shared__ int s_off[NS][BN];                         // the producer's row-offset table of each slot
+  __shared__ __align__(8) unsigned long long s_bar[2 * NS];  // full[NS], then empty[NS]
+  __shared__ float s_m[1][2][CONSUMERS];
+  __shared__ float s_l[1][2][CONSUMERS];
+
+  const int tid = threadIdx.x;
+  const int G = n_q / n_kv;
+  const int TT = BM / G;
+  const int rows_used = TT * G;
+  const int tile = gridDim.y - 1 - blockIdx.y, kvh = blockIdx.x;  // every KV head of the heaviest tile first
+  const int t0 = tile * TT;
+  const int bs_log2 = block_shift(block_size);
+  const u32 full0 = smem_u32(&s_bar[0]), empty0 = smem_u32(&s_bar[NS]);  // slot s: + 8 s
+
+  if (tid < BM) {
+    int sq = -1, ps = -1;
+    if (tid < TT && t0 + tid < T) {
+      ps = q_pos[t0 + tid];
+      sq = q_seq_idx[t0 + tid];
+      if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
+    }
+    s_seq[tid] = sq;
+    s_pos[tid] = ps;
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < NS; ++st) {
+      mbar_init(full0 + 8 * st, 128);  // every producer thread
+      mbar_init(empty0 + 8 * st, 8);   // lane 0 of every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the token table and the barriers; the last CTA-wide barrier
+
+  // the warpgroup's index from lane 0 of the warp: ptxas then knows the role branch is warp-uniform (a
+  // branch on tid alone made it serialise the consumers' wgmma, its advice C7518)
+  const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  if (role == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
+    int n = 0, last = -1;
+    while (true) {
+      int b, L = 0, slen = 0;
+      next_prefill_pass(s_seq, s_pos, TT, last, seq_lens, b, L, slen);
+      if (b == 0x7fffffff) break;
+      const int* bt = block_tables + (long long)b * max_blocks;
+      const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+      for (int j = 0; j < ntiles; ++j, ++n) {
+        const int st = n % NS;
+        const int off = tid < BN ? row_offset(bt, j * BN + tid, L, n_kv, D, block_size, bs_log2) : 0;
+        mbar_wait_uniform(empty0 + 8 * st, ((n / NS) & 1) ^ 1);  // both consumers are done with tile n - NS
+        if (tid < BN) s_off[st][tid] = off;
+        named_bar_sync(1, 128);  // the table (and, once, every producer thread past the wait)
+        load_kv_tile_sw<D, BN, 128>(sK_u + st * TILE * 2, sV_u + st * TILE * 2, k_cache, v_cache, s_off[st], kvh, tid);
+        cp_async_commit();
+        if (cos_t != nullptr) {  // fused RoPE (uniform branch): rotate the landed K tile, then mark it
+          cp_async_wait<0>();
+          named_bar_sync(1, 128);
+          rotate_k_tile<D, BN, 128, true>(sK + st * TILE, j * BN, L, cos_t, sin_t, max_pos, tid);
+          fence_proxy_async_smem();
+          mbar_arrive(full0 + 8 * st);
+        } else if (j > 0) {  // tile n - 1 has landed (this thread's copies): mark it
+          cp_async_wait<1>();
+          fence_proxy_async_smem();
+          mbar_arrive(full0 + 8 * ((n - 1) % NS));
+        }
+      }
+      if (cos_t == nullptr && ntiles > 0) {  // the pass's last tile
+        cp_async_wait<0>();
+        fence_proxy_async_smem();
+        mbar_arrive(full0 + 8 * ((n - 1) % NS));
+      }
+      last = b;
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroups 1 and 2, 64 query rows each ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
+  const int ctid = tid - 128, lane = tid & 31, wg = role - 1;
+  const int row0 = (ctid >> 5) * 16;  // this warp's first query row
+  load_q_tile<D, BM, CONSUMERS>(sQ, q, q_stride, s_pos, t0, kvh, G, ctid);
+  cp_async_commit();
+  float o[1][D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[0][nt][0] = o[0][nt][1] = o[0][nt][2] = o[0][nt][3] = 0.f;
+  s_m[0][0][ctid] = s_m[0][1][ctid] = neg_inf();
+  s_l[0][0][ctid] = s_l[0][1][ctid] = 0.f;
+  const float sl2 = scale * kLog2e;
+  cp_async_wait<0>();
+  named_bar_sync(2, CONSUMERS);  // the Q tile has landed
+  u32 qf[D / 16][4];
+  load_q_frags<D>(qf, sQ_u, row0, lane);
+
+  u32 pa[BN / 16][4];  // P of the tile before, as A fragments: its P V may be in flight
+  int n = 0, last = -1;
+  while (true) {
+    int b, L = 0, slen = 0;
+    next_prefill_pass(s_seq, s_pos, TT, last, seq_lens, b, L, slen);
+    if (b == 0x7fffffff) break;
+    // this warpgroup's 64 rows' last visible keys (after the previous pass's last read of them)
+    named_bar_sync(3 + wg, 128);
+    if ((ctid & 127) < 64) {
+      const int r = wg * 64 + (ctid & 127);
+      int lm = -1;
+      if (r < rows_used) {
+        const int tt = r / G;
+        if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
+      }
+      s_lim[r] = lm;
+    }
+    named_bar_sync(3 + wg, 128);
+    const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+    for (int j = 0; j < ntiles; ++j, ++n) {
+      const int st = n % NS, prev = (n + NS - 1) % NS;
+      mbar_wait_uniform(full0 + 8 * st, (n / NS) & 1);  // tile n has landed (and, with fused RoPE, is rotated)
+      float s[1][BN / 8][4];
+      tile_scores_wg<D, BN>(qf, sK_u + st * TILE * 2, s[0]);
+      if (j > 0) {
+        tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);  // tile n - 1's P V, behind S
+        wg_wait<1>();                                          // S has landed
+      } else {
+        wg_wait<0>();
+      }
+      wg_fence_regs(s[0]);
+      float alphas[1][2];
+      softmax_tile_deferred<D, BN, CONSUMERS>(s, j * BN, s_lim, s_m, s_l, row0, lane, ctid, sl2, o, alphas);
+      wg_wait<0>();  // tile n - 1's P V has landed in O: its slot is free
+      wg_fence_regs(o[0]);
+      mbar_arrive_if(empty0 + 8 * prev, j > 0 && lane == 0);
+      rescale_o<D, 1>(alphas, o);
+      pack_p<BN>(s[0], pa);
+    }
+    if (ntiles > 0) {  // the pass's last tile's P V
+      const int prev = (n + NS - 1) % NS;
+      tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);
+      wg_wait<0>();
+      wg_fence_regs(o[0]);
+      mbar_arrive_if(empty0 + 8 * prev, lane == 0);
+    }
+    last = b;
+  }
+  store_out_rows<D, 1, CONSUMERS>(o, s_l, sQ, out, ctid, row0, lane, rows_used, t0, T, n_q, kvh, G);
+}
+#endif  // TK_WGMMA
 
 // ------------------------------------------------------------------------------------------------
 // split_kv_partials
@@ -1736,6 +1977,24 @@ TK_PREFILL(paged_prefill_d128_x2, 128, 64, 128, 2, 2)
   }
 TK_PREFILL_WG(paged_prefill_d128_wg64, 64, 2)
 TK_PREFILL_WG(paged_prefill_d128_wg128, 128, 1)
+// The warp-specialised wgmma kernel: 384 threads (a producer warpgroup and two consumers), one CTA a
+// multiprocessor; ops.PREFILL_VARIANTS lists it as "ws".
+#ifdef TK_WGMMA
+#define TK_PREFILL_WS_BODY                                                                                      \
+  paged_prefill_ws_impl<128, 64>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, q_seq_idx,  \
+                                 q_pos, out, T, B, n_q, n_kv, block_size, scale, cos_t, sin_t, max_pos);
+#else
+#define TK_PREFILL_WS_BODY __trap();  // not an sm_90a build: ops never launches it
+#endif
+extern "C" __global__ void __launch_bounds__(384, 1) paged_prefill_d128_ws(
+    const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ seq_lens, const int* __restrict__ q_seq_idx, const int* __restrict__ q_pos,
+    __nv_bfloat16* __restrict__ out, int T, int B, int n_q, int n_kv, int block_size, float scale,
+    const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos) {
+  pdl_entry();
+  TK_PREFILL_WS_BODY
+}
 
 // head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
 // otherwise chose at ~70 registers)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Twenty-fourth session's device calls: the warp-specialised wgmma prefill (paged_prefill_d128_ws, variant "ws";
+# docs/performance.md, "Warp specialisation"; run from the repository root):
+#   bash benches/gpu/h200_ws_round.sh MODE
+#   first:  one small ws launch against x2 under a 60 s guard (a hang of the new barriers stops the call there),
+#           check_kernels.py --only prefill fused_rope (every variant, bits equal within a tile size; stops on a
+#           failure), then probe_ws.py over the prefill lab's twelve problems (x2, wg128, ws and SDPA flash in one
+#           process)
+#   TAG: the files' suffix (default _MODE)
+source benches/gpu/_env.sh
+mode=${1:-first}
+tag=${TAG:-_$mode}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = first ]; then
+  timeout 60 python3 - > "$OUT/ws_sanity$tag.log" 2>&1 <<'PY'
+import sys
+sys.path.insert(0, 'benches')
+import torch
+from _attn import paged_problem
+from optimized import ops
+gen = torch.Generator(device="cuda").manual_seed(1)
+for nseq, C, P in ((2, 64, 0), (3, 100, 300), (4, 256, 1024)):
+    p = paged_problem(nseq, P + C, 8, 128, 16, torch.bfloat16, "cuda", gen)
+    q = torch.randn(nseq * C, 32, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    pos = torch.arange(P, P + C, device="cuda", dtype=torch.int32).repeat(nseq)
+    idx = torch.arange(nseq, device="cuda", dtype=torch.int32).repeat_interleave(C)
+    a = ops.paged_prefill(q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant="x2")
+    b = ops.paged_prefill(q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant="ws")
+    torch.cuda.synchronize()
+    print(nseq, C, P, "bitwise" if torch.equal(a, b) else f"DIFFER max {(a.float() - b.float()).abs().max().item():.3e}")
+PY
+  rc=$?; echo "ws sanity rc=$rc"; cat "$OUT/ws_sanity$tag.log" | tail -8
+  [ $rc -ne 0 ] && exit 1
+  checks 300 check_kernels_ws$tag.log prefill fused_rope
+  grep -q "FAIL" "$OUT/check_kernels_ws$tag.log" && exit 1
+  timeout 240 python3 benches/gpu/probe_ws.py > "$OUT/probe_ws$tag.log" 2>&1
+  echo "probe_ws rc=$?"; cat "$OUT/probe_ws$tag.log"
+fi
+if [ "$mode" = engine ]; then
+  # the rule's threshold (mean keys a row sees: 128.5 to 512.5) and small grids, the 64-row, x2 and ws kernels
+  timeout 170 python3 benches/gpu/probe_ws.py --variants default x2 ws --rounds 3 --problems 32,256,0 64,128,128 \
+    64,256,128 32,512,0 128,128,256 16,512,128 8,1024,0 2,512,1024 4,512,1024 8,256,1024 > "$OUT/probe_ws$tag.log" 2>&1
+  echo "probe_ws rc=$?"; cat "$OUT/probe_ws$tag.log"
+  smoke 100
+  conformance_both 280 conformance_gpu_qwen3-8b$tag.log 280
+fi
