@@ -17,7 +17,8 @@ the base file's ("base") through the same ``optimized.ops`` entry points, and
 * times both, alternated over ``--rounds`` rounds (``check_kernels``' timer: ``--reps`` calls in one
   CUDA graph after a warm-up), and prints each side's best round and the ratio.
 
-Paged prefill: (sequences x chunk over cached prefix) as in ``probe_kernels.py``, each prefill variant.
+Paged prefill: (sequences x chunk over cached prefix) as in ``probe_kernels.py``, each prefill variant (or those
+``--variants`` names).
 Split-KV decode: (batch, context) at the engine's ``auto`` split, with ``fused`` as the engine picks it.
 Exits non-zero when any output differs, unless ``--bits-may-differ`` (a change of the arithmetic: each
 side's accuracy is then ``check_kernels.py``'s to show) makes it print the largest difference instead.
@@ -107,6 +108,8 @@ def main() -> int:
                     help="report differing outputs (their largest difference) without failing")
     ap.add_argument("--problems", nargs="*", type=int, default=None,
                     help="indices into the section's problem list (default: all)")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help="the prefill variants to compare (default: every one the device has)")
     a = ap.parse_args()
     if a.problems is not None:
         PREFILL[:] = [PREFILL[i] for i in a.problems if i < len(PREFILL)]
@@ -135,7 +138,7 @@ def main() -> int:
             pos = torch.arange(P, P + C, device="cuda", dtype=torch.int32).repeat(nseq)
             idx = torch.arange(nseq, device="cuda", dtype=torch.int32).repeat_interleave(C)
             tflop = 4.0 * D * N_Q * nseq * (C * P + C * (C + 1) / 2) / 1e12
-            for v in ops.prefill_variants(D, 0):
+            for v in a.variants or ops.prefill_variants(D, 0):
                 ok &= compare(f"paged_prefill[{v}] {nseq}x{C} over {P}", sides,
                               lambda v=v, p=p, q=q, idx=idx, pos=pos: ops.paged_prefill(
                                   q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=v),

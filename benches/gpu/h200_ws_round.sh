@@ -6,6 +6,12 @@
 #           check_kernels.py --only prefill fused_rope (every variant, bits equal within a tile size; stops on a
 #           failure), then probe_ws.py over the prefill lab's twelve problems (x2, wg128, ws and SDPA flash in one
 #           process)
+#   engine: (ws on by default) the consumers taking turns (-DTK_WS_PINGPONG) against free drift in one process
+#           (ab_attention.py, ws only), probe_ws.py on problems around the rule's threshold (WS_MIN_MEAN_KEYS) and on
+#           small grids (the 64-row, x2 and ws kernels), the engine smoke test
+#   checks: conformance at CI scale and the GPU-scale qwen3-8b clauses, then the prefill lab (benches/run_gpu.sh -k
+#           kernel_prefill)
+#   agentic: the agentic bench (benches/run_gpu.sh -k agentic)
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-first}
@@ -38,10 +44,23 @@ PY
   echo "probe_ws rc=$?"; cat "$OUT/probe_ws$tag.log"
 fi
 if [ "$mode" = engine ]; then
+  # the consumers taking turns to issue their MMAs (-DTK_WS_PINGPONG, "base") against the tree's free drift ("new")
+  V=optimized/kernels ab 170 attention.cu ab_ws_pingpong$tag.log --base-define TK_WS_PINGPONG --only prefill --variants ws
   # the rule's threshold (mean keys a row sees: 128.5 to 512.5) and small grids, the 64-row, x2 and ws kernels
   timeout 170 python3 benches/gpu/probe_ws.py --variants default x2 ws --rounds 3 --problems 32,256,0 64,128,128 \
     64,256,128 32,512,0 128,128,256 16,512,128 8,1024,0 2,512,1024 4,512,1024 8,256,1024 > "$OUT/probe_ws$tag.log" 2>&1
   echo "probe_ws rc=$?"; cat "$OUT/probe_ws$tag.log"
-  smoke 100
-  conformance_both 280 conformance_gpu_qwen3-8b$tag.log 280
+  smoke 100; mv "$OUT/engine_smoke.log" "$OUT/engine_smoke_ws$tag.log"
+fi
+if [ "$mode" = checks ]; then   # the tree with ws on by default: conformance, then the prefill lab
+  conformance_both 240 conformance_gpu_qwen3-8b_ws.log 240
+  mv "$OUT/conformance_ci_optimized.log" "$OUT/conformance_ci_optimized_ws.log"
+  run_benches 200 "kernel_prefill"
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_kernel_prefill_ws.log" 2>/dev/null
+  pack_bench
+fi
+if [ "$mode" = agentic ]; then
+  run_benches 420 "agentic"
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_agentic_ws.log" 2>/dev/null
+  pack_bench
 fi

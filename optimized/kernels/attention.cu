@@ -1029,6 +1029,9 @@ static_assert(WS_STAGES >= 3, "a slot's refill must not wait on a full mark the 
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // The next sequence (index > last) present in the CTA's token table, and the keys its pass needs: [0, L).
 // b = 0x7fffffff when none is left. Every thread scans the same shared memory: uniform.
@@ -1164,6 +1167,16 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   load_q_frags<D>(qf, sQ_u, row0, lane);
 
   u32 pa[BN / 16][4];  // P of the tile before, as A fragments: its P V may be in flight
+#ifdef TK_WS_PINGPONG
+#define TK_WS_TURN_DONE named_bar_arrive(5 + (wg ^ 1), 2 * 128)
+#else
+#define TK_WS_TURN_DONE
+#endif
+#ifdef TK_WS_PINGPONG
+  // (lab switch) the consumers take turns to issue their MMAs: warpgroup w issues after a barrier (5 + w) the
+  // other one arrives on once it has issued its own; the second lets the first go first
+  if (wg == 1) named_bar_arrive(5, 2 * 128);
+#endif
   int n = 0, last = -1;
   while (true) {
     int b, L = 0, slen = 0;
@@ -1186,11 +1199,16 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
       const int st = n % NS, prev = (n + NS - 1) % NS;
       mbar_wait_uniform(full0 + 8 * st, (n / NS) & 1);  // tile n has landed (and, with fused RoPE, is rotated)
       float s[1][BN / 8][4];
+#ifdef TK_WS_PINGPONG
+      named_bar_sync(5 + wg, 2 * 128);
+#endif
       tile_scores_wg<D, BN>(qf, sK_u + st * TILE * 2, s[0]);
       if (j > 0) {
         tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);  // tile n - 1's P V, behind S
-        wg_wait<1>();                                          // S has landed
+        TK_WS_TURN_DONE;
+        wg_wait<1>();  // S has landed
       } else {
+        TK_WS_TURN_DONE;
         wg_wait<0>();
       }
       wg_fence_regs(s[0]);
@@ -1211,6 +1229,10 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
     }
     last = b;
   }
+#ifdef TK_WS_PINGPONG
+  if (wg == 0) named_bar_sync(5, 2 * 128);  // the second warpgroup's last arrival: every barrier ends balanced
+#endif
+#undef TK_WS_TURN_DONE
   store_out_rows<D, 1, CONSUMERS>(o, s_l, sQ, out, ctid, row0, lane, rows_used, t0, T, n_q, kvh, G);
 }
 #endif  // TK_WGMMA
