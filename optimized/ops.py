@@ -72,6 +72,10 @@ PREFILL_WGMMA: dict[str, str] = {"wg64": "sm_90a", "wg128": "sm_90a", "ws": "sm_
 #: the warp-specialised wgmma kernel (``ws``): a producer warpgroup for the copies beside the two consumer
 #: warpgroups of its 128 rows (384 threads), a ring of this many K/V tile slots (WS_STAGES in attention.cu)
 PREFILL_WS_STAGES: dict[str, int] = {"ws": 4}
+#: CTAs a multiprocessor of the warp-specialised kernel's grid: min(work items, this x SMs) CTAs take the work
+#: items (tile of query tokens, KV head) in heaviest-first order, each every grid-th one, so a CTA's producer
+#: copies the next item's first tiles while its consumers finish the item before. 0: one CTA per item.
+WS_CTAS_PER_SM = 1
 
 
 def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tiles_per_warp: int = 1,
@@ -627,7 +631,11 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     ring = PREFILL_WS_STAGES.get(variant, 0)
     tt = block_m // G
     tiles = -(-T // tt)
-    if wgmma and not ring:         # a KV head's tiles together (attention.cu: the CTAs' order)
+    if ring:                       # work items in heaviest-first order, WS_CTAS_PER_SM CTAs a multiprocessor
+        items = tiles * n_kv
+        cap = WS_CTAS_PER_SM * _num_sms(_device_index(q))
+        grid = (min(items, cap) if cap > 0 else items, 1, 1)
+    elif wgmma:                    # a KV head's tiles together (attention.cu: the CTAs' order)
         grid = (tiles, n_kv, 1)
     else:                          # every KV head of the heaviest tile first
         _need(tiles <= 65535, f"{T} query tokens make {tiles} tiles of {tt}: more than the grid's 65535; "

@@ -117,7 +117,7 @@ def test_prefill_variants_match_their_instantiations():
     assert f"WS_STAGES = {ops.PREFILL_WS_STAGES['ws']}," in src
     assert ops.prefill_smem_bytes(128, 64, 128, 1, swizzled=True, ring=4) == 166912
     assert "166912" in src
-    assert 166912 + 6720 + 1024 <= 228 * 1024
+    assert 166912 + 7744 + 1024 <= 228 * 1024                  # + its static shared memory (ptxas)
     assert ops.prefill_smem_bytes(128, 64, 64, 1) == 69632      # Q aliased onto a stage
     assert ops.prefill_smem_bytes(128, 64, 128, 2) == 104448    # Q in its own buffer
     # wgmma: (2 K + 3 or 4 V tiles) x 16 KB + Q's padded rows + 1 KB of alignment slack, as PrefillCfg says

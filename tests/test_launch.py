@@ -727,7 +727,14 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
         ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant="ws")
         module, name, grid, block, *rest = launch_log[-1]
         assert (module, name) == ("attention", "paged_prefill_d128_ws")
-        assert grid == (n_kv, T // (128 // 4), 1) and block == (384, 1, 1)
+        items = n_kv * T // (128 // 4)     # (tile of 32 tokens, KV head): 2048 of them
+        assert grid == (ops.WS_CTAS_PER_SM * 132, 1, 1) and block == (384, 1, 1)
+        monkeypatch.setattr(ops, "WS_CTAS_PER_SM", 0)          # one CTA per work item
+        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant="ws")
+        assert launch_log[-1][2] == (items, 1, 1)
+        monkeypatch.setattr(ops, "WS_CTAS_PER_SM", 1)
+        ops.paged_prefill(q[:64], kc, kc, tables, lens, qidx[:64], pos[:64], variant="ws")
+        assert launch_log[-1][2] == (n_kv * 2, 1, 1)            # fewer items than multiprocessors: one CTA each
         # the engine's choice on this build: ws, unless the caller's mean keys a row sees is short
         ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos)
         assert launch_log[-1][1] == "paged_prefill_d128_ws"

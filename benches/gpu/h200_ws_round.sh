@@ -6,9 +6,11 @@
 #           check_kernels.py --only prefill fused_rope (every variant, bits equal within a tile size; stops on a
 #           failure), then probe_ws.py over the prefill lab's twelve problems (x2, wg128, ws and SDPA flash in one
 #           process)
-#   engine: (ws on by default) the consumers taking turns (-DTK_WS_PINGPONG) against free drift in one process
+#   engine: (ws on by default, a persistent grid of ops.WS_CTAS_PER_SM CTAs a multiprocessor) the sanity launches and
+#           checks as in first, the consumers taking turns (-DTK_WS_PINGPONG) against free drift in one process
 #           (ab_attention.py, ws only), probe_ws.py on problems around the rule's threshold (WS_MIN_MEAN_KEYS) and on
-#           small grids (the 64-row, x2 and ws kernels), the engine smoke test
+#           small grids (the 64-row, x2 and ws kernels, ws with a CTA per work item: ws:0), the lab's problems
+#           (x2, ws:0, ws, ws:2), the engine smoke test
 #   checks: conformance at CI scale and the GPU-scale qwen3-8b clauses, then the prefill lab (benches/run_gpu.sh -k
 #           kernel_prefill)
 #   agentic: the agentic bench (benches/run_gpu.sh -k agentic)
@@ -18,7 +20,8 @@ mode=${1:-first}
 tag=${TAG:-_$mode}
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
-if [ "$mode" = first ]; then
+# sanity_and_checks: the 60 s guarded ws launches, then check_kernels' prefill and fused-RoPE sections (exit on a failure)
+sanity_and_checks() {
   timeout 60 python3 - > "$OUT/ws_sanity$tag.log" 2>&1 <<'PY'
 import sys
 sys.path.insert(0, 'benches')
@@ -40,16 +43,22 @@ PY
   [ $rc -ne 0 ] && exit 1
   checks 300 check_kernels_ws$tag.log prefill fused_rope
   grep -q "FAIL" "$OUT/check_kernels_ws$tag.log" && exit 1
+}
+if [ "$mode" = first ]; then
+  sanity_and_checks
   timeout 240 python3 benches/gpu/probe_ws.py > "$OUT/probe_ws$tag.log" 2>&1
   echo "probe_ws rc=$?"; cat "$OUT/probe_ws$tag.log"
 fi
 if [ "$mode" = engine ]; then
+  sanity_and_checks
   # the consumers taking turns to issue their MMAs (-DTK_WS_PINGPONG, "base") against the tree's free drift ("new")
   V=optimized/kernels ab 170 attention.cu ab_ws_pingpong$tag.log --base-define TK_WS_PINGPONG --only prefill --variants ws
   # the rule's threshold (mean keys a row sees: 128.5 to 512.5) and small grids, the 64-row, x2 and ws kernels
-  timeout 170 python3 benches/gpu/probe_ws.py --variants default x2 ws --rounds 3 --problems 32,256,0 64,128,128 \
-    64,256,128 32,512,0 128,128,256 16,512,128 8,1024,0 2,512,1024 4,512,1024 8,256,1024 > "$OUT/probe_ws$tag.log" 2>&1
-  echo "probe_ws rc=$?"; cat "$OUT/probe_ws$tag.log"
+  timeout 170 python3 benches/gpu/probe_ws.py --variants default x2 ws:0 ws --rounds 3 --problems 32,256,0 64,128,128 \
+    64,256,128 32,512,0 128,128,256 16,512,128 8,1024,0 2,512,1024 4,512,1024 8,256,1024 > "$OUT/probe_ws_rule$tag.log" 2>&1
+  echo "probe_ws rule rc=$?"; cat "$OUT/probe_ws_rule$tag.log"
+  timeout 170 python3 benches/gpu/probe_ws.py --variants x2 ws:0 ws ws:2 --rounds 3 > "$OUT/probe_ws_lab$tag.log" 2>&1
+  echo "probe_ws lab rc=$?"; cat "$OUT/probe_ws_lab$tag.log"
   smoke 100; mv "$OUT/engine_smoke.log" "$OUT/engine_smoke_ws$tag.log"
 fi
 if [ "$mode" = checks ]; then   # the tree with ws on by default: conformance, then the prefill lab

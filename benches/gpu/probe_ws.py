@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """The warp-specialised wgmma prefill (``ws``) beside the engine's kernel, ``wg128`` and SDPA flash, in one process.
 
-    python benches/gpu/probe_ws.py [--problems N,C,P ...] [--variants x2 wg128 ws] [--reps 20] [--rounds 3]
+    python benches/gpu/probe_ws.py [--problems N,C,P ...] [--variants x2 wg128 ws ws:0] [--reps 20] [--rounds 3]
+
+(``ws:K``: the ws kernel with ``ops.WS_CTAS_PER_SM = K``, K CTAs a multiprocessor looping over the work items;
+0: one CTA per work item.)
 
 For each problem (N sequences, a chunk of C new tokens each over a cached prefix of P; qwen3-8b heads, pages of
 16 in shuffled order, the prefill lab's problems by default) every variant's output is checked before timing:
@@ -33,6 +36,18 @@ LAB = [(32, 256, 0), (32, 256, 1024), (32, 256, 4096), (32, 256, 16384), (8, 102
        (8, 1024, 4096), (8, 1024, 16384), (2, 4096, 0), (2, 4096, 1024), (2, 4096, 4096), (2, 4096, 16384)]
 
 
+def _run(v: str, q, p, idx, pos):
+    """One prefill by variant ``v``; ``ws:K`` is ``ws`` with ``ops.WS_CTAS_PER_SM = K`` (0: a CTA per work item)."""
+    name, _, ctas = v.partition(":")
+    keep = ops.WS_CTAS_PER_SM
+    if ctas:
+        ops.WS_CTAS_PER_SM = int(ctas)
+    try:
+        return ops.paged_prefill(q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=name)
+    finally:
+        ops.WS_CTAS_PER_SM = keep
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", nargs="*", default=None, metavar="N,C,P")
@@ -43,7 +58,7 @@ def main() -> int:
     problems = [tuple(int(x) for x in s.split(",")) for s in a.problems] if a.problems else LAB
     dev = torch.device("cuda")
     have = ops.prefill_variants(D, 0)
-    missing = [v for v in a.variants if v not in have]
+    missing = [v for v in a.variants if v.partition(":")[0] not in have]
     if missing:
         print(f"variants {missing} not on this device's build (it has {have})")
         return 2
@@ -61,8 +76,7 @@ def main() -> int:
         idx = torch.arange(nseq, device=dev, dtype=torch.int32).repeat_interleave(C)     # [T]
         kd, vd = (x.transpose(1, 2).contiguous() for x in p.dense())                     # [nseq, n_kv, L, D]
         qd = q.view(nseq, C, N_Q, D).transpose(1, 2).contiguous()                         # [nseq, n_q, C, D]
-        calls = {v: (lambda v=v, q=q, p=p, idx=idx, pos=pos: ops.paged_prefill(
-            q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=v)) for v in a.variants}
+        calls = {v: (lambda v=v, q=q, p=p, idx=idx, pos=pos: _run(v, q, p, idx, pos)) for v in a.variants}
         flash = sdpa_call("flash", qd, kd, vd, sm, "lower_right", "enable_gqa")
         ref = flash().transpose(1, 2).reshape(nseq * C, N_Q, D).float()
         outs = {v: fn() for v, fn in calls.items()}

@@ -1014,8 +1014,12 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 //     landed each consumer warp arrives on its slot's "empty" barrier.
 // No CTA barrier sits in the key loop, so the two consumer warpgroups drift apart and one's softmax
 // overlaps the other's MMAs, and the copies never wait for the slowest warp.
-// Both roles walk the same passes (one per sequence of the tile) and number the tiles of all passes
-// consecutively: tile n lives in slot n % WS_STAGES, phase (n / WS_STAGES) & 1.
+// Work items are (tile of TT query tokens, KV head), numbered heaviest first (every KV head of the last tile,
+// then of the tile before, as the mma.sync kernels' grid); CTA c takes items c, c + gridDim.x, ... (the host
+// launches min(items, ops.WS_CTAS_PER_SM x SMs) CTAs, or one per item), so a CTA's producer copies the next
+// item's first tiles while its consumers finish the one before. Each role reads its own copy of an item's token
+// table. Both roles walk the same items and passes (one per sequence of the tile) and number the tiles of all
+// of them consecutively: tile n lives in slot n % WS_STAGES, phase (n / WS_STAGES) & 1.
 // Without fused RoPE a producer thread marks tile n full after issuing tile n + 1 (wait_group 1), so
 // its copies stay in flight while it waits; a slot is refilled only after both consumers finished
 // P V of the tile WS_STAGES before, which needs WS_STAGES >= 3 to never wait on a mark not yet made.
@@ -1069,8 +1073,8 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_base);
   __nv_bfloat16* sQ = sK + 2 * NS * TILE;
   const u32 sK_u = smem_u32(sK), sV_u = sK_u + NS * TILE * 2, sQ_u = smem_u32(sQ);
-  __shared__ int s_seq[BM];
-  __shared__ int s_pos[BM];
+  __shared__ int s_seq[2][BM];  // the work item's token table: [0] the producer's copy, [1] the consumers'
+  __shared__ int s_pos[2][BM];
   __shared__ int s_lim[BM];
   __shared__ int s_off[NS][BN];                         // the producer's row-offset table of each slot
   __shared__ __align__(8) unsigned long long s_bar[2 * NS];  // full[NS], then empty[NS]
@@ -1081,21 +1085,10 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   const int G = n_q / n_kv;
   const int TT = BM / G;
   const int rows_used = TT * G;
-  const int tile = gridDim.y - 1 - blockIdx.y, kvh = blockIdx.x;  // every KV head of the heaviest tile first
-  const int t0 = tile * TT;
+  const int items = ((T + TT - 1) / TT) * n_kv;  // work items: (tile of TT tokens, KV head)
   const int bs_log2 = block_shift(block_size);
   const u32 full0 = smem_u32(&s_bar[0]), empty0 = smem_u32(&s_bar[NS]);  // slot s: + 8 s
 
-  if (tid < BM) {
-    int sq = -1, ps = -1;
-    if (tid < TT && t0 + tid < T) {
-      ps = q_pos[t0 + tid];
-      sq = q_seq_idx[t0 + tid];
-      if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
-    }
-    s_seq[tid] = sq;
-    s_pos[tid] = ps;
-  }
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < NS; ++st) {
@@ -1104,69 +1097,83 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();  // the token table and the barriers; the last CTA-wide barrier
+  __syncthreads();  // the barriers; the last CTA-wide barrier
 
   // the warpgroup's index from lane 0 of the warp: ptxas then knows the role branch is warp-uniform (a
   // branch on tid alone made it serialise the consumers' wgmma, its advice C7518)
   const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int rtid = role == 0 ? tid : tid - 128;  // index within the role: producer 0..127, consumers 0..255
+  const int* tseq = s_seq[role == 0 ? 0 : 1];
+  const int* tpos = s_pos[role == 0 ? 0 : 1];
+  // The role's copy of work item w's token table (rows of a token past T or of no valid sequence: -1), between
+  // two barriers of the role (bar_id, threads): the first waits until the role is done with the item before.
+  auto token_table = [&](int w, int bar_id, int threads) {
+    named_bar_sync(bar_id, threads);
+    const int t0 = ((items / n_kv) - 1 - w / n_kv) * TT;
+    if (rtid < BM) {
+      int sq = -1, ps = -1;
+      if (rtid < TT && t0 + rtid < T) {
+        ps = q_pos[t0 + rtid];
+        sq = q_seq_idx[t0 + rtid];
+        if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
+      }
+      s_seq[role == 0 ? 0 : 1][rtid] = sq;
+      s_pos[role == 0 ? 0 : 1][rtid] = ps;
+    }
+    named_bar_sync(bar_id, threads);
+  };
+
   if (role == 0) {
     // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_PRODUCER_REGS));
-    int n = 0, last = -1;
-    while (true) {
-      int b, L = 0, slen = 0;
-      next_prefill_pass(s_seq, s_pos, TT, last, seq_lens, b, L, slen);
-      if (b == 0x7fffffff) break;
-      const int* bt = block_tables + (long long)b * max_blocks;
-      const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
-      for (int j = 0; j < ntiles; ++j, ++n) {
-        const int st = n % NS;
-        const int off = tid < BN ? row_offset(bt, j * BN + tid, L, n_kv, D, block_size, bs_log2) : 0;
-        mbar_wait_uniform(empty0 + 8 * st, ((n / NS) & 1) ^ 1);  // both consumers are done with tile n - NS
-        if (tid < BN) s_off[st][tid] = off;
-        named_bar_sync(1, 128);  // the table (and, once, every producer thread past the wait)
-        load_kv_tile_sw<D, BN, 128>(sK_u + st * TILE * 2, sV_u + st * TILE * 2, k_cache, v_cache, s_off[st], kvh, tid);
-        cp_async_commit();
-        if (cos_t != nullptr) {  // fused RoPE (uniform branch): rotate the landed K tile, then mark it
+    int n = 0;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+      const int kvh = w % n_kv;
+      token_table(w, 1, 128);
+      int last = -1;
+      while (true) {
+        int b, L = 0, slen = 0;
+        next_prefill_pass(tseq, tpos, TT, last, seq_lens, b, L, slen);
+        if (b == 0x7fffffff) break;
+        const int* bt = block_tables + (long long)b * max_blocks;
+        const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+        for (int j = 0; j < ntiles; ++j, ++n) {
+          const int st = n % NS;
+          const int off = tid < BN ? row_offset(bt, j * BN + tid, L, n_kv, D, block_size, bs_log2) : 0;
+          mbar_wait_uniform(empty0 + 8 * st, ((n / NS) & 1) ^ 1);  // both consumers are done with tile n - NS
+          if (tid < BN) s_off[st][tid] = off;
+          named_bar_sync(1, 128);  // the table (and every producer thread past the wait)
+          load_kv_tile_sw<D, BN, 128>(sK_u + st * TILE * 2, sV_u + st * TILE * 2, k_cache, v_cache, s_off[st], kvh,
+                                      tid);
+          cp_async_commit();
+          if (cos_t != nullptr) {  // fused RoPE (uniform branch): rotate the landed K tile, then mark it
+            cp_async_wait<0>();
+            named_bar_sync(1, 128);
+            rotate_k_tile<D, BN, 128, true>(sK + st * TILE, j * BN, L, cos_t, sin_t, max_pos, tid);
+            fence_proxy_async_smem();
+            mbar_arrive(full0 + 8 * st);
+          } else if (j > 0) {  // tile n - 1 has landed (this thread's copies): mark it
+            cp_async_wait<1>();
+            fence_proxy_async_smem();
+            mbar_arrive(full0 + 8 * ((n - 1) % NS));
+          }
+        }
+        if (cos_t == nullptr && ntiles > 0) {  // the pass's last tile
           cp_async_wait<0>();
-          named_bar_sync(1, 128);
-          rotate_k_tile<D, BN, 128, true>(sK + st * TILE, j * BN, L, cos_t, sin_t, max_pos, tid);
-          fence_proxy_async_smem();
-          mbar_arrive(full0 + 8 * st);
-        } else if (j > 0) {  // tile n - 1 has landed (this thread's copies): mark it
-          cp_async_wait<1>();
           fence_proxy_async_smem();
           mbar_arrive(full0 + 8 * ((n - 1) % NS));
         }
+        last = b;
       }
-      if (cos_t == nullptr && ntiles > 0) {  // the pass's last tile
-        cp_async_wait<0>();
-        fence_proxy_async_smem();
-        mbar_arrive(full0 + 8 * ((n - 1) % NS));
-      }
-      last = b;
     }
     return;
   }
 
   // ---- consumers: warpgroups 1 and 2, 64 query rows each ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_CONSUMER_REGS));
-  const int ctid = tid - 128, lane = tid & 31, wg = role - 1;
+  const int ctid = rtid, lane = tid & 31, wg = role - 1;
   const int row0 = (ctid >> 5) * 16;  // this warp's first query row
-  load_q_tile<D, BM, CONSUMERS>(sQ, q, q_stride, s_pos, t0, kvh, G, ctid);
-  cp_async_commit();
-  float o[1][D / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[0][nt][0] = o[0][nt][1] = o[0][nt][2] = o[0][nt][3] = 0.f;
-  s_m[0][0][ctid] = s_m[0][1][ctid] = neg_inf();
-  s_l[0][0][ctid] = s_l[0][1][ctid] = 0.f;
   const float sl2 = scale * kLog2e;
-  cp_async_wait<0>();
-  named_bar_sync(2, CONSUMERS);  // the Q tile has landed
-  u32 qf[D / 16][4];
-  load_q_frags<D>(qf, sQ_u, row0, lane);
-
-  u32 pa[BN / 16][4];  // P of the tile before, as A fragments: its P V may be in flight
 #ifdef TK_WS_PINGPONG
 #define TK_WS_TURN_DONE named_bar_arrive(5 + (wg ^ 1), 2 * 128)
 #else
@@ -1177,63 +1184,81 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   // other one arrives on once it has issued its own; the second lets the first go first
   if (wg == 1) named_bar_arrive(5, 2 * 128);
 #endif
-  int n = 0, last = -1;
-  while (true) {
-    int b, L = 0, slen = 0;
-    next_prefill_pass(s_seq, s_pos, TT, last, seq_lens, b, L, slen);
-    if (b == 0x7fffffff) break;
-    // this warpgroup's 64 rows' last visible keys (after the previous pass's last read of them)
-    named_bar_sync(3 + wg, 128);
-    if ((ctid & 127) < 64) {
-      const int r = wg * 64 + (ctid & 127);
-      int lm = -1;
-      if (r < rows_used) {
-        const int tt = r / G;
-        if (s_seq[tt] == b) lm = min(s_pos[tt], slen - 1);
+  int n = 0;
+  for (int w = blockIdx.x; w < items; w += gridDim.x) {
+    const int kvh = w % n_kv, t0 = ((items / n_kv) - 1 - w / n_kv) * TT;  // every KV head of the heaviest tile first
+    token_table(w, 2, CONSUMERS);  // (its first barrier: every consumer warp has stored the item before)
+    load_q_tile<D, BM, CONSUMERS>(sQ, q, q_stride, tpos, t0, kvh, G, ctid);
+    cp_async_commit();
+    float o[1][D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[0][nt][0] = o[0][nt][1] = o[0][nt][2] = o[0][nt][3] = 0.f;
+    s_m[0][0][ctid] = s_m[0][1][ctid] = neg_inf();
+    s_l[0][0][ctid] = s_l[0][1][ctid] = 0.f;
+    cp_async_wait<0>();
+    named_bar_sync(2, CONSUMERS);  // the Q tile has landed
+    u32 qf[D / 16][4];
+    load_q_frags<D>(qf, sQ_u, row0, lane);
+
+    u32 pa[BN / 16][4];  // P of the tile before, as A fragments: its P V may be in flight
+    int last = -1;
+    while (true) {
+      int b, L = 0, slen = 0;
+      next_prefill_pass(tseq, tpos, TT, last, seq_lens, b, L, slen);
+      if (b == 0x7fffffff) break;
+      // this warpgroup's 64 rows' last visible keys (after the previous pass's last read of them)
+      named_bar_sync(3 + wg, 128);
+      if ((ctid & 127) < 64) {
+        const int r = wg * 64 + (ctid & 127);
+        int lm = -1;
+        if (r < rows_used) {
+          const int tt = r / G;
+          if (tseq[tt] == b) lm = min(tpos[tt], slen - 1);
+        }
+        s_lim[r] = lm;
       }
-      s_lim[r] = lm;
-    }
-    named_bar_sync(3 + wg, 128);
-    const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
-    for (int j = 0; j < ntiles; ++j, ++n) {
-      const int st = n % NS, prev = (n + NS - 1) % NS;
-      mbar_wait_uniform(full0 + 8 * st, (n / NS) & 1);  // tile n has landed (and, with fused RoPE, is rotated)
-      float s[1][BN / 8][4];
+      named_bar_sync(3 + wg, 128);
+      const int ntiles = L > 0 ? (L + BN - 1) / BN : 0;
+      for (int j = 0; j < ntiles; ++j, ++n) {
+        const int st = n % NS, prev = (n + NS - 1) % NS;
+        mbar_wait_uniform(full0 + 8 * st, (n / NS) & 1);  // tile n has landed (and, with fused RoPE, is rotated)
+        float s[1][BN / 8][4];
 #ifdef TK_WS_PINGPONG
-      named_bar_sync(5 + wg, 2 * 128);
+        named_bar_sync(5 + wg, 2 * 128);
 #endif
-      tile_scores_wg<D, BN>(qf, sK_u + st * TILE * 2, s[0]);
-      if (j > 0) {
-        tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);  // tile n - 1's P V, behind S
-        TK_WS_TURN_DONE;
-        wg_wait<1>();  // S has landed
-      } else {
-        TK_WS_TURN_DONE;
-        wg_wait<0>();
+        tile_scores_wg<D, BN>(qf, sK_u + st * TILE * 2, s[0]);
+        if (j > 0) {
+          tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);  // tile n - 1's P V, behind S
+          TK_WS_TURN_DONE;
+          wg_wait<1>();  // S has landed
+        } else {
+          TK_WS_TURN_DONE;
+          wg_wait<0>();
+        }
+        wg_fence_regs(s[0]);
+        float alphas[1][2];
+        softmax_tile_deferred<D, BN, CONSUMERS>(s, j * BN, s_lim, s_m, s_l, row0, lane, ctid, sl2, o, alphas);
+        wg_wait<0>();  // tile n - 1's P V has landed in O: its slot is free
+        wg_fence_regs(o[0]);
+        mbar_arrive_if(empty0 + 8 * prev, j > 0 && lane == 0);
+        rescale_o<D, 1>(alphas, o);
+        pack_p<BN>(s[0], pa);
       }
-      wg_fence_regs(s[0]);
-      float alphas[1][2];
-      softmax_tile_deferred<D, BN, CONSUMERS>(s, j * BN, s_lim, s_m, s_l, row0, lane, ctid, sl2, o, alphas);
-      wg_wait<0>();  // tile n - 1's P V has landed in O: its slot is free
-      wg_fence_regs(o[0]);
-      mbar_arrive_if(empty0 + 8 * prev, j > 0 && lane == 0);
-      rescale_o<D, 1>(alphas, o);
-      pack_p<BN>(s[0], pa);
+      if (ntiles > 0) {  // the pass's last tile's P V
+        const int prev = (n + NS - 1) % NS;
+        tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);
+        wg_wait<0>();
+        wg_fence_regs(o[0]);
+        mbar_arrive_if(empty0 + 8 * prev, lane == 0);
+      }
+      last = b;
     }
-    if (ntiles > 0) {  // the pass's last tile's P V
-      const int prev = (n + NS - 1) % NS;
-      tile_pv_wg<D, BN>(pa, sV_u + prev * TILE * 2, o[0]);
-      wg_wait<0>();
-      wg_fence_regs(o[0]);
-      mbar_arrive_if(empty0 + 8 * prev, lane == 0);
-    }
-    last = b;
+    store_out_rows<D, 1, CONSUMERS>(o, s_l, sQ, out, ctid, row0, lane, rows_used, t0, T, n_q, kvh, G);
   }
 #ifdef TK_WS_PINGPONG
   if (wg == 0) named_bar_sync(5, 2 * 128);  // the second warpgroup's last arrival: every barrier ends balanced
 #endif
 #undef TK_WS_TURN_DONE
-  store_out_rows<D, 1, CONSUMERS>(o, s_l, sQ, out, ctid, row0, lane, rows_used, t0, T, n_q, kvh, G);
 }
 #endif  // TK_WGMMA
 
