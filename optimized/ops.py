@@ -72,10 +72,15 @@ PREFILL_WGMMA: dict[str, str] = {"wg64": "sm_90a", "wg128": "sm_90a", "ws": "sm_
 #: the warp-specialised wgmma kernel (``ws``): a producer warpgroup for the copies beside the two consumer
 #: warpgroups of its 128 rows (384 threads), a ring of this many K/V tile slots (WS_STAGES in attention.cu)
 PREFILL_WS_STAGES: dict[str, int] = {"ws": 4}
-#: CTAs a multiprocessor of the warp-specialised kernel's grid: min(work items, this x SMs) CTAs take the work
-#: items (tile of query tokens, KV head) in heaviest-first order, each every grid-th one, so a CTA's producer
-#: copies the next item's first tiles while its consumers finish the item before. 0: one CTA per item.
+#: CTAs a multiprocessor of the warp-specialised kernel's persistent grid: min(work items, this x SMs) CTAs take
+#: the work items (tile of query tokens, KV head) in heaviest-first order, each every grid-th one, so a CTA's
+#: producer copies the next item's first tiles while its consumers finish the item before. 0: one CTA per item.
 WS_CTAS_PER_SM = 1
+#: ... used where a step's mean chunk (query tokens per sequence, T / B) is at most this: there the items are
+#: short and alike. Over longer chunks the causal items differ in work and the static assignment left CTAs idle:
+#: one CTA per item, scheduled by the hardware, was faster (H200: 8 x 1024 over no prefix 1.11x flash against
+#: 1.02x persistent; 32 x 256 over none 0.94x against 1.05x; docs/performance.md, "Warp specialisation")
+WS_PERSISTENT_MAX_CHUNK = 256
 
 
 def prefill_smem_bytes(head_dim: int, block_n: int = 64, block_m: int = 64, tiles_per_warp: int = 1,
@@ -633,7 +638,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     tiles = -(-T // tt)
     if ring:                       # work items in heaviest-first order, WS_CTAS_PER_SM CTAs a multiprocessor
         items = tiles * n_kv
-        cap = WS_CTAS_PER_SM * _num_sms(_device_index(q))
+        cap = WS_CTAS_PER_SM * _num_sms(_device_index(q)) if T <= WS_PERSISTENT_MAX_CHUNK * B else 0
         grid = (min(items, cap) if cap > 0 else items, 1, 1)
     elif wgmma:                    # a KV head's tiles together (attention.cu: the CTAs' order)
         grid = (tiles, n_kv, 1)

@@ -724,13 +724,21 @@ def test_paged_prefill_launches_the_wgmma_kernels_only_on_their_build(launch_log
             assert grid == (T // (rows // 4), n_kv, 1) and block == (2 * rows, 1, 1)
         # the warp-specialised kernel: 384 threads (producer + two consumer warpgroups), the ring's shared
         # memory, every KV head of the heaviest tile first like the mma.sync kernels
+        # one sequence of 8192 tokens: a long chunk, so one CTA per work item (tile of 32 tokens, KV head)
         ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant="ws")
         module, name, grid, block, *rest = launch_log[-1]
         assert (module, name) == ("attention", "paged_prefill_d128_ws")
-        items = n_kv * T // (128 // 4)     # (tile of 32 tokens, KV head): 2048 of them
-        assert grid == (ops.WS_CTAS_PER_SM * 132, 1, 1) and block == (384, 1, 1)
-        monkeypatch.setattr(ops, "WS_CTAS_PER_SM", 0)          # one CTA per work item
-        ops.paged_prefill(q, kc, kc, tables, lens, qidx, pos, variant="ws")
+        items = n_kv * T // (128 // 4)
+        assert grid == (items, 1, 1) and block == (384, 1, 1)
+        # 32 sequences of 256 tokens (mean chunk <= WS_PERSISTENT_MAX_CHUNK): the persistent grid
+        tables32 = torch.arange(T // bs, dtype=torch.int32).view(32, -1)
+        lens32 = torch.full((32,), T // 32, dtype=torch.int32)
+        qidx32 = torch.arange(32, dtype=torch.int32).repeat_interleave(T // 32)
+        pos32 = torch.arange(T // 32, dtype=torch.int32).repeat(32)
+        ops.paged_prefill(q, kc, kc, tables32, lens32, qidx32, pos32, variant="ws")
+        assert launch_log[-1][2] == (ops.WS_CTAS_PER_SM * 132, 1, 1)
+        monkeypatch.setattr(ops, "WS_CTAS_PER_SM", 0)          # off: one CTA per work item
+        ops.paged_prefill(q, kc, kc, tables32, lens32, qidx32, pos32, variant="ws")
         assert launch_log[-1][2] == (items, 1, 1)
         monkeypatch.setattr(ops, "WS_CTAS_PER_SM", 1)
         ops.paged_prefill(q[:64], kc, kc, tables, lens, qidx[:64], pos[:64], variant="ws")

@@ -11,7 +11,8 @@
 #           (ab_attention.py, ws only), probe_ws.py on problems around the rule's threshold (WS_MIN_MEAN_KEYS) and on
 #           small grids (the 64-row, x2 and ws kernels, ws with a CTA per work item: ws:0), the lab's problems
 #           (x2, ws:0, ws, ws:2), the engine smoke test
-#   checks: conformance at CI scale and the GPU-scale qwen3-8b clauses, then the prefill lab (benches/run_gpu.sh -k
+#   checks: (the consumers' turns on by default, the persistent grid up to 256-token chunks) the sanity launches and
+#           checks as in first, conformance at CI scale and the GPU-scale qwen3-8b clauses, then the prefill lab (benches/run_gpu.sh -k
 #           kernel_prefill)
 #   agentic: the agentic bench (benches/run_gpu.sh -k agentic)
 #   TAG: the files' suffix (default _MODE)
@@ -51,7 +52,8 @@ if [ "$mode" = first ]; then
 fi
 if [ "$mode" = engine ]; then
   sanity_and_checks
-  # the consumers taking turns to issue their MMAs (-DTK_WS_PINGPONG, "base") against the tree's free drift ("new")
+  # the consumers taking turns to issue their MMAs (-DTK_WS_PINGPONG, "base") against the tree's free drift ("new");
+  # (after this call the turns became the default and the switch TK_WS_NO_PINGPONG turns them off)
   V=optimized/kernels ab 170 attention.cu ab_ws_pingpong$tag.log --base-define TK_WS_PINGPONG --only prefill --variants ws
   # the rule's threshold (mean keys a row sees: 128.5 to 512.5) and small grids, the 64-row, x2 and ws kernels
   timeout 170 python3 benches/gpu/probe_ws.py --variants default x2 ws:0 ws --rounds 3 --problems 32,256,0 64,128,128 \
@@ -62,6 +64,7 @@ if [ "$mode" = engine ]; then
   smoke 100; mv "$OUT/engine_smoke.log" "$OUT/engine_smoke_ws$tag.log"
 fi
 if [ "$mode" = checks ]; then   # the tree with ws on by default: conformance, then the prefill lab
+  sanity_and_checks
   conformance_both 240 conformance_gpu_qwen3-8b_ws.log 240
   mv "$OUT/conformance_ci_optimized.log" "$OUT/conformance_ci_optimized_ws.log"
   run_benches 200 "kernel_prefill"

@@ -3,8 +3,8 @@
 
     python benches/gpu/probe_ws.py [--problems N,C,P ...] [--variants x2 wg128 ws ws:0] [--reps 20] [--rounds 3]
 
-(``ws:K``: the ws kernel with ``ops.WS_CTAS_PER_SM = K``, K CTAs a multiprocessor looping over the work items;
-0: one CTA per work item.)
+(``ws``: the engine's grid for the ws kernel; ``ws:K``: ws with ``ops.WS_CTAS_PER_SM = K`` at every chunk length,
+K CTAs a multiprocessor looping over the work items, 0: one CTA per work item.)
 
 For each problem (N sequences, a chunk of C new tokens each over a cached prefix of P; qwen3-8b heads, pages of
 16 in shuffled order, the prefill lab's problems by default) every variant's output is checked before timing:
@@ -39,13 +39,13 @@ LAB = [(32, 256, 0), (32, 256, 1024), (32, 256, 4096), (32, 256, 16384), (8, 102
 def _run(v: str, q, p, idx, pos):
     """One prefill by variant ``v``; ``ws:K`` is ``ws`` with ``ops.WS_CTAS_PER_SM = K`` (0: a CTA per work item)."""
     name, _, ctas = v.partition(":")
-    keep = ops.WS_CTAS_PER_SM
-    if ctas:
-        ops.WS_CTAS_PER_SM = int(ctas)
+    keep = ops.WS_CTAS_PER_SM, ops.WS_PERSISTENT_MAX_CHUNK
+    if ctas:   # K CTAs a multiprocessor at any chunk length
+        ops.WS_CTAS_PER_SM, ops.WS_PERSISTENT_MAX_CHUNK = int(ctas), 1 << 30
     try:
         return ops.paged_prefill(q, p.k_cache, p.v_cache, p.tables, p.lens, idx, pos, variant=name)
     finally:
-        ops.WS_CTAS_PER_SM = keep
+        ops.WS_CTAS_PER_SM, ops.WS_PERSISTENT_MAX_CHUNK = keep
 
 
 def main() -> int:

@@ -1174,15 +1174,15 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   const int ctid = rtid, lane = tid & 31, wg = role - 1;
   const int row0 = (ctid >> 5) * 16;  // this warp's first query row
   const float sl2 = scale * kLog2e;
-#ifdef TK_WS_PINGPONG
+  // The consumers take turns to issue their MMAs (flash-attention 3's ping-pong): warpgroup w issues S and P V
+  // after a barrier (5 + w) that the other one arrives on once it has issued its own, so one's softmax runs
+  // under the other's MMAs; the second lets the first go first. (-DTK_WS_NO_PINGPONG, a lab switch: free
+  // drift. The turns were 0.4-4.6% faster on the H200, docs/performance.md.)
+#ifndef TK_WS_NO_PINGPONG
 #define TK_WS_TURN_DONE named_bar_arrive(5 + (wg ^ 1), 2 * 128)
+  if (wg == 1) named_bar_arrive(5, 2 * 128);
 #else
 #define TK_WS_TURN_DONE
-#endif
-#ifdef TK_WS_PINGPONG
-  // (lab switch) the consumers take turns to issue their MMAs: warpgroup w issues after a barrier (5 + w) the
-  // other one arrives on once it has issued its own; the second lets the first go first
-  if (wg == 1) named_bar_arrive(5, 2 * 128);
 #endif
   int n = 0;
   for (int w = blockIdx.x; w < items; w += gridDim.x) {
@@ -1223,8 +1223,8 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
         const int st = n % NS, prev = (n + NS - 1) % NS;
         mbar_wait_uniform(full0 + 8 * st, (n / NS) & 1);  // tile n has landed (and, with fused RoPE, is rotated)
         float s[1][BN / 8][4];
-#ifdef TK_WS_PINGPONG
-        named_bar_sync(5 + wg, 2 * 128);
+#ifndef TK_WS_NO_PINGPONG
+        named_bar_sync(5 + wg, 2 * 128);  // this warpgroup's turn
 #endif
         tile_scores_wg<D, BN>(qf, sK_u + st * TILE * 2, s[0]);
         if (j > 0) {
@@ -1255,7 +1255,7 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
     }
     store_out_rows<D, 1, CONSUMERS>(o, s_l, sQ, out, ctid, row0, lane, rows_used, t0, T, n_q, kvh, G);
   }
-#ifdef TK_WS_PINGPONG
+#ifndef TK_WS_NO_PINGPONG
   if (wg == 0) named_bar_sync(5, 2 * 128);  // the second warpgroup's last arrival: every barrier ends balanced
 #endif
 #undef TK_WS_TURN_DONE
