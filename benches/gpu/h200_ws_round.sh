@@ -15,6 +15,7 @@
 #           checks as in first, conformance at CI scale and the GPU-scale qwen3-8b clauses, then the prefill lab (benches/run_gpu.sh -k
 #           kernel_prefill)
 #   agentic: the agentic bench (benches/run_gpu.sh -k agentic)
+#   abagentic: ab_agentic_prefill.py, the agentic workload's engine run with ws against x2 in one process
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-first}
@@ -75,4 +76,8 @@ if [ "$mode" = agentic ]; then
   run_benches 420 "agentic"
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_agentic_ws.log" 2>/dev/null
   pack_bench
+fi
+if [ "$mode" = abagentic ]; then   # the agentic workload's engine run with ws against x2, in one process
+  timeout 400 python3 benches/gpu/ab_agentic_prefill.py --rounds 3 > "$OUT/ab_agentic_prefill$tag.log" 2>&1
+  echo "ab_agentic_prefill rc=$?"; tail -12 "$OUT/ab_agentic_prefill$tag.log"
 fi
