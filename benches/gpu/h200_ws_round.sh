@@ -16,6 +16,8 @@
 #           kernel_prefill)
 #   agentic: the agentic bench (benches/run_gpu.sh -k agentic)
 #   abagentic: ab_agentic_prefill.py, the agentic workload's engine run with ws against x2 in one process
+#   ncu:    Nsight Compute on the first ws launch at 8 x 1024 over 4096 and 32 x 256 over 16384 (the thirteenth session's
+#           profiles of x2, wg64 and wg128 are at the same problems)
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-first}
@@ -80,4 +82,16 @@ fi
 if [ "$mode" = abagentic ]; then   # the agentic workload's engine run with ws against x2, in one process
   timeout 400 python3 benches/gpu/ab_agentic_prefill.py --rounds 3 > "$OUT/ab_agentic_prefill$tag.log" 2>&1
   echo "ab_agentic_prefill rc=$?"; tail -12 "$OUT/ab_agentic_prefill$tag.log"
+fi
+if [ "$mode" = ncu ]; then   # Nsight Compute on the first ws launch at the thirteenth session's two problems
+  for p in 8,1024,4096 32,256,16384; do
+    f="$OUT/ncu_prefill_ws_${p//,/x}.txt"
+    timeout 110 ncu --clock-control none -k "regex:paged_prefill_d128_ws\$" --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats \
+      --section Occupancy python3 benches/gpu/probe_kernels.py --only prefill --reps 1 --prefill-problems $p \
+      > "$f" 2>&1
+    echo "ncu ws $p rc=$?"
+    grep -E "Duration|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers Per|Pipe|Stall|highest-utilized" \
+      "$f" | cut -c1-130 | head -16
+  done
 fi
