@@ -656,9 +656,10 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 #: ``prefill_variant`` takes the warp-specialised kernel only where a query row sees at least this many keys on
-#: average (when the caller says): on short fresh chunks its one CTA a multiprocessor loses to x2's two (H200:
-#: 32 sequences x 256 new tokens over no prefix, 128.5 keys a row: ws 0.88x x2; 8 x 1024 over none, 512.5
-#: keys: 1.08x; docs/performance.md, "Warp specialisation")
+#: average (when the caller says): on short fresh chunks its one CTA a multiprocessor does not beat x2's two (H200,
+#: 32 sequences x 256 new tokens over no prefix, 128.5 keys a row: ws 0.95x x2 on the persistent grid without the
+#: consumers' turns, about 0.99x with them; 64 x 128 over 128, 192.5 keys: 0.99x; 8 x 1024 over none, 512.5 keys:
+#: 1.08x; docs/performance.md, "Warp specialisation")
 WS_MIN_MEAN_KEYS = 256
 
 
