@@ -649,6 +649,22 @@ __device__ __forceinline__ void store_out_rows(const float (&o)[MT][D / 8][4], c
   }
 }
 
+// The next sequence (index > last) present in the CTA's token table, and the keys its pass needs: [0, L).
+// b = 0x7fffffff when none is left. Every thread scans the same shared memory: uniform.
+__device__ __forceinline__ void next_prefill_pass(const int* s_seq, const int* s_pos, int TT, int last,
+                                                  const int* __restrict__ seq_lens, int& b, int& L, int& slen) {
+  b = 0x7fffffff;
+  for (int tt = 0; tt < TT; ++tt) {
+    const int sq = s_seq[tt];
+    if (sq > last && sq < b) b = sq;
+  }
+  if (b == 0x7fffffff) return;
+  int maxpos = -1;
+  for (int tt = 0; tt < TT; ++tt)
+    if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
+  slen = seq_lens[b];
+  L = min(maxpos + 1, slen);
+}
 
 template <int D, int BN_, int BM_, int MT_, bool WG_ = false>
 struct PrefillCfg {
@@ -771,18 +787,11 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
 
   int last = -1;
   while (true) {
-    // Next sequence present in this tile (uniform across the CTA: every thread scans the same smem).
-    int b = 0x7fffffff;
-    for (int tt = 0; tt < TT; ++tt) {
-      const int sq = s_seq[tt];
-      if (sq > last && sq < b) b = sq;
-    }
+    // Next sequence present in this tile (uniform across the CTA: every thread scans the same smem)
+    // and the keys its pass needs: [0, L)
+    int b, L = 0, slen = 0;
+    next_prefill_pass(s_seq, s_pos, TT, last, seq_lens, b, L, slen);
     if (b == 0x7fffffff) break;
-    int maxpos = -1;
-    for (int tt = 0; tt < TT; ++tt)
-      if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
-    const int slen = seq_lens[b];
-    const int L = min(maxpos + 1, slen);  // keys this pass needs: [0, L)
     // the last visible key of every row of the tile in this pass (-1: none), once per pass; each
     // thread reads its four rows' limits at every tile (one shared load each: the row -> token
     // division and the row-table lookups stay out of the key loop, and out of the registers)
@@ -1035,23 +1044,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// The next sequence (index > last) present in the CTA's token table, and the keys its pass needs: [0, L).
-// b = 0x7fffffff when none is left. Every thread scans the same shared memory: uniform.
-__device__ __forceinline__ void next_prefill_pass(const int* s_seq, const int* s_pos, int TT, int last,
-                                                  const int* __restrict__ seq_lens, int& b, int& L, int& slen) {
-  b = 0x7fffffff;
-  for (int tt = 0; tt < TT; ++tt) {
-    const int sq = s_seq[tt];
-    if (sq > last && sq < b) b = sq;
-  }
-  if (b == 0x7fffffff) return;
-  int maxpos = -1;
-  for (int tt = 0; tt < TT; ++tt)
-    if (s_seq[tt] == b) maxpos = max(maxpos, s_pos[tt]);
-  slen = seq_lens[b];
-  L = min(maxpos + 1, slen);
 }
 
 template <int D, int BN>
