@@ -622,14 +622,14 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if T == 0:
         return out
     _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
+    dev = _device_index(q)
     if variant is None:
-        dev = _device_index(q)
         variant = prefill_variant(T, n_q, n_kv, D, _num_sms(dev), ws="ws" in prefill_variants(D, dev),
                                   mean_keys=mean_keys)
     _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
     wgmma = variant in PREFILL_WGMMA
     if wgmma:
-        _need(variant in prefill_variants(D, _device_index(q)),
+        _need(variant in prefill_variants(D, dev),
               f"prefill variant {variant!r} needs the attention kernels built for {PREFILL_WGMMA[variant]} "
               f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
     kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
@@ -638,7 +638,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     tiles = -(-T // tt)
     if ring:                       # work items in heaviest-first order, WS_CTAS_PER_SM CTAs a multiprocessor
         items = tiles * n_kv
-        cap = WS_CTAS_PER_SM * _num_sms(_device_index(q)) if T <= WS_PERSISTENT_MAX_CHUNK * B else 0
+        cap = WS_CTAS_PER_SM * _num_sms(dev) if T <= WS_PERSISTENT_MAX_CHUNK * B else 0
         grid = (min(items, cap) if cap > 0 else items, 1, 1)
     elif wgmma:                    # a KV head's tiles together (attention.cu: the CTAs' order)
         grid = (tiles, n_kv, 1)

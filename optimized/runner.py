@@ -626,13 +626,12 @@ class CudaRunner:
         longest row -- splits past a row's end fold in as the identity, so the count is free."""
         up = self._upload
         lens, qidx, split, max_splits = seq_lens, q_seq_idx, None, 1
+        live = positions >= 0                                                             # [T] real rows
         if self.invariant:
-            live = positions >= 0
             lens = np.where(live, positions + 1, 0).astype(np.int32)                      # [T] row lengths
             qidx = np.where(live, q_seq_idx, 0).astype(np.int32)                          # [T] table rows
             split = self.decode_split(self.max_model_len, 1)[0] or self.max_model_len     # a decode graph's split
             max_splits = max(1, -(-int(lens.max(initial=1)) // split))
-        live = positions >= 0
         # the mean count of keys a query row sees (position + 1), for the choice of prefill kernel only
         self._prefill_mean_keys = float((positions[live] + 1).mean()) if live.any() else 0.0
         try:
