@@ -23,6 +23,27 @@ pack_bench() {
   tar czf "$OUT/bench.tgz" -C "$OUT/bench" . && rm -rf "$OUT/bench"
 }
 
+# bench_packed SECONDS EXPR LOG: run_benches SECONDS EXPR, its log kept as $OUT/LOG, the reports packed (pack_bench)
+bench_packed() {
+  run_benches "$1" "$2"
+  mv "$OUT/bench/run_gpu.log" "$OUT/$3" 2>/dev/null
+  pack_bench
+}
+
+# ncu_prefill VARIANT PROBLEM SECONDS: Nsight Compute (speed of light, warp states, compute workload, schedulers,
+# occupancy) on the first launch of paged_prefill_d128_VARIANT in probe_kernels.py --only prefill (PROBLEM: N,C,P)
+# into $OUT/ncu_prefill_VARIANT_NxCxP.txt, and its main lines
+ncu_prefill() {
+  local f="$OUT/ncu_prefill_${1}_${2//,/x}.txt"
+  timeout "$3" ncu --clock-control none -k "regex:paged_prefill_d128_${1}\$" --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats \
+    --section Occupancy python3 benches/gpu/probe_kernels.py --only prefill --reps 1 --prefill-problems "$2" \
+    > "$f" 2>&1
+  echo "ncu $1 $2 rc=$?"
+  grep -E "Duration|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers Per|Pipe|Stall|highest-utilized" \
+    "$f" | cut -c1-130 | head -16
+}
+
 # smoke SECONDS: the engine smoke test (every section), its verdict lines
 smoke() {
   timeout "$1" python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"

@@ -53,9 +53,7 @@ if [ "$mode" = ab ]; then   # the tree with the warpgroup GEMM on by default (ru
   timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --rounds 3 \
     --variants default wg-off wg-rule > "$OUT/profile_wg${tag}_06b.log" 2>&1
   echo "profile 0.6b rc=$?"; grep -E "^\s+(32|64) +" "$OUT/profile_wg${tag}_06b.log"
-  run_benches 170 "engine_decode"
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_engine_decode_wg.log" 2>/dev/null
-  pack_bench
+  bench_packed 170 "engine_decode" run_gpu_engine_decode_wg.log
 fi
 if [ "$mode" = final ]; then   # the tree with the warpgroup GEMM on by default (runner.WG_GEMM)
   smoke 100; mv "$OUT/engine_smoke.log" "$OUT/engine_smoke_wg${tag}.log"
@@ -64,12 +62,8 @@ if [ "$mode" = final ]; then   # the tree with the warpgroup GEMM on by default 
   timeout 90 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 64 --prompt 1664 --rounds 3 \
     --variants default wg-off > "$OUT/profile_wg${tag}_06b_1664.log" 2>&1
   echo "profile 0.6b 1664 rc=$?"; grep -E "^\s+64 +" "$OUT/profile_wg${tag}_06b_1664.log"
-  run_benches 240 "agentic"
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_agentic_wgemm.log" 2>/dev/null
-  pack_bench
+  bench_packed 240 "agentic" run_gpu_agentic_wgemm.log
 fi
 if [ "$mode" = labs ]; then
-  run_benches 240 "kernel_decode or kernel_prefill"
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_kernel_labs_wg.log" 2>/dev/null
-  pack_bench
+  bench_packed 240 "kernel_decode or kernel_prefill" run_gpu_kernel_labs_wg.log
 fi

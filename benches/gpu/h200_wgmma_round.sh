@@ -57,16 +57,7 @@ if [ "$mode" = final ]; then
 fi
 if [ "$mode" = ncu ]; then
   for p in 8,1024,4096 32,256,16384; do
-    for k in x2 wg64 wg128; do
-      f="$OUT/ncu_prefill_${k}_${p//,/x}.txt"
-      timeout 120 ncu --clock-control none -k "regex:paged_prefill_d128_${k}\$" --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats \
-        --section Occupancy python3 benches/gpu/probe_kernels.py --only prefill --reps 1 --prefill-problems $p \
-        > "$f" 2>&1
-      echo "ncu $k $p rc=$?"
-      grep -E "Duration|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers Per|Pipe|Stall" \
-        "$f" | cut -c1-130 | head -14
-    done
+    for k in x2 wg64 wg128; do ncu_prefill $k $p 120; done
   done
 fi
 if [ "$mode" = final2 ]; then

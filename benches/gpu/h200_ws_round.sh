@@ -70,28 +70,15 @@ if [ "$mode" = checks ]; then   # the tree with ws on by default: conformance, t
   sanity_and_checks
   conformance_both 240 conformance_gpu_qwen3-8b_ws.log 240
   mv "$OUT/conformance_ci_optimized.log" "$OUT/conformance_ci_optimized_ws.log"
-  run_benches 200 "kernel_prefill"
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_kernel_prefill_ws.log" 2>/dev/null
-  pack_bench
+  bench_packed 200 "kernel_prefill" run_gpu_kernel_prefill_ws.log
 fi
 if [ "$mode" = agentic ]; then
-  run_benches 420 "agentic"
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_agentic_ws.log" 2>/dev/null
-  pack_bench
+  bench_packed 420 "agentic" run_gpu_agentic_ws.log
 fi
 if [ "$mode" = abagentic ]; then   # the agentic workload's engine run with ws against x2, in one process
   timeout 400 python3 benches/gpu/ab_agentic_prefill.py --rounds 3 > "$OUT/ab_agentic_prefill$tag.log" 2>&1
   echo "ab_agentic_prefill rc=$?"; tail -12 "$OUT/ab_agentic_prefill$tag.log"
 fi
 if [ "$mode" = ncu ]; then   # Nsight Compute on the first ws launch at the thirteenth session's two problems
-  for p in 8,1024,4096 32,256,16384; do
-    f="$OUT/ncu_prefill_ws_${p//,/x}.txt"
-    timeout 110 ncu --clock-control none -k "regex:paged_prefill_d128_ws\$" --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats \
-      --section Occupancy python3 benches/gpu/probe_kernels.py --only prefill --reps 1 --prefill-problems $p \
-      > "$f" 2>&1
-    echo "ncu ws $p rc=$?"
-    grep -E "Duration|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|No Eligible|Achieved Occupancy|Registers Per|Pipe|Stall|highest-utilized" \
-      "$f" | cut -c1-130 | head -16
-  done
+  for p in 8,1024,4096 32,256,16384; do ncu_prefill ws $p 110; done
 fi
