@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""The decode attention at large batch against cuDNN, in one process: where the pages lie, and builds
+of ``attention.cu`` that prefetch the K/V rows of a tile further ahead into L2 (``TK_DECODE_L2_AHEAD``).
+
+    python benches/gpu/probe_decode_l2.py [--shapes 32x4096 128x1024 ...] [--rounds 3] [--reps 20]
+        [--variants base l2a3:TK_DECODE_L2_AHEAD=3 ...] [--layouts shuffled inorder local] [--splits 2 4]
+
+The problem is the decode lab's (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, one
+query a sequence, every sequence ``ctx`` keys, pages of 16 tokens) through ``ops.split_kv_decode`` with
+the engine's ``auto`` split. Layouts of the same keys:
+
+* ``shuffled``: the pages of all sequences in one random order (the lab's problem);
+* ``inorder``: every sequence's pages consecutive (a dense cache, read through the block table);
+* ``local``: shuffled only within runs of 64 consecutive pages (2 MiB of K), so a sequence's pages
+  stay in the same 2 MiB regions as in order: if ``local`` runs like ``inorder``, what the shuffle
+  costs is the spread over memory regions (address translation), not the order of the pages.
+
+``--splits N ...`` adds the engine's build on ``shuffled`` pages with N splits a sequence in place of
+``auto``'s count (``base/sN``; ``ctx / N`` keys a split, folded in the same launch; other splits give
+other bits, so these are checked to within 1e-2 of ``base``, as ``probe_stream.py`` checks its layouts).
+``cudnn`` is SDPA's cuDNN backend on the dense ``[B, n_kv, ctx, D]`` copy (the lab's peer).
+
+A variant is ``name:MACRO[=V],MACRO...`` (``base``: the engine's build); ``tma`` (no macros) is the engine's
+build with ``ops.DECODE_TMA`` on: the K/V tiles by tensor copies (``split_kv_tma_partials_d128``); ``tmaP``
+the same with the maps' L2 promotion P (``ops.DECODE_TMA_PROMOTION``: 0 none, 1 64 B, 2 128 B, 3 256 B).
+Every variant's output on every layout is checked against ``base`` on ``shuffled`` before any timing:
+the layouts only move where the keys lie, and a prefetch or a tensor copy changes no value, so the bits
+must be equal; the probe fails otherwise. Then rounds alternate over every (variant, layout) and cuDNN,
+each timed as a CUDA graph of ``--reps`` calls (CUDA events, after warm-up; 0.27-2.1 GB of keys a call,
+so they come from DRAM), best round kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benches"))
+sys.path.insert(0, str(ROOT / "benches" / "gpu"))
+
+import torch  # noqa: E402
+
+from _attn import sdpa_call  # noqa: E402
+from ab_attention import build, install  # noqa: E402
+from check_kernels import _time as gpu_seconds  # noqa: E402
+from optimized import kernels, ops  # noqa: E402
+from probe_stream import D, N_KV, N_Q, ours  # noqa: E402
+
+BS = 16
+GROUP = 64  # pages of a `local` run: 64 x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB of K
+
+
+def page_order(n: int, layout: str, gen: torch.Generator) -> torch.Tensor:
+    """Where page i of the concatenated sequences lies: a permutation of ``range(n)``."""
+    if layout == "inorder":
+        return torch.arange(n, device="cuda")
+    if layout == "shuffled":
+        return torch.randperm(n, device="cuda", generator=gen)
+    assert layout == "local", layout
+    order = torch.arange(n, device="cuda")
+    for g0 in range(0, n, GROUP):
+        g1 = min(n, g0 + GROUP)
+        order[g0:g1] = g0 + torch.randperm(g1 - g0, device="cuda", generator=gen)
+    return order
+
+
+def paged(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
+    """Dense ``k, v [B, ctx, n_kv, D]`` as caches ``[N, BS, n_kv, D]`` with page i at ``order[i]``; tables ``[B, nblk]``."""
+    B, ctx = k.shape[:2]
+    n = B * (ctx // BS)
+    kc = torch.empty(n, BS, N_KV, D, device="cuda", dtype=k.dtype)
+    vc = torch.empty_like(kc)
+    kc[order] = k.reshape(n, BS, N_KV, D)
+    vc[order] = v.reshape(n, BS, N_KV, D)
+    return kc, vc, order.view(B, ctx // BS).to(torch.int32)
+
+
+def with_tma(fn, promotion: int = 3):
+    """``fn`` with ``ops.DECODE_TMA`` on (and the maps' L2 promotion ``promotion``) while it launches (read at
+    launch, so a CUDA graph captured in it holds the TMA kernel)."""
+    def run():
+        ops.DECODE_TMA, ops.DECODE_TMA_PROMOTION = True, promotion
+        try:
+            return fn()
+        finally:
+            ops.DECODE_TMA, ops.DECODE_TMA_PROMOTION = False, 3
+    return run
+
+
+def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for spec in specs:
+        name, _, macros = spec.partition(":")
+        out[name] = tuple(m for m in macros.split(",") if m)
+    if "base" not in out:
+        out = {"base": (), **out}
+    return out
+
+
+def forced(kc, vc, tables, q, lens, ctx: int, n: int):
+    """``split_kv_decode`` with ``n`` splits of ``ctx / n`` keys a sequence, in one launch (the fused fold)."""
+    size = -(-ctx // n)
+    return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
+
+
+def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], rounds: int, reps: int,
+          gen: torch.Generator, sms: int) -> bool:
+    k = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)   # [B, ctx, n_kv, D]
+    v = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)
+    q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)          # [B, n_q, D]
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    gbytes = 2 * k.numel() * 2 / 1e9
+    n = B * (ctx // BS)
+    problems = {lay: paged(k, v, page_order(n, lay, gen)) for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]}
+    kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()              # [B, n_kv, ctx, D]
+    del k, v
+    cudnn = sdpa_call("cudnn", q[:, :, None], kd, vd, D ** -0.5, "none", "enable_gqa")
+    calls = {}
+    for name, mod in mods.items():
+        for lay in layouts:
+            fn = ours(*problems[lay], q, lens, ctx, sms)
+            tma = name.startswith("tma")
+            calls[(name, lay)] = (mod, with_tma(fn, int(name[3:] or 3)) if tma else fn)
+    for n in splits:
+        calls[(f"base/s{n}", "shuffled")] = (mods["base"], forced(*problems["shuffled"], q, lens, ctx, n))
+    ok = True
+    install(mods["base"])
+    ref = ours(*problems["shuffled"], q, lens, ctx, sms)().clone()
+    for (name, lay), (mod, fn) in calls.items():
+        install(mod)
+        out = fn()
+        if "/s" in name:  # another split: other bits
+            err = (out.float() - ref.float()).abs().max().item()
+            ok &= err <= 1e-2
+            print(f"B={B} ctx={ctx} {name} {lay}: max |out - base| {err:.3g}" + ("" if err <= 1e-2 else " DIFFER"))
+            continue
+        same = torch.equal(out.view(torch.int16), ref.view(torch.int16))
+        ok &= same
+        print(f"B={B} ctx={ctx} {name} {lay}: bits {'equal' if same else 'DIFFER'} to base shuffled", flush=True)
+    dn = cudnn()[:, :, 0].float()
+    err = (dn - ref.float()).abs()
+    print(f"B={B} ctx={ctx} cudnn vs base: max |diff| {err.max().item():.3g}, mean {err.mean().item():.3g}", flush=True)
+    if not rounds:
+        return ok
+    best = {key: float("inf") for key in [*calls, ("cudnn", "dense")]}
+    for _ in range(rounds):
+        for key, (mod, fn) in calls.items():
+            install(mod)
+            best[key] = min(best[key], gpu_seconds(fn, iters=reps) * 1e6)
+        best[("cudnn", "dense")] = min(best[("cudnn", "dense")], gpu_seconds(cudnn, iters=reps) * 1e6)
+    c = best[("cudnn", "dense")]
+    for (name, lay), us in best.items():
+        print(f"B={B} ctx={ctx} {name:10s} {lay:9s} {us:9.1f} us  {gbytes / (us * 1e-6) / 1e3:6.3f} TB/s read"
+              f"  cuDNN/this {c / us:6.3f}", flush=True)
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="*", default=["32x4096", "32x16384", "128x1024", "128x4096"])
+    ap.add_argument("--variants", nargs="*", default=["base", "l2a3:TK_DECODE_L2_AHEAD=3"])
+    ap.add_argument("--layouts", nargs="*", default=["shuffled", "inorder", "local"])
+    ap.add_argument("--splits", type=int, nargs="*", default=[])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    specs = parse_variants(a.variants)
+    src = kernels.source("attention")
+    built, mods = {}, {}  # one build per set of macros (tma: the base build)
+    for name, macros in specs.items():
+        if macros not in built:
+            built[macros] = build(src, macros)
+        mods[name] = built[macros]
+    for name, macros in specs.items():
+        print(f"variant {name}: attention.cu built with {' '.join('-D' + m for m in macros) or '(no macros)'}", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ok = True
+    for shape in a.shapes:
+        B, ctx = (int(x) for x in shape.split("x"))
+        ok &= probe(B, ctx, mods, a.layouts, a.splits, a.rounds, a.reps, gen, sms)
+        torch.cuda.empty_cache()
+    print("all variants and layouts bitwise equal" if ok else "OUTPUTS DIFFER")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
