@@ -15,7 +15,7 @@ from _bench import Scale
 
 @dataclass
 class PagedProblem:
-    """``B`` sequences of ``ctx`` cached keys each, in shuffled pages of ``block`` tokens.
+    """``B`` sequences of ``ctx`` cached keys each, in pages of ``block`` tokens (shuffled unless made in order).
 
     ``k_cache, v_cache [num_blocks, block, n_kv, D]`` (a few extra pages hold NaN, as stale pages
     may), ``tables [B, nblk]`` int32, ``lens [B]`` int32.
@@ -44,13 +44,15 @@ class PagedProblem:
 
 
 def paged_problem(B: int, ctx: int, n_kv: int, D: int, block: int, dtype: torch.dtype, device, gen: torch.Generator,
-                  stale_pages: int = 4) -> PagedProblem:
+                  stale_pages: int = 4, in_order: bool = False) -> PagedProblem:
+    """The lab's paged problem: pages in one random order over the whole cache, or, ``in_order``, every
+    sequence's pages consecutive (what a fresh allocator hands out; the stale pages after them)."""
     nblk = -(-ctx // block)
     used = B * nblk
     n = used + stale_pages
     k = torch.randn(n, block, n_kv, D, device=device, dtype=torch.float32, generator=gen).to(dtype)
     v = torch.randn(n, block, n_kv, D, device=device, dtype=torch.float32, generator=gen).to(dtype)
-    perm = torch.randperm(n, device=device, generator=gen)
+    perm = torch.arange(n, device=device) if in_order else torch.randperm(n, device=device, generator=gen)
     pages = perm[:used]
     k[perm[used:]] = float("nan")
     v[perm[used:]] = float("nan")
