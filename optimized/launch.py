@@ -248,12 +248,10 @@ def encode_swiglu_map(addr: int, half_rows: int, cols: int, box_cols: int, box_r
                             (64, 8, 2, box_rows // 16, box_cols // 64))
 
 
-def encode_tiled_map(addr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
-                     promotion: int = _TMAP_L2_256B) -> TensorMap:
+def encode_tiled_map(addr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]) -> TensorMap:
     """``cuTensorMapEncodeTiled`` of bf16 elements at ``addr``: ``dims`` innermost first (the first contiguous),
     the byte ``strides`` of the others, a ``box`` per copy; 128-byte swizzle, zeros past the edges, L2 promotion
-    ``promotion`` (``CUtensorMapL2promotion``: 0 none, 1 64 bytes, 2 128 bytes, 3 256 bytes, the default).
-    ``RuntimeError`` with the driver's error name if the driver refuses."""
+    of 256 bytes. ``RuntimeError`` with the driver's error name if the driver refuses."""
     if not 1 <= len(dims) <= 5 or len(strides) != len(dims) - 1 or len(box) != len(dims):
         raise ValueError(f"a tensor map has 1-5 dims, one stride fewer and a box dim each: {dims}, {strides}, {box}")
     lib = _driver()
@@ -268,7 +266,7 @@ def encode_tiled_map(addr: int, dims: tuple[int, ...], strides: tuple[int, ...],
     steps = (ctypes.c_uint32 * n)(*([1] * n))
     rc = lib.cuTensorMapEncodeTiled(ctypes.c_void_p(ctypes.addressof(store) + at), ctypes.c_int(_TMAP_BFLOAT16),
                                     ctypes.c_uint(n), ctypes.c_void_p(addr), c_dims, c_strides, c_box, steps,
-                                    ctypes.c_int(0), ctypes.c_int(_TMAP_SWIZZLE_128B), ctypes.c_int(promotion),
+                                    ctypes.c_int(0), ctypes.c_int(_TMAP_SWIZZLE_128B), ctypes.c_int(_TMAP_L2_256B),
                                     ctypes.c_int(0))
     if rc != 0:
         raise driver_error(lib, rc, "cuTensorMapEncodeTiled")

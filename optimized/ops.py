@@ -126,16 +126,6 @@ def decode_smem_bytes(head_dim: int) -> int:
     return (16 + 4 * 64) * (head_dim + 8) * 2
 
 
-#: stages of ``split_kv_tma_partials_d128`` (attention.cu's ``DecodeTma::STAGES``)
-DECODE_TMA_STAGES = 3
-
-
-def decode_tma_smem_bytes() -> int:
-    """Dynamic shared memory of ``split_kv_tma_partials_d128``: the Q tile (16 rows of 136 bf16), 1 KB to put
-    the stages on a 1024-byte boundary, then ``DECODE_TMA_STAGES`` stages of a 64-key K and V tile (32 KB)."""
-    return 16 * 136 * 2 + 1024 + DECODE_TMA_STAGES * 2 * 64 * 128 * 2
-
-
 # --------------------------------------------------------------------------------------
 # launching
 # --------------------------------------------------------------------------------------
@@ -695,23 +685,6 @@ def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int, ws: bool 
     return "x2"
 
 
-#: split-KV decode by tensor copies (``split_kv_tma_partials_d128``) where it applies (``_decode_tma_ok``); a lab
-#: switch, read at launch
-DECODE_TMA = False
-#: the L2 promotion of its tensor maps (``launch.encode_tiled_map``: 3, 256 bytes; a lab switch)
-DECODE_TMA_PROMOTION = 3
-
-
-def _decode_tma_ok(q: torch.Tensor, D: int, block_size: int, split_size: int, rope) -> bool:
-    """Whether a ``split_kv_partials`` launch (no ``qk_norm_rope``) takes the TMA kernel: ``DECODE_TMA`` on, a
-    compute-capability-9.0+ device launched through the driver (tensor maps are kernel parameters CuPy cannot
-    pass), head_dim 128, pages of 16 keys (one tensor copy a page), splits on page boundaries, no fused RoPE."""
-    if not (DECODE_TMA and D == 128 and block_size == 16 and split_size % 16 == 0 and rope is None):
-        return False
-    cc = _cc_major(_device_index(q))
-    return cc >= 9 and launch.pdl_enabled(cc)
-
-
 def _default_max_splits(block_tables: torch.Tensor, block_size: int, split_size: int) -> int:
     """Splits of the longest sequence a table can describe (no device read, so no host sync)."""
     return max(1, -(-(block_tables.shape[1] * block_size) // split_size))
@@ -774,14 +747,6 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                  _p(o_part), _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
                  _p(_fused_out), _p(tickets), _i(1 if cluster else 0)), smem, DECODE_CTAS_PER_SM,
                 S if cluster else 1)
-        return o_part, lse_part
-    if _decode_tma_ok(q, D, bs, split_size, rope):
-        kmap, vmap = (_tensor_map("tiled", c.data_ptr(), (64, N * bs, 2 * n_kv), (n_kv * D * 2, 128), (64, 16, 2),
-                                  DECODE_TMA_PROMOTION) for c in (k_cache, v_cache))
-        _launch(q, "attention", "split_kv_tma_partials_d128", grid, (128, 1, 1),
-                (kmap, vmap, _p(q), _i(qs), _p(block_tables), _i(M), _p(seq_lens), _p(o_part), _p(lse_part), _i(n_q),
-                 _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)), _p(row_seq), _p(_fused_out),
-                 _p(tickets)), decode_tma_smem_bytes(), DECODE_CTAS_PER_SM)
         return o_part, lse_part
     _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),

@@ -411,15 +411,3 @@ def test_every_plain_kernel_definition_is_inventoried():
             found += 1
             assert kernel in listed, f"{name}.cu defines {kernel}, which kernels.SOURCES[{name!r}] does not list"
     assert found >= 10, "the pattern matched almost nothing: it no longer fits the sources"
-
-
-def test_decode_tma_stages_and_shared_memory_match_the_source():
-    """split_kv_tma_partials_d128's stages are ``ops.DECODE_TMA_STAGES`` and its shared memory the Q tile, 1 KB of
-    alignment slack and the stages of a 64-key K and V tile (DecodeTma), which fits two CTAs a multiprocessor."""
-    src = (kernels.KERNEL_DIR / "attention.cu").read_text()
-    assert f"STAGES = {ops.DECODE_TMA_STAGES}, PAGE = 16 * 128 * 2, STAGE = 2 * 64 * 128 * 2;" in src
-    assert ops.decode_tma_smem_bytes() == 16 * 136 * 2 + 1024 + ops.DECODE_TMA_STAGES * 32768 == 103680
-    assert "103680" in src
-    assert 2 * (103680 + 1024 + 1024) <= 228 * 1024     # + static shared memory (under 1 KB) and the 1 KB a CTA reserves
-    # the kernel mirrors split_kv_partials_d128 through the shared impl, with the tensor copies switched on
-    assert "split_kv_partials_impl<128, false, true>(" in src and "static_assert(!(QK && TMA)" in src

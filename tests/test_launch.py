@@ -545,62 +545,6 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
         ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
 
 
-def test_split_kv_decode_takes_the_tma_kernel_only_where_it_applies(launch_log, monkeypatch):
-    """With ``ops.DECODE_TMA`` on, a compute-capability-9.0 device and the driver's launch path, a head-dim-128
-    decode over 16-key pages with splits on page boundaries and no fused RoPE launches
-    ``split_kv_tma_partials_d128``: the caches' tensor maps first (64 dims x slots x half-heads, a page box of
-    (64, 16, 2), the maps' L2 promotion), then split_kv_partials_d128's arguments less the caches and RoPE, on
-    the same grid. Anything else -- the switch off, pages of 32, a split off a page boundary, RoPE, head dim 64,
-    an older device or no driver path -- launches split_kv_partials."""
-    import torch
-
-    from optimized import launch, ops
-
-    log = launch_log
-    maps: list[tuple] = []
-    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
-    monkeypatch.setattr(ops, "_tensor_map", lambda kind, *args: maps.append((kind, *args)) or f"map{len(maps)}")
-    cc = [9]
-    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
-    monkeypatch.setattr(ops, "_cc_major", lambda dev: cc[0])
-    pdl = [True]
-    monkeypatch.setattr(launch, "pdl_enabled", lambda major: pdl[0])
-    monkeypatch.setattr(ops, "DECODE_TMA", True)
-    n_q, n_kv = 32, 8
-
-    def run(D=128, bs=16, split=None, rope=None, B=3, max_splits=None):
-        kc = torch.zeros(64, bs, n_kv, D, dtype=torch.bfloat16)
-        q = torch.zeros(B, n_q, D, dtype=torch.bfloat16)
-        tables = torch.zeros(B, 4, dtype=torch.int32)
-        lens = torch.full((B,), 40, dtype=torch.int32)
-        del log[:], maps[:]
-        if rope is None:
-            ops.split_kv_decode(q, kc, kc, tables, lens, split, max_splits=max_splits)
-        else:
-            cos = torch.zeros(64, D // 2)
-            ops.split_kv_decode(q, kc, kc, tables, lens, split, max_splits=max_splits, rope=(cos, cos))
-        return [name for _, name, *_ in log], kc
-
-    names, kc = run()
-    assert names == ["split_kv_tma_partials_d128"]
-    (_, _, grid, block, args, ctas, _), = log
-    assert grid == (1, n_kv, 3) and block == (128, 1, 1) and ctas == ops.DECODE_CTAS_PER_SM
-    assert args[:2] == ("map1", "map2") and len(args) == 18
-    assert [m[0] for m in maps] == ["tiled", "tiled"]
-    assert maps[0][2:] == ((64, 64 * 16, 2 * n_kv), (n_kv * 128 * 2, 128), (64, 16, 2), ops.DECODE_TMA_PROMOTION)
-    assert maps[0][1] == kc.data_ptr()
-    assert run(split=32, max_splits=2)[0] == ["split_kv_tma_partials_d128"]      # 32 keys a split: on page boundaries
-    for kw in (dict(bs=32), dict(split=40, max_splits=2), dict(D=64), dict(rope=True)):
-        assert run(**kw)[0] == [f"split_kv_partials_d{kw.get('D', 128)}"], kw
-    monkeypatch.setattr(ops, "DECODE_TMA", False)
-    assert run()[0] == ["split_kv_partials_d128"]
-    monkeypatch.setattr(ops, "DECODE_TMA", True)
-    cc[0] = 8
-    assert run()[0] == ["split_kv_partials_d128"]
-    cc[0], pdl[0] = 9, False
-    assert run()[0] == ["split_kv_partials_d128"]
-
-
 def test_split_kv_decode_with_norm_rope_launches_the_qk_kernel_and_rejects_bad_input(launch_log, monkeypatch):
     """``split_kv_decode(norm_rope=...)``: one ``split_kv_qk_partials`` launch (+ the reduce past
     ``FUSED_DECODE_MAX_B`` rows with several splits) on the qkv buffer's raw rows -- k, v and their row

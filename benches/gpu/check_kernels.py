@@ -1159,47 +1159,6 @@ def qkv_views(buf: torch.Tensor, n_q: int, n_kv: int, D: int) -> tuple[torch.Ten
             buf[:, (n_q + n_kv) * D:].view(T, n_kv, D))
 
 
-def check_decode_tma(C: Checks, dev, gen) -> None:
-    """split_kv_tma_partials_d128 (the K/V tiles by tensor copies, ``ops.DECODE_TMA``) against the cp.async
-    kernel it mirrors, which ``splitkv`` and ``fused`` check against the reference: the same arithmetic in the
-    same order, so every output, partial and lse must be bitwise equal. NaN in every slot no sequence owns (the
-    tail of a last page is copied by the tensor copy and must never reach an output)."""
-    cases = [
-        ("edges", [1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 4097], [64, 128, 256, 1024, None]),
-        ("batch 37 random", torch.randint(1, 5000, (37,), generator=gen).tolist(), [256, 1024, None]),
-        ("batch 64 x 300", [300] * 64, [128, None]),
-    ]
-    D, n_q, n_kv, bs = 128, 32, 8, 16
-    for name, lens, splits in cases:
-        kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
-        B = len(lens)
-        qkv = (torch.randn(B, (n_q + 2 * n_kv) * D, generator=gen) + 0.05).to(torch.bfloat16).to(dev)
-        q = qkv[:, :n_q * D].view(B, n_q, D)                      # rows 48 heads apart, as the qkv GEMM leaves them
-        for S in splits:
-            def run(S=S, q=q, kc=kc, vc=vc, bt=bt, sl=sl):
-                res = []
-                outs = {}
-                for tma in (False, True):
-                    ops.DECODE_TMA = tma
-                    try:
-                        size = S if S is not None else bt.shape[1] * bs
-                        if tma:
-                            res.append((ops._decode_tma_ok(q, D, bs, size, None), "the launch takes the TMA kernel"))
-                        op, lp = ops.split_kv_partials(q, kc, vc, bt, sl, size, None)
-                        fused = ops.split_kv_decode(q, kc, vc, bt, sl, S, None, fused=True)
-                        two = ops.split_kv_decode(q, kc, vc, bt, sl, S, None, fused=False)
-                        torch.cuda.synchronize()
-                        outs[tma] = (op, lp, fused, two)
-                    finally:
-                        ops.DECODE_TMA = False
-                for i, what in enumerate(("o_part", "lse_part", "fused decode", "partials + reduce")):
-                    res += exact(f"TMA {what} == cp.async", outs[True][i], outs[False][i])
-                nonfinite = int((~torch.isfinite(outs[True][2].float())).sum())
-                res.append((nonfinite == 0, f"TMA decode non-finite outputs: {nonfinite}"))
-                return res
-            C.run("decode_tma", f"{name} S={S}", run)
-
-
 def check_fused_decode(C: Checks, dev, gen) -> None:
     """The two launch fusions of a decode layer. (1) ``qk_norm_rope(store=...)``: q, k and both caches
     bitwise those of ``qk_norm_rope`` then ``store_kvcache`` (strided k/v, -1 slots, NaN pages).
@@ -1339,7 +1298,7 @@ SECTIONS = {
     "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
     "staged": check_skinny_staged, "staged_wide": check_skinny_staged_wide, "qk": check_qk_attention,
-    "cluster": check_skinny_cluster, "decode_tma": check_decode_tma,
+    "cluster": check_skinny_cluster,
     "wg": check_skinny_wg,
 }
 

@@ -13,10 +13,19 @@
 #          with the base and tma variants over shuffled and in-order pages
 #   ncu:   Nsight Compute (DRAM and L2 traffic, issue activity) on the base, L2-prefetch and TMA launches at 32 x 4096
 #   promo: the TMA maps' L2 promotion (none, 64, 128, 256 bytes) against the cp.async kernel, shuffled pages
+#   lab:   the decode lab (benches/run_gpu.sh -k kernel_decode), with its rows over pages in order
 #   TAG: the files' suffix (default _MODE)
+# The modes probe, tma, ncu and promo need the tree of commit 6ead9e2: the switches they measure (TK_DECODE_L2_AHEAD,
+# ops.DECODE_TMA) were dropped after them, and its probe was benches/gpu/probe_decode_l2.py (now probe_decode_cudnn.py).
 source benches/gpu/_env.sh
 mode=${1:-probe}
 tag=${TAG:-_$mode}
+case $mode in
+  probe|tma|ncu|promo)
+    [ -f benches/gpu/probe_decode_l2.py ] || { echo "mode $mode needs the tree of 6ead9e2"; exit 1; } ;;
+esac
+probe=benches/gpu/probe_decode_cudnn.py
+[ -f $probe ] || probe=benches/gpu/probe_decode_l2.py
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 if [ "$mode" = probe ]; then
   timeout 400 python3 benches/gpu/probe_decode_l2.py --shapes 32x4096 32x16384 128x1024 128x4096 1x16384 8x4096 8x16384 \
@@ -26,7 +35,7 @@ if [ "$mode" = probe ]; then
   echo "probe_decode_l2 rc=$?"; grep -E "variant|DIFFER|cudnn vs|TB/s|all variants|Error|error" "$OUT/probe_decode_l2$tag.log" | cut -c1-120
 fi
 if [ "$mode" = waves ]; then   # batches whose CTAs fill whole waves (33 x 8 = 264 = 2 x 132), and forced split counts
-  timeout 400 python3 benches/gpu/probe_decode_l2.py --shapes 32x4096 33x4096 32x16384 33x16384 128x1024 132x1024 \
+  timeout 400 python3 $probe --shapes 32x4096 33x4096 32x16384 33x16384 128x1024 132x1024 \
     128x4096 132x4096 --variants base --layouts shuffled inorder --splits 2 3 4 > "$OUT/probe_decode_waves$tag.log" 2>&1
   echo "probe_decode_l2 rc=$?"; grep -E "DIFFER|TB/s|all variants|Error|error" "$OUT/probe_decode_waves$tag.log" | cut -c1-120
 fi
@@ -69,4 +78,7 @@ if [ "$mode" = promo ]; then   # the TMA maps' L2 promotion: none, 64, 128 and 2
   timeout 300 python3 benches/gpu/probe_decode_l2.py --shapes 32x4096 128x1024 128x4096 8x4096 1x16384 \
     --variants base tma0 tma1 tma2 tma3 --layouts shuffled > "$OUT/probe_decode_tma_promo$tag.log" 2>&1
   echo "probe_decode_l2 rc=$?"; grep -E "DIFFER|TB/s|all variants|Error|error" "$OUT/probe_decode_tma_promo$tag.log" | cut -c1-100
+fi
+if [ "$mode" = lab ]; then   # the decode lab on the engine's kernels, with the rows over pages in order
+  bench_packed 420 "kernel_decode" run_gpu_kernel_decode_inorder.log
 fi

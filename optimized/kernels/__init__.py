@@ -37,7 +37,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "paged_prefill_d128_ws",
         "split_kv_partials_d16", "split_kv_partials_d32", "split_kv_partials_d64", "split_kv_partials_d128",
         "split_kv_qk_partials_d16", "split_kv_qk_partials_d32", "split_kv_qk_partials_d64",
-        "split_kv_qk_partials_d128", "split_kv_tma_partials_d128",
+        "split_kv_qk_partials_d128",
         "split_kv_reduce", "merge_states",
     ),
     "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")

@@ -1304,49 +1304,6 @@ struct DecodeCfg {
   static_assert(4 * NQ * OLD * 4 <= 4 * BN * LD * 2, "warp-merge buffer must fit in the stage buffers");
 };
 
-// ---- The TMA decode kernel's stages (split_kv_tma_partials_d128) ----------------------------------
-// A 64-key tile is four pages of 16 keys (block_size 16). Each page of KV head kvh comes in one tensor copy of
-// a box (64 dims, 16 slots, 2 halves) over the cache seen as (64 dims, N * 16 slots, 2 n_kv half-heads) -- the
-// slots n_kv * D * 2 bytes apart, a head's two halves 128 bytes apart (ops.split_kv_partials) -- so the box
-// lands as two 2 KB halves (dims 0..63, 64..127) of 16 rows x 128 bytes, 128-byte swizzled: row r's 16-byte
-// chunk k at (k ^ (r % 8)) * 16, the chunks of 8 consecutive keys on 8 distinct bank groups (conflict-free
-// ldmatrix). Warp w's 16 keys of a tile are page box w. A stage holds K's four boxes, then V's (STAGE bytes).
-// Dynamic shared memory: Q [16][D + 8] bf16, 1 KB of alignment slack, the stages: 4352 + 1024 + 3 x 32768 =
-// 103680 bytes (ops.decode_tma_smem_bytes), two CTAs a multiprocessor.
-struct DecodeTma {
-  static constexpr int STAGES = 3, PAGE = 16 * 128 * 2, STAGE = 2 * 64 * 128 * 2;
-};
-
-// the shared addresses of chunks 2m + b (m = 0..3) of key r of the page box at `page` (half 0; half 1 is
-// 2048 bytes on): sw[m] = page + r * 128 + ((2m + b) ^ (r % 8)) * 16, with b = 0 or 1
-__device__ __forceinline__ void page_chunk_addrs(u32 (&sw)[4], u32 page, int r, int b) {
-  const int y = (r & 7) ^ b;  // (2m + b) ^ x == 2m ^ (x ^ b): 2m has no low bit
-#pragma unroll
-  for (int m = 0; m < 4; ++m) sw[m] = page + r * 128 + (((2 * m) ^ y) << 4);
-}
-
-// Thread 0: the page boxes of one tile into the stage at `stage`, K then V (pages[p] < 0: a page past the
-// split, not copied), their bytes announced on the stage's barrier `bar` (one arrival).
-template <int D, int BN>
-__device__ __forceinline__ void decode_tma_issue(u32 stage, u32 bar, const int* pages, const TensorMap* kmap,
-                                                 const TensorMap* vmap, int kvh) {
-  static_assert(D == 128 && BN % 16 == 0, "page boxes of 16 keys x 128 dims");
-  constexpr int PAGES = BN / 16;
-  int pg[PAGES], n = 0;
-#pragma unroll
-  for (int p = 0; p < PAGES; ++p) {
-    pg[p] = pages[p];
-    n += pg[p] >= 0;
-  }
-  mbar_expect_tx(bar, (u32)n * 2 * DecodeTma::PAGE);
-#pragma unroll
-  for (int p = 0; p < PAGES; ++p)
-    if (pg[p] >= 0) {
-      tensor_copy(stage + p * DecodeTma::PAGE, kmap, 0, pg[p] * 16, 2 * kvh, bar, 0, 0);
-      tensor_copy(stage + BN * D * 2 + p * DecodeTma::PAGE, vmap, 0, pg[p] * 16, 2 * kvh, bar, 0, 0);
-    }
-}
-
 // B fragments of Q^T (D dims x 8 queries) for each 16-dim k-step, from the Q tile's rows 0..7.
 // ldmatrix.x4 matrix i = (queries 0..7, dims 32j + 8i .. +7): b0, b1 of k-step 2j, then of 2j + 1.
 template <int D>
@@ -1361,22 +1318,19 @@ __device__ __forceinline__ void load_qt_frags(u32 (&qb)[D / 16][2], u32 sQ, int 
 // s (16 keys x 8 queries, C layout: c0, c1 = key g, queries 2t, 2t+1; c2, c3 = key g + 8) = K . Q^T for
 // the 16 keys at sK row 0. The k-steps alternate between two accumulators (two dependency chains of
 // D/32 MMAs instead of one of D/16), added at the end.
-// SW: sK is a TMA page box (page_chunk_addrs) in place of 16 padded rows.
-template <int D, bool SW = false>
+template <int D>
 __device__ __forceinline__ void tile_scores_t(const u32 (&qb)[D / 16][2], u32 sK, int lane, float (&s)[4]) {
   constexpr int LD = D + 8, KS = D / 16;
   const int mi = lane >> 3;
   // A = K: matrices (keys 0..7, dims +0..7), (keys 8..15, dims +0..7), (keys 0..7, dims +8..15), (keys 8..15, +8..15)
   const u32 base = sK + ((((mi & 1) << 3) + (lane & 7)) * LD + ((mi >> 1) << 3)) * 2;
-  u32 sw[4];
-  if constexpr (SW) page_chunk_addrs(sw, sK, ((mi & 1) << 3) + (lane & 7), mi >> 1);
   float acc[2][4];
 #pragma unroll
   for (int c = 0; c < 2; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < KS; ++kk) {
     u32 a[4];
-    ldsm_x4(a[0], a[1], a[2], a[3], SW ? sw[kk & 3] + (kk >> 2) * 2048 : base + kk * 16 * 2);
+    ldsm_x4(a[0], a[1], a[2], a[3], base + kk * 16 * 2);
     mma_bf16(acc[kk & 1], a, qb[kk][0], qb[kk][1]);
   }
 #pragma unroll
@@ -1427,7 +1381,7 @@ __device__ __forceinline__ void online_softmax_t(float (&s)[4], int key0, int li
 
 // o (O^T: D/16 tiles of 16 dims x 8 queries; c0, c1 = dim 16mt + g, queries 2t, 2t+1; c2, c3 = dim + 8)
 // += V^T . P^T for the 16 keys at sV row 0, p the probabilities of tile_scores_t's layout.
-template <int D, bool SW = false>
+template <int D>
 __device__ __forceinline__ void tile_pv_t(const float (&p)[4], u32 sV, int lane, float (&o)[D / 16][4]) {
   constexpr int LD = D + 8;
   const int mi = lane >> 3;
@@ -1438,12 +1392,10 @@ __device__ __forceinline__ void tile_pv_t(const float (&p)[4], u32 sV, int lane,
   // A = V^T (16 dims x 16 keys) by transposed loads: matrices (keys 0..7, dims +0..7), (keys 0..7,
   // dims +8..15), (keys 8..15, dims +0..7), (keys 8..15, dims +8..15)
   const u32 base = sV + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
-  u32 sw[4];
-  if constexpr (SW) page_chunk_addrs(sw, sV, ((mi >> 1) << 3) + (lane & 7), mi & 1);
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) {
     u32 a[4];
-    ldsm_x4_t(a[0], a[1], a[2], a[3], SW ? sw[mt & 3] + (mt >> 2) * 2048 : base + mt * 16 * 2);
+    ldsm_x4_t(a[0], a[1], a[2], a[3], base + mt * 16 * 2);
     mma_bf16(o[mt], a, b0, b1);
   }
 }
@@ -1624,38 +1576,6 @@ __device__ __forceinline__ void cluster_fold(const __nv_bfloat16* sQ, const floa
   cluster_wait();
 }
 
-// Lab switch TK_DECODE_L2_AHEAD = A (0 or undefined: off, the engine's build): in iteration j of the
-// decode key loop, the threads BN..2BN-1 (idle in the table fill) look up the rows of tile j + A, one in
-// every TK_DECODE_L2_ROWS, and at the end of the iteration prefetch each one's K and V row of KV head kvh
-// (D * 2 bytes, one cp.async.bulk.prefetch.L2 each; TK_DECODE_L2_PLAIN: prefetch.global.L2 per 128-byte
-// line) -- a lead of A - 1 tiles over the tile's cp.async, in L2 rather than in shared memory. Nothing it
-// does changes an output bit: a prefetch writes no register and no memory.
-#ifndef TK_DECODE_L2_AHEAD
-#define TK_DECODE_L2_AHEAD 0
-#endif
-#ifndef TK_DECODE_L2_ROWS
-#define TK_DECODE_L2_ROWS 1
-#endif
-static_assert(TK_DECODE_L2_AHEAD == 0 || TK_DECODE_L2_AHEAD >= 2, "tiles j + 1 and j + 2 are copied already");
-template <int D>
-__device__ __forceinline__ void decode_l2_prefetch(const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache, int kvh,
-                                                   int chunk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const __nv_bfloat16* kr = k_cache + (long long)chunk * 8 + kvh * D;
-  const __nv_bfloat16* vr = v_cache + (long long)chunk * 8 + kvh * D;
-#ifdef TK_DECODE_L2_PLAIN
-#pragma unroll
-  for (int i = 0; i < D * 2; i += 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(kr + i / 2)));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(vr + i / 2)));
-  }
-#else
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(kr)), "r"(D * 2) : "memory");
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(vr)), "r"(D * 2) : "memory");
-#endif
-#endif
-}
-
 // QK (split_kv_qk_partials, a decode step's attention with qk_norm_rope in the same launch): what the
 // launch reads before its griddepcontrol.wait -- so while the qkv GEMM before it is still running -- is
 // what that GEMM does not write: the lengths, positions, slots and block table (uploaded before the
@@ -1670,7 +1590,7 @@ __device__ __forceinline__ void decode_l2_prefetch(const __nv_bfloat16* k_cache,
 // copied from the cache after the wait). The CTA of the split that holds position positions[b] (head
 // group 0) also writes the K and V rows to the caches at slots[b] >= 0, the store qk_norm_rope makes.
 // q and k in the qkv buffer are left as they are.
-template <int D, bool QK = false, bool TMA = false>
+template <int D, bool QK = false>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
                                                        const __nv_bfloat16* __restrict__ v_cache,
@@ -1681,27 +1601,18 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                                                        const int* __restrict__ row_seq, const float* __restrict__ cos_t,
                                                        const float* __restrict__ sin_t, int max_pos,
                                                        __nv_bfloat16* __restrict__ out, int* __restrict__ tickets,
-                                                       const DecodeQk& qk = DecodeQk{}, const TensorMap* kmap = nullptr,
-                                                       const TensorMap* vmap = nullptr) {
-  static_assert(!(QK && TMA), "the TMA copies are split_kv_tma_partials' (no fused qk_norm_rope)");
+                                                       const DecodeQk& qk = DecodeQk{}) {
   typedef DecodeCfg<D> C;
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int NQ = C::NQ;
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD], rows 0..NQ-1 used (QK: + 2)
-  // TMA: the stages on a 1024-byte boundary (the copies' swizzle period; the host adds the slack), stage s
-  // at + s * DecodeTma::STAGE bytes: K then V, each BN / 16 page boxes (DecodeTma)
-  __nv_bfloat16* sK = TMA ? reinterpret_cast<__nv_bfloat16*>(
-                                smem_raw + (((smem_u32(smem_raw) + 16 * LD * 2 + 1023u) & ~1023u) - smem_u32(smem_raw)))
-                          : sQ + 16 * LD;                           // [2][BN][LD]
-  __nv_bfloat16* sV = sK + (TMA ? BN * D : 2 * BN * LD);            // [2][BN][LD]
+  __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
+  __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
   __shared__ float s_m[4][NQ];
   __shared__ float s_l[4][NQ];
   __shared__ float s_lse[NQ];  // QK with cluster: this split's lse per query row (its o in sQ)
-  constexpr int NS = TMA ? DecodeTma::STAGES : 2, PAGES = BN / 16;
-  __shared__ __align__(8) unsigned long long s_full[TMA ? NS : 1];  // TMA: stage s's copies have landed
-  __shared__ int s_pg[TMA ? NS : 1][PAGES];                         // TMA: the pages of the tile in stage s
 
   TRACE(0);  // after pdl_entry (QK: at the start)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1723,15 +1634,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const long long s0l = (long long)split * split_size;
   const int slen = seq_lens[b];
   const int bs_log2 = block_shift(block_size);
-  int page = -1, blk = 0;  // the page of key s0 + tid (tid < 2 * BN); TMA: of key s0 + 16 tid (tid < NS PAGES)
-  if (TMA) {
-    if (tid < NS * PAGES && s0l + 16 * tid < (long long)max_blocks * block_size) page = bt[(int)(s0l >> 4) + tid];
-    if (tid == 0) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) mbar_init(smem_u32(&s_full[i]), 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-  } else if (tid < 2 * BN && s0l + tid < (long long)max_blocks * block_size) {
+  int page = -1, blk = 0;  // the page of key s0 + tid (tid < 2 * BN)
+  if (tid < 2 * BN && s0l + tid < (long long)max_blocks * block_size) {
     blk = block_of((int)s0l + tid, block_size, bs_log2);
     page = bt[blk];
   }
@@ -1832,17 +1736,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const bool direct = out != nullptr && n_live == 1;  // fused with one live split: no partials at all
 
   const int ntiles = (s1 - s0 + BN - 1) / BN;
-  __shared__ int s_off[TMA ? 1 : 2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
-  if constexpr (TMA) {
-    if (tid < NS * PAGES) s_pg[tid / PAGES][tid % PAGES] = s0 + 16 * tid < s1 ? page : -1;  // tiles 0 .. NS-1
-  } else if (tid < 2 * BN) {
-    s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
-  }
-  // TMA: thread 0 issues tile t's page boxes into stage t % NS (decode_tma_issue)
-  auto issue = [&](int t) {
-    if constexpr (TMA) decode_tma_issue<D, BN>(sK_u + (t % NS) * DecodeTma::STAGE, smem_u32(&s_full[t % NS]),
-                                                s_pg[t % NS], kmap, vmap, kvh);
-  };
+  __shared__ int s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
+  if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
   // QK: the new key's tile lt and row lr (lt = -1: not in this split), and whether the table puts it at
   // the slot this step writes (subst: its tile row comes from the new K/V rows, not from the cache)
   int lt = -1, lr = 0, late_off = -1;
@@ -1868,9 +1763,6 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     norm_jobs(0, njobs);
     for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
       sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
-  } else if constexpr (TMA) {
-    if (tid == 0)
-      for (int t = 0; t < NS - 1 && t < ntiles; ++t) issue(t);
   } else {
     load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
     cp_async_commit();
@@ -1898,8 +1790,6 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     if (lt == 0 || lt == 1) fill_new_row(lt);
     cp_async_commit();
     cp_async_wait<0>();  // tiles 0, 1 and the new key's row have landed
-  } else if constexpr (TMA) {
-    cp_async_wait<0>();  // Q has landed
   } else {
     cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
   }
@@ -1915,52 +1805,11 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const float sl2 = scale * kLog2e;
   const int lim = s1 - 1;  // every key of the split is visible
 
-  if constexpr (TMA) {
-    // Tile j waits on stage j % NS's barrier (phase j / NS); thread 0 has issued tiles up to j + NS - 2 and now
-    // issues j + NS - 1 into the stage tile j - 1 left (the barrier at the end of that iteration), while
-    // threads 0..PAGES-1 look up the pages of tile j + NS, written to s_pg at the end of the iteration.
-    for (int j = 0; j < ntiles; ++j) {
-      const int st = j % NS;
-      const int ahead = s0 + (j + NS) * BN + 16 * tid;
-      const int ahead_page = (tid < PAGES && j + NS < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
-      if (tid == 0 && j + NS - 1 < ntiles) issue(j + NS - 1);
-      mbar_wait(smem_u32(&s_full[st]), (u32)(j / NS) & 1u);
-      const u32 kst = sK_u + st * DecodeTma::STAGE, vst = sV_u + st * DecodeTma::STAGE;
-      const int r0 = s1 - (s0 + j * BN);  // the split's last tile: V rows r0.. are zeros (stale or never copied:
-      if (r0 < BN) {                      // a masked probability must not meet a NaN)
-        for (int i = tid; i < (BN - r0) * (D / 8); i += THREADS) {
-          const int r = r0 + i / (D / 8), ch = i % (D / 8);
-          const u32 a = vst + (r / 16) * DecodeTma::PAGE + (ch >> 3) * 2048 + (r % 16) * 128 + (ch & 7) * 16;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
-        }
-        __syncthreads();
-      }
-      if (j == 0) TRACE(2);  // the first K/V tile has landed
-      float s[4];
-      tile_scores_t<D, true>(qb, kst + warp * DecodeTma::PAGE, lane, s);
-      const int key0 = s0 + j * BN + warp * 16 + (lane >> 2);  // this lane's first key (row g)
-      if (__all_sync(0xffffffffu, s0 + j * BN + warp * 16 + 15 <= lim))
-        online_softmax_t<D, false>(s, key0, lim, sl2, m_, l_, o);
-      else
-        online_softmax_t<D, true>(s, key0, lim, sl2, m_, l_, o);
-      tile_pv_t<D, true>(s, vst + warp * DecodeTma::PAGE, lane, o);
-      if (tid < PAGES && j + NS < ntiles) s_pg[st][tid] = ahead_page;  // tile j + NS's pages, for its issue
-      __syncthreads();
-    }
-  } else
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
     // row tid of tile j + 2: page read now, table entry written at the end of the iteration (as in paged_prefill)
     const int ahead = s0 + (j + 2) * BN + tid;
     const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
-#if TK_DECODE_L2_AHEAD > 0
-    // lab switch (off in the engine's build): row tid - BN of tile j + TK_DECODE_L2_AHEAD, page read now,
-    // its K and V rows prefetched into L2 at the end of the iteration (decode_l2_prefetch)
-    const int pf_pos = s0 + (j + TK_DECODE_L2_AHEAD) * BN + (tid - BN);
-    const int pf_page = (tid >= BN && j + TK_DECODE_L2_AHEAD < ntiles && (tid - BN) % TK_DECODE_L2_ROWS == 0)
-                            ? row_page(bt, pf_pos, s1, block_size, bs_log2)
-                            : -1;
-#endif
     if (j + 1 < ntiles && (!QK || j + 1 >= 2)) {  // (QK: tile 1 went out before the wait)
       if constexpr (QK) {
         const bool mine = subst && j + 1 == lt;
@@ -1991,11 +1840,6 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     tile_pv_t<D>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
     if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
       s_off[st][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
-#if TK_DECODE_L2_AHEAD > 0
-    if (pf_page >= 0)
-      decode_l2_prefetch<D>(k_cache, v_cache, kvh,
-                            slot_chunk(pf_page, pf_pos, block_of(pf_pos, block_size, bs_log2), s1, n_kv, D, block_size));
-#endif
     __syncthreads();
   }
 
@@ -2209,26 +2053,6 @@ TK_SPLITKV(16, 4)
 TK_SPLITKV(32, 4)
 TK_SPLITKV(64, 1)
 TK_SPLITKV(128, 1)
-
-// split_kv_partials_d128 with the K/V tiles by tensor copies (TMA) into DecodeTma::STAGES stages: kmap and vmap
-// are the caches' maps (ops.split_kv_partials), block_size must be 16 and split_size a multiple of 16 (tiles on page
-// boundaries); no fused
-// RoPE (cos_t). The same arithmetic in the same order as split_kv_partials_d128: the same bits.
-extern "C" __global__ void __launch_bounds__(128, 1) split_kv_tma_partials_d128(
-    const __grid_constant__ TensorMap kmap, const __grid_constant__ TensorMap vmap, const __nv_bfloat16* __restrict__ q,
-    int q_stride, const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
-    float* __restrict__ o_part, float* __restrict__ lse_part, int n_q, int n_kv, int block_size, int split_size,
-    int max_splits, float scale, const int* __restrict__ row_seq, __nv_bfloat16* __restrict__ out,
-    int* __restrict__ tickets) {
-  pdl_entry();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  split_kv_partials_impl<128, false, true>(q, q_stride, nullptr, nullptr, block_tables, max_blocks, seq_lens, o_part,
-                                           lse_part, n_q, n_kv, block_size, split_size, max_splits, scale, row_seq,
-                                           nullptr, nullptr, 0, out, tickets, DecodeQk{}, &kmap, &vmap);
-#else
-  __trap();  // tensor copies need sm_90
-#endif
-}
 
 // split_kv_partials with qk_norm_rope in the launch (split_kv_partials_impl<D, true>, DecodeQk): q, k, v
 // the qkv GEMM's raw head rows; the rest as split_kv_partials (one query row per sequence: no row_seq,

@@ -1,7 +1,6 @@
 // mbarrier.cuh -- shared-memory mbarriers (sm_90): init, arrive, arrive with an expected byte count, and the
-// wait on a phase's parity; and the 3-D tensor copy (cp.async.bulk.tensor) that completes on one, with its
-// TensorMap. Included by tma.cuh (its bulk and tensor copies complete on them) and by attention.cu (the
-// warp-specialised prefill's full / empty slots, the TMA decode kernel's stages). Needs u32, u64 (mma.cuh) first.
+// wait on a phase's parity. Included by tma.cuh (its bulk and tensor copies complete on them) and by
+// attention.cu (the warp-specialised prefill's full / empty slots). Needs u32 (mma.cuh) first.
 #pragma once
 
 namespace {
@@ -38,25 +37,5 @@ __device__ __forceinline__ void mbar_wait_uniform(u32 bar, u32 parity) {
       " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       " @!p bra TK_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity)
       : "memory");
-}
-
-struct __align__(64) TensorMap {  // CUtensorMap: opaque, 128 bytes, encoded by the driver on the host
-  unsigned long long v[16];
-};
-
-// the box of the 3-D tensor map `map` at (c0, c1, c2) into this CTA's shared dst, completion counted on bar
-__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
-                                            u64 policy, int evict) {
-  const unsigned long long m = reinterpret_cast<unsigned long long>(map);
-  if (evict)
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
 }
 }  // namespace

@@ -30,6 +30,9 @@ __device__ __forceinline__ u64 l2_evict_first() {
   return p;
 }
 
+struct __align__(64) TensorMap {  // CUtensorMap: opaque, 128 bytes, encoded by the driver on the host
+  unsigned long long v[16];
+};
 __device__ __forceinline__ u32 cluster_rank() {
   u32 r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -47,6 +50,21 @@ __device__ __forceinline__ void mbar_arrive_peer(u32 bar, u32 cta) {
   u32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
   asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// the box of the 3-D tensor map `map` at (c0, c1, c2) into this CTA's shared dst, completion counted on bar
+__device__ __forceinline__ void tensor_copy(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar,
+                                            u64 policy, int evict) {
+  const unsigned long long m = reinterpret_cast<unsigned long long>(map);
+  if (evict)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+  else
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
 }
 // the same box into the shared dst of every cluster CTA in `mask`, completion counted on each one's bar.
 // (ptxas advises the sm_90a target for .multicast::cluster, for the sake of later architectures; on sm_90 it is

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""The decode attention at large batch against cuDNN, in one process: where the pages lie, and builds
-of ``attention.cu`` that prefetch the K/V rows of a tile further ahead into L2 (``TK_DECODE_L2_AHEAD``).
+"""The decode attention at large batch against cuDNN, in one process: where the pages lie, how many
+splits a sequence takes, and builds of ``attention.cu`` with compile-time switches.
 
-    python benches/gpu/probe_decode_l2.py [--shapes 32x4096 128x1024 ...] [--rounds 3] [--reps 20]
-        [--variants base l2a3:TK_DECODE_L2_AHEAD=3 ...] [--layouts shuffled inorder local] [--splits 2 4]
+    python benches/gpu/probe_decode_cudnn.py [--shapes 32x4096 128x1024 ...] [--rounds 3] [--reps 20]
+        [--variants base cg:TK_CP_ASYNC_CG ...] [--layouts shuffled inorder local] [--splits 2 4]
 
 The problem is the decode lab's (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, one
 query a sequence, every sequence ``ctx`` keys, pages of 16 tokens) through ``ops.split_kv_decode`` with
@@ -20,14 +20,13 @@ the engine's ``auto`` split. Layouts of the same keys:
 other bits, so these are checked to within 1e-2 of ``base``, as ``probe_stream.py`` checks its layouts).
 ``cudnn`` is SDPA's cuDNN backend on the dense ``[B, n_kv, ctx, D]`` copy (the lab's peer).
 
-A variant is ``name:MACRO[=V],MACRO...`` (``base``: the engine's build); ``tma`` (no macros) is the engine's
-build with ``ops.DECODE_TMA`` on: the K/V tiles by tensor copies (``split_kv_tma_partials_d128``); ``tmaP``
-the same with the maps' L2 promotion P (``ops.DECODE_TMA_PROMOTION``: 0 none, 1 64 B, 2 128 B, 3 256 B).
-Every variant's output on every layout is checked against ``base`` on ``shuffled`` before any timing:
-the layouts only move where the keys lie, and a prefetch or a tensor copy changes no value, so the bits
-must be equal; the probe fails otherwise. Then rounds alternate over every (variant, layout) and cuDNN,
-each timed as a CUDA graph of ``--reps`` calls (CUDA events, after warm-up; 0.27-2.1 GB of keys a call,
-so they come from DRAM), best round kept.
+A variant is ``name:MACRO[=V],MACRO...`` (``base``: the engine's build), for switches that change how the
+keys are fetched and no value (a cache operator, a prefetch). Every variant's output on every layout is
+checked against ``base`` on ``shuffled`` before any timing: the bits must be equal; the probe fails
+otherwise. Then rounds alternate over every (variant, layout) and cuDNN, each timed as a CUDA graph of
+``--reps`` calls (CUDA events, after warm-up; 0.27-2.1 GB of keys a call, so they come from DRAM), best
+round kept. (The twenty-fifth session ran it, as ``probe_decode_l2.py``, with two switches that have left
+the tree since: an L2 prefetch and tensor copies, commit 6ead9e2; docs/performance.md, "Decode attention".)
 """
 
 from __future__ import annotations
@@ -78,18 +77,6 @@ def paged(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
     return kc, vc, order.view(B, ctx // BS).to(torch.int32)
 
 
-def with_tma(fn, promotion: int = 3):
-    """``fn`` with ``ops.DECODE_TMA`` on (and the maps' L2 promotion ``promotion``) while it launches (read at
-    launch, so a CUDA graph captured in it holds the TMA kernel)."""
-    def run():
-        ops.DECODE_TMA, ops.DECODE_TMA_PROMOTION = True, promotion
-        try:
-            return fn()
-        finally:
-            ops.DECODE_TMA, ops.DECODE_TMA_PROMOTION = False, 3
-    return run
-
-
 def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
     out = {}
     for spec in specs:
@@ -121,9 +108,7 @@ def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], r
     calls = {}
     for name, mod in mods.items():
         for lay in layouts:
-            fn = ours(*problems[lay], q, lens, ctx, sms)
-            tma = name.startswith("tma")
-            calls[(name, lay)] = (mod, with_tma(fn, int(name[3:] or 3)) if tma else fn)
+            calls[(name, lay)] = (mod, ours(*problems[lay], q, lens, ctx, sms))
     for n in splits:
         calls[(f"base/s{n}", "shuffled")] = (mods["base"], forced(*problems["shuffled"], q, lens, ctx, n))
     ok = True
@@ -161,7 +146,7 @@ def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], r
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="*", default=["32x4096", "32x16384", "128x1024", "128x4096"])
-    ap.add_argument("--variants", nargs="*", default=["base", "l2a3:TK_DECODE_L2_AHEAD=3"])
+    ap.add_argument("--variants", nargs="*", default=["base"])
     ap.add_argument("--layouts", nargs="*", default=["shuffled", "inorder", "local"])
     ap.add_argument("--splits", type=int, nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=3)
@@ -169,7 +154,7 @@ def main() -> int:
     a = ap.parse_args()
     specs = parse_variants(a.variants)
     src = kernels.source("attention")
-    built, mods = {}, {}  # one build per set of macros (tma: the base build)
+    built, mods = {}, {}  # one build per set of macros
     for name, macros in specs.items():
         if macros not in built:
             built[macros] = build(src, macros)
