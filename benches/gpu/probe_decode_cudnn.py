@@ -46,7 +46,7 @@ from _attn import sdpa_call  # noqa: E402
 from ab_attention import build, install  # noqa: E402
 from check_kernels import _time as gpu_seconds  # noqa: E402
 from optimized import kernels, ops  # noqa: E402
-from probe_stream import D, N_KV, N_Q, ours  # noqa: E402
+from probe_stream import D, N_KV, N_Q, ours, paged_at  # noqa: E402
 
 BS = 16
 GROUP = 64  # pages of a `local` run: 64 x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB of K
@@ -64,17 +64,6 @@ def page_order(n: int, layout: str, gen: torch.Generator) -> torch.Tensor:
         g1 = min(n, g0 + GROUP)
         order[g0:g1] = g0 + torch.randperm(g1 - g0, device="cuda", generator=gen)
     return order
-
-
-def paged(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
-    """Dense ``k, v [B, ctx, n_kv, D]`` as caches ``[N, BS, n_kv, D]`` with page i at ``order[i]``; tables ``[B, nblk]``."""
-    B, ctx = k.shape[:2]
-    n = B * (ctx // BS)
-    kc = torch.empty(n, BS, N_KV, D, device="cuda", dtype=k.dtype)
-    vc = torch.empty_like(kc)
-    kc[order] = k.reshape(n, BS, N_KV, D)
-    vc[order] = v.reshape(n, BS, N_KV, D)
-    return kc, vc, order.view(B, ctx // BS).to(torch.int32)
 
 
 def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
@@ -101,7 +90,8 @@ def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], r
     lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
     gbytes = 2 * k.numel() * 2 / 1e9
     n = B * (ctx // BS)
-    problems = {lay: paged(k, v, page_order(n, lay, gen)) for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]}
+    problems = {lay: paged_at(k, v, BS, page_order(n, lay, gen))
+                for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]}
     kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()              # [B, n_kv, ctx, D]
     del k, v
     cudnn = sdpa_call("cudnn", q[:, :, None], kd, vd, D ** -0.5, "none", "enable_gqa")

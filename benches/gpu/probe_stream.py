@@ -42,17 +42,24 @@ from reference.attention import split_size_for  # noqa: E402
 N_Q, N_KV, D = 32, 8, 128
 
 
-def paged(k: torch.Tensor, v: torch.Tensor, bs: int, shuffle: bool, gen: torch.Generator):
-    """Dense ``k, v [B, ctx, h, D]`` as pages of ``bs`` tokens: caches ``[N, bs, h, D]``, tables ``[B, nblk]``."""
+def paged_at(k: torch.Tensor, v: torch.Tensor, bs: int, order: torch.Tensor):
+    """Dense ``k, v [B, ctx, h, D]`` as pages of ``bs`` tokens, page i of the concatenated sequences at
+    ``order[i]``: caches ``[N, bs, h, D]``, tables ``[B, nblk]``."""
     B, ctx, h, _ = k.shape
     nblk = ctx // bs
     n = B * nblk
-    order = torch.randperm(n, device=k.device, generator=gen) if shuffle else torch.arange(n, device=k.device)
     kc = torch.empty(n, bs, h, D, device=k.device, dtype=k.dtype)
     vc = torch.empty_like(kc)
     kc[order] = k.reshape(n, bs, h, D)
     vc[order] = v.reshape(n, bs, h, D)
     return kc, vc, order.view(B, nblk).to(torch.int32)
+
+
+def paged(k: torch.Tensor, v: torch.Tensor, bs: int, shuffle: bool, gen: torch.Generator):
+    """``paged_at`` with the pages in one random order (``shuffle``) or in order."""
+    n = k.shape[0] * (k.shape[1] // bs)
+    order = torch.randperm(n, device=k.device, generator=gen) if shuffle else torch.arange(n, device=k.device)
+    return paged_at(k, v, bs, order)
 
 
 def ours(kc, vc, tables, q, lens, ctx: int, sms: int):

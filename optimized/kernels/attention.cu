@@ -509,6 +509,21 @@ __device__ __forceinline__ void softmax_tile_deferred(float (&s)[1][BN / 8][4], 
 // log2(x) for a power of two, -1 for any other block size
 __device__ __forceinline__ int block_shift(int x) { return (x & (x - 1)) == 0 ? __ffs(x) - 1 : -1; }
 
+// Row i (< BM) of a prefill tile's token table (the tile's first token t0) into s_seq[i], s_pos[i]: the token's
+// sequence and position, or -1, -1 for a row past the tile's TT tokens or past T, a padding row (q_pos < 0) or a
+// sequence index out of range.
+__device__ __forceinline__ void token_row(int* s_seq, int* s_pos, const int* q_seq_idx, const int* q_pos, int t0,
+                                          int i, int TT, int T, int B) {
+  int sq = -1, ps = -1;
+  if (i < TT && t0 + i < T) {
+    ps = q_pos[t0 + i];
+    sq = q_seq_idx[t0 + i];
+    if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
+  }
+  s_seq[i] = sq;
+  s_pos[i] = ps;
+}
+
 // Fused RoPE: rotate the K rows [kv0, kv_end) of a tile in shared memory (rotate-half, fp32 tables
 // cos_t / sin_t [max_pos, D/2]; a position outside the table is left as it is, like qk_norm_rope).
 // The caller brackets it with CTA barriers (the tile has landed / the rotation is visible).
@@ -743,16 +758,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   const int t0 = tile * TT;
   const int bs_log2 = block_shift(block_size);
 
-  if (tid < BM) {
-    int sq = -1, ps = -1;
-    if (tid < TT && t0 + tid < T) {
-      ps = q_pos[t0 + tid];
-      sq = q_seq_idx[t0 + tid];
-      if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
-    }
-    s_seq[tid] = sq;
-    s_pos[tid] = ps;
-  }
+  if (tid < BM) token_row(s_seq, s_pos, q_seq_idx, q_pos, t0, tid, TT, T, B);
   __syncthreads();  // the row table (s_seq, s_pos)
   // Q tile -> shared by cp.async (rows of padding, of a token past T or of no valid sequence
   // zero-filled: such rows are in no pass and write zeros), a commit group of its own. With its own
@@ -1102,16 +1108,7 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   auto token_table = [&](int w, int bar_id, int threads) {
     named_bar_sync(bar_id, threads);
     const int t0 = ((items / n_kv) - 1 - w / n_kv) * TT;
-    if (rtid < BM) {
-      int sq = -1, ps = -1;
-      if (rtid < TT && t0 + rtid < T) {
-        ps = q_pos[t0 + rtid];
-        sq = q_seq_idx[t0 + rtid];
-        if (ps < 0 || sq < 0 || sq >= B) sq = ps = -1;
-      }
-      s_seq[role == 0 ? 0 : 1][rtid] = sq;
-      s_pos[role == 0 ? 0 : 1][rtid] = ps;
-    }
+    if (rtid < BM) token_row(s_seq[role == 0 ? 0 : 1], s_pos[role == 0 ? 0 : 1], q_seq_idx, q_pos, t0, rtid, TT, T, B);
     named_bar_sync(bar_id, threads);
   };
 
