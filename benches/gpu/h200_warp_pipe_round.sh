@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Twenty-sixth session's device calls: the split-KV decode's key loop with one pipeline a warp (each warp waits
+# for its own rows of a tile and refills them with tile j + 2 as soon as it has read them, no barrier across the
+# CTA) against the CTA-wide loop before it (docs/performance.md, "Decode attention"; run from the repository root):
+#   bash benches/gpu/h200_warp_pipe_round.sh MODE
+#   ab:   check_kernels.py on the decode sections (splitkv, fused, qk, fused_rope, invariant), ab_attention.py
+#         against benches/gpu/ab_variants/cta_pipe_attention.cu (the tree's attention.cu before the change: bits
+#         must be equal), then probe_decode_cudnn.py at the shapes where the kernel trailed cuDNN (and 33 x 4096,
+#         8 x 4096, 1 x 16384) over shuffled and in-order pages
+#   verify: on the tree after the change was dropped: every check_kernels.py section, the engine smoke test and
+#         conformance at CI scale
+#   TAG: the files' suffix (default _MODE)
+source benches/gpu/_env.sh
+mode=${1:-ab}
+tag=${TAG:-_$mode}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = ab ]; then
+  checks 200 check_kernels_decode_warp_pipe.log splitkv fused qk fused_rope invariant
+  ab 170 cta_pipe_attention.cu ab_warp_pipe.log --only decode --rounds 3
+  timeout 200 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 \
+    8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn_warp_pipe.log" 2>&1
+  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn_warp_pipe.log" | cut -c1-120
+fi
+if [ "$mode" = verify ]; then
+  all_checks 300 check_kernels$tag.log
+  smoke 120
+  conformance_ci 150
+fi
