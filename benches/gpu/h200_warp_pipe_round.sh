@@ -10,9 +10,14 @@
 #   verify: on the tree after the change was dropped: every check_kernels.py section, the engine smoke test and
 #         conformance at CI scale
 #   TAG: the files' suffix (default _MODE)
+# The ab mode needs the tree of commit 459d410 (the per-warp loop and the base file beside it); the change was
+# dropped after it (slower at every shape).
 source benches/gpu/_env.sh
 mode=${1:-ab}
 tag=${TAG:-_$mode}
+if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/cta_pipe_attention.cu ]; then
+  echo "mode ab needs the tree of 459d410"; exit 1
+fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 if [ "$mode" = ab ]; then

@@ -395,28 +395,6 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   }
 }
 
-// Issue the cp.async copies of one warp's 16 rows (16 warp .. 16 warp + 15) of one K or V tile of the
-// split-KV decode, through L1, from the tile's row-offset table (as load_kv_tile). In that kernel a warp
-// reads only its own rows of a tile, so it refills them without waiting for the other warps. Lane copies
-// 16-byte chunk lane % CH of rows 16 warp + lane / CH + i * (32 / CH): each instruction reads whole
-// 256-byte rows, as load_kv_tile's do. Row `except` (if any) is left alone, neither copied nor zero-filled.
-template <int D>
-__device__ __forceinline__ void load_warp_rows(__nv_bfloat16* sX, const __nv_bfloat16* __restrict__ cache,
-                                               const int* s_off, int kvh, int warp, int lane, int except = -1) {
-  constexpr int LD = D + 8, CH = D / 8, RSTEP = 32 / CH, ROWS = 16 / RSTEP;
-  static_assert(32 % CH == 0 && 16 % RSTEP == 0, "a warp instruction covers whole rows, the warp 16 of them");
-  const int c = lane % CH, r0 = warp * 16 + lane / CH;
-  const uint4* base = reinterpret_cast<const uint4*>(cache + (kvh * D + c * 8));
-  const u32 dst = smem_u32(sX + r0 * LD + c * 8);
-#pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
-    const int r = r0 + i * RSTEP;
-    if (r == except) continue;
-    const int o = s_off[r];
-    cp_async16_or_zero<true>(dst + i * RSTEP * LD * 2, base + (u32)max(o, 0), o < 0);
-  }
-}
-
 // ---- The wgmma prefill kernels' K/V tiles (paged_prefill_d128_wg*) -------------------------------
 // A tile of BN keys x D dims is stored in the 128-byte-swizzled layout of wgmma (mma.cuh): D/64 slabs of
 // BN rows x 128 bytes (64 dims of a key), slab h at h * BN * 128 bytes; within a slab, row r at r * 128
@@ -1653,15 +1631,10 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const long long s0l = (long long)split * split_size;
   const int slen = seq_lens[b];
   const int bs_log2 = block_shift(block_size);
-  int page = -1, blk = 0;  // the page of key s0 + tid (tid < 2 * BN): tiles 0 and 1
+  int page = -1, blk = 0;  // the page of key s0 + tid (tid < 2 * BN)
   if (tid < 2 * BN && s0l + tid < (long long)max_blocks * block_size) {
     blk = block_of((int)s0l + tid, block_size, bs_log2);
     page = bt[blk];
-  }
-  int page2 = -1, blk2 = 0;  // the page of key s0 + 2 BN + tid (tid < BN): tile 2
-  if (tid < BN && s0l + 2 * BN + tid < (long long)max_blocks * block_size) {
-    blk2 = block_of((int)s0l + 2 * BN + tid, block_size, bs_log2);
-    page2 = bt[blk2];
   }
   // QK: this step's position and slot; the split that stores the K/V rows (the one holding the position)
   int p = -1, slot = -1;
@@ -1760,9 +1733,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const bool direct = out != nullptr && n_live == 1;  // fused with one live split: no partials at all
 
   const int ntiles = (s1 - s0 + BN - 1) / BN;
-  __shared__ int s_off[3][BN];  // row-offset tables of three K/V tiles: tile n's in s_off[n % 3]
+  __shared__ int s_off[2][BN];  // row-offset tables of two K/V tiles (load_kv_tile)
   if (tid < 2 * BN) s_off[tid / BN][tid % BN] = slot_chunk(page, s0 + tid, blk, s1, n_kv, D, block_size);  // tiles 0, 1
-  if (tid < BN) s_off[2][tid] = slot_chunk(page2, s0 + 2 * BN + tid, blk2, s1, n_kv, D, block_size);  // tile 2
   // QK: the new key's tile lt and row lr (lt = -1: not in this split), and whether the table puts it at
   // the slot this step writes (subst: its tile row comes from the new K/V rows, not from the cache)
   int lt = -1, lr = 0, late_off = -1;
@@ -1788,16 +1760,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     norm_jobs(0, njobs);
     for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
       sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
-  } else {  // tiles 0 and 1, each warp its own rows (the key loop waits per warp), then an empty group
-    load_warp_rows<D>(sK, k_cache, s_off[0], kvh, warp, lane);
-    load_warp_rows<D>(sV, v_cache, s_off[0], kvh, warp, lane);
+  } else {
+    load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
     cp_async_commit();
-    if (ntiles > 1) {
-      load_warp_rows<D>(sK + BN * LD, k_cache, s_off[1], kvh, warp, lane);
-      load_warp_rows<D>(sV + BN * LD, v_cache, s_off[1], kvh, warp, lane);
-    }
-    cp_async_commit();
-    cp_async_commit();  // empty: two groups after tile 0's and after tile 1's, as the key loop leaves them
   }
   const bool subst = QK && lt >= 0 && late_off >= 0 && late_off == slot * (n_kv * CH);
   // QK: the new key's row of tile lt, in stage st: from sQ rows NQ, NQ + 1 (subst), else from the cache
@@ -1823,7 +1788,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     cp_async_commit();
     cp_async_wait<0>();  // tiles 0, 1 and the new key's row have landed
   } else {
-    cp_async_wait<3>();  // Q has landed (tiles 0 and 1 may still be in flight)
+    cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
   }
   __syncthreads();
   u32 qb[D / 16][2];
@@ -1837,41 +1802,32 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const float sl2 = scale * kLog2e;
   const int lim = s1 - 1;  // every key of the split is visible
 
-  // The key loop. A warp reads only its own 16 rows of a tile (its keys, in Q K^T and in P V), so each
-  // warp runs its own pipeline, with no barrier across the CTA: it waits for its rows of tile j, and
-  // refills them with tile j + 2 as soon as it has read them, K after the scores and V after P V, so
-  // that tile j + 2's copies are in flight while the warp still works on tile j. Commit groups per
-  // iteration: tile j + 2's K, then its V (empty past the last tile); the prologue leaves the same
-  // count, two groups, after tile 0's and after tile 1's.
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
-    // row 16 warp + lane of tile j + 3 (lanes 0..15): page read now, table entry written at the end
-    const int ahead = s0 + (j + 3) * BN + warp * 16 + lane;
-    const int ahead_page = (lane < 16 && j + 3 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
-    cp_async_wait<2>();  // this thread's copies of tile j have landed (tile j + 1's two groups may not have)
-    __syncwarp();        // ... and every lane's: the warp's rows of tile j are there
+    // row tid of tile j + 2: page read now, table entry written at the end of the iteration (as in paged_prefill)
+    const int ahead = s0 + (j + 2) * BN + tid;
+    const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
+    if (j + 1 < ntiles && (!QK || j + 1 >= 2)) {  // (QK: tile 1 went out before the wait)
+      if constexpr (QK) {
+        const bool mine = subst && j + 1 == lt;
+        load_kv_tile<D, BN, THREADS, true, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache,
+                                                 s_off[st ^ 1], kvh, tid, mine ? lr : -1);
+        if (mine) fill_new_row(st ^ 1);
+      } else {
+        load_kv_tile<D, BN, THREADS, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache,
+                                           s_off[st ^ 1], kvh, tid);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
     if (j == 0) TRACE(2);  // the first K/V tile has landed
-    if (cos_t != nullptr) {  // fused RoPE over the whole tile (uniform branch): every warp's rows first
-      __syncthreads();
+    if (cos_t != nullptr) {  // fused RoPE (uniform branch)
       rotate_k_tile<D, BN, THREADS>(sK + st * BN * LD, s0 + j * BN, s1, cos_t, sin_t, max_pos, tid);
       __syncthreads();
     }
-    const bool refill = j + 2 < ntiles;
-    const int* next_off = s_off[(j + 2) % 3];
-    // QK: tile j + 2 holds the new key, whose row comes from sQ rows NQ, NQ + 1 (subst): its warp's
-    // first CH lanes write it in place of a copy
-    const int except = QK && subst && j + 2 == lt ? lr : -1;
-    const bool mine = except >= 0 && warp == lr / 16 && lane < CH;
     float s[4];
     tile_scores_t<D>(qb, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
-    __syncwarp();  // every lane has its K fragments: the warp's K rows may be refilled
-    if (refill) {
-      load_warp_rows<D>(sK + st * BN * LD, k_cache, next_off, kvh, warp, lane, except);
-      if (mine)
-        *reinterpret_cast<uint4*>(sK + (st * BN + lr) * LD + lane * 8) =
-            *reinterpret_cast<const uint4*>(sQ + NQ * LD + lane * 8);
-    }
-    cp_async_commit();
     const int key0 = s0 + j * BN + warp * 16 + (lane >> 2);  // this lane's first key (row g)
     // the warp's 16 keys all visible: a warp-uniform condition, voted so that the compiler knows it is
     if (__all_sync(0xffffffffu, s0 + j * BN + warp * 16 + 15 <= lim))
@@ -1879,19 +1835,10 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     else
       online_softmax_t<D, true>(s, key0, lim, sl2, m_, l_, o);
     tile_pv_t<D>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
-    __syncwarp();  // every lane has its V fragments: the warp's V rows may be refilled
-    if (refill) {
-      load_warp_rows<D>(sV + st * BN * LD, v_cache, next_off, kvh, warp, lane, except);
-      if (mine)
-        *reinterpret_cast<uint4*>(sV + (st * BN + lr) * LD + lane * 8) =
-            *reinterpret_cast<const uint4*>(sQ + (NQ + 1) * LD + lane * 8);
-    }
-    cp_async_commit();
-    if (lane < 16 && j + 3 < ntiles)  // row 16 warp + lane of tile j + 3 -> s_off[j % 3], free since tile j's copies
-      s_off[j % 3][warp * 16 + lane] =
-          slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
+    if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
+      s_off[st][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
+    __syncthreads();
   }
-  __syncthreads();  // every warp is done with the stage buffers, which the merge below reuses
 
   TRACE(3);  // the key loop is done
   // Merge the 4 warp states (fixed order) through shared memory (the stage buffers are free now).
