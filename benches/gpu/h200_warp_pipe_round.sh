@@ -9,6 +9,12 @@
 #         8 x 4096, 1 x 16384) over shuffled and in-order pages
 #   verify: on the tree after the change was dropped: every check_kernels.py section, the engine smoke test and
 #         conformance at CI scale
+#   peer: Nsight Compute on one launch each of ours (shuffled and in-order pages) and of cuDNN at 32 x 4096,
+#         33 x 4096 and 128 x 1024 (benches/gpu/profile_decode_peer.py): grid, occupancy, DRAM bytes and throughput,
+#         and the multiprocessors' active cycles (min / avg / max: how evenly the work fell on them)
+#   warm: the same launches with --cache-control none (each metric pass finds the L2 as the pass before it, the same
+#         kernel, left it: as in back-to-back calls): DRAM bytes read, L2 read hit rate and duration
+#   stalls: at 32 x 4096 only, the warps' states, the schedulers and the memory tables of the same launches
 #   TAG: the files' suffix (default _MODE)
 # The ab mode needs the tree of commit 459d410 (the per-warp loop and the base file beside it); the change was
 # dropped after it (slower at every shape).
@@ -26,6 +32,32 @@ if [ "$mode" = ab ]; then
   timeout 200 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 \
     8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn_warp_pipe.log" 2>&1
   echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn_warp_pipe.log" | cut -c1-120
+fi
+if [ "$mode" = peer ]; then
+  timeout 400 ncu --clock-control none --nvtx --nvtx-include "ours_shuffled/" --nvtx-include "ours_inorder/" \
+    --nvtx-include "cudnn/" --section LaunchStats --section Occupancy --section SpeedOfLight \
+    --metrics sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum \
+    python3 benches/gpu/profile_decode_peer.py > "$OUT/ncu_decode_peer$tag.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [a-zA-Z_0-9]+.*\(|B=|Duration|Grid Size|Block Size|Registers Per|Waves Per|Block Limit (Registers|Shared)|Achieved Occ|Memory Throughput|DRAM Through|sm__cycles_active|dram__bytes_read|Dynamic Shared" \
+    "$OUT/ncu_decode_peer$tag.txt" | cut -c1-110 | head -150
+fi
+if [ "$mode" = warm ]; then
+  timeout 400 ncu --clock-control none --cache-control none --nvtx --nvtx-include "ours_shuffled/" \
+    --nvtx-include "ours_inorder/" --nvtx-include "cudnn/" \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sectors_op_read.sum \
+    python3 benches/gpu/profile_decode_peer.py > "$OUT/ncu_decode_peer$tag.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [a-zA-Z_0-9]+.*\(|B=|gpu__time|dram__bytes|lts__t" "$OUT/ncu_decode_peer$tag.txt" | cut -c1-110 | head -80
+fi
+if [ "$mode" = stalls ]; then
+  timeout 400 ncu --clock-control none --nvtx --nvtx-include "ours_shuffled/" --nvtx-include "ours_inorder/" \
+    --nvtx-include "cudnn/" --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis_Tables \
+    --section SourceCounters --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    python3 benches/gpu/profile_decode_peer.py --shapes 32x4096 > "$OUT/ncu_decode_peer$tag.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [a-zA-Z_0-9]+.*\(|inst_executed|issue_active|Warp Cycles Per Issued|No Eligible|Active Warps Per|Eligible Warps|Stall|stall" \
+    "$OUT/ncu_decode_peer$tag.txt" | cut -c1-150 | head -60
 fi
 if [ "$mode" = verify ]; then
   all_checks 300 check_kernels$tag.log
