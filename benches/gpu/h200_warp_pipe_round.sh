@@ -15,6 +15,10 @@
 #   warm: the same launches with --cache-control none (each metric pass finds the L2 as the pass before it, the same
 #         kernel, left it: as in back-to-back calls): DRAM bytes read, L2 read hit rate and duration
 #   stalls: at 32 x 4096 only, the warps' states, the schedulers and the memory tables of the same launches
+#   reasons: at 32 x 4096 only, the warps' stall reasons (cycles per issued instruction, by reason) of the same launches
+#   frag: the key loop's K and V fragments loaded ahead of their MMAs (all of a tile's K fragments before the
+#         scores' MMAs, the V fragments before the online softmax): the decode sections of check_kernels.py, then
+#         ab_attention.py against benches/gpu/ab_variants/frag_order_base_attention.cu (the tree before; bits equal)
 #   TAG: the files' suffix (default _MODE)
 # The ab mode needs the tree of commit 459d410 (the per-warp loop and the base file beside it); the change was
 # dropped after it (slower at every shape).
@@ -58,6 +62,22 @@ if [ "$mode" = stalls ]; then
   echo "ncu rc=$?"
   grep -E "^  [a-zA-Z_0-9]+.*\(|inst_executed|issue_active|Warp Cycles Per Issued|No Eligible|Active Warps Per|Eligible Warps|Stall|stall" \
     "$OUT/ncu_decode_peer$tag.txt" | cut -c1-150 | head -60
+fi
+if [ "$mode" = reasons ]; then
+  m=gpu__time_duration.sum,smsp__inst_executed.sum
+  for st in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long_scoreboard math_pipe_throttle \
+    membar mio_throttle misc no_instruction not_selected selected short_scoreboard sleeping tex_throttle wait; do
+    m+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
+  done
+  timeout 400 ncu --clock-control none --nvtx --nvtx-include "ours_shuffled/" --nvtx-include "ours_inorder/" \
+    --nvtx-include "cudnn/" --metrics "$m" python3 benches/gpu/profile_decode_peer.py --shapes 32x4096 \
+    > "$OUT/ncu_decode_peer$tag.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [a-zA-Z_0-9]+.*\(|gpu__time|inst_executed|stalled" "$OUT/ncu_decode_peer$tag.txt" | cut -c1-130 | head -70
+fi
+if [ "$mode" = frag ]; then
+  checks 200 check_kernels_decode$tag.log splitkv fused qk fused_rope invariant
+  ab 170 frag_order_base_attention.cu ab$tag.log --only decode --rounds 3
 fi
 if [ "$mode" = verify ]; then
   all_checks 300 check_kernels$tag.log
