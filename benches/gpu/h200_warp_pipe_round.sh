@@ -21,12 +21,16 @@
 #         ab_attention.py against benches/gpu/ab_variants/frag_order_base_attention.cu (the tree before; bits equal)
 #   TAG: the files' suffix (default _MODE)
 # The ab mode needs the tree of commit 459d410 (the per-warp loop and the base file beside it); the change was
-# dropped after it (slower at every shape).
+# dropped after it (slower at every shape). The frag mode needs the tree of 73c074e, for the same reason (no gain).
+# The peer, warm, stalls and reasons modes ran on d11fc0f's kernels, which are today's.
 source benches/gpu/_env.sh
 mode=${1:-ab}
 tag=${TAG:-_$mode}
 if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/cta_pipe_attention.cu ]; then
   echo "mode ab needs the tree of 459d410"; exit 1
+fi
+if [ "$mode" = frag ] && [ ! -f benches/gpu/ab_variants/frag_order_base_attention.cu ]; then
+  echo "mode frag needs the tree of 73c074e"; exit 1
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
@@ -76,11 +80,11 @@ if [ "$mode" = reasons ]; then
   grep -E "^  [a-zA-Z_0-9]+.*\(|gpu__time|inst_executed|stalled" "$OUT/ncu_decode_peer$tag.txt" | cut -c1-130 | head -70
 fi
 if [ "$mode" = frag ]; then
-  checks 200 check_kernels_decode$tag.log splitkv fused qk fused_rope invariant
-  ab 170 frag_order_base_attention.cu ab$tag.log --only decode --rounds 3
+  checks 200 check_kernels_decode_frag_order.log splitkv fused qk fused_rope invariant
+  ab 170 frag_order_base_attention.cu ab_frag_order.log --only decode --rounds 3
 fi
 if [ "$mode" = verify ]; then
   all_checks 300 check_kernels$tag.log
-  smoke 120
-  conformance_ci 150
+  smoke 120   # engine_smoke.log, kept as engine_smoke_verify.log
+  conformance_ci 150   # conformance_ci_optimized.log, kept as conformance_ci_optimized_verify.log
 fi

@@ -1324,11 +1324,12 @@ __device__ __forceinline__ void tile_scores_t(const u32 (&qb)[D / 16][2], u32 sK
   float acc[2][4];
 #pragma unroll
   for (int c = 0; c < 2; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
-  u32 a[KS][4];  // every k-step's K fragments first, so that no MMA waits on the load just before it
 #pragma unroll
-  for (int kk = 0; kk < KS; ++kk) ldsm_x4(a[kk][0], a[kk][1], a[kk][2], a[kk][3], base + kk * 16 * 2);
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) mma_bf16(acc[kk & 1], a[kk], qb[kk][0], qb[kk][1]);
+  for (int kk = 0; kk < KS; ++kk) {
+    u32 a[4];
+    ldsm_x4(a[0], a[1], a[2], a[3], base + kk * 16 * 2);
+    mma_bf16(acc[kk & 1], a, qb[kk][0], qb[kk][1]);
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i] = KS > 1 ? acc[0][i] + acc[1][i] : acc[0][i];
 }
@@ -1377,27 +1378,23 @@ __device__ __forceinline__ void online_softmax_t(float (&s)[4], int key0, int li
 
 // o (O^T: D/16 tiles of 16 dims x 8 queries; c0, c1 = dim 16mt + g, queries 2t, 2t+1; c2, c3 = dim + 8)
 // += V^T . P^T for the 16 keys at sV row 0, p the probabilities of tile_scores_t's layout.
-// (In two parts: load_v_frags_t, which the caller issues before the online softmax so that the loads'
-// latency hides behind it, and pv_frags_t.)
-// A = V^T (16 dims x 16 keys) by transposed loads: matrices (keys 0..7, dims +0..7), (keys 0..7,
-// dims +8..15), (keys 8..15, dims +0..7), (keys 8..15, dims +8..15)
 template <int D>
-__device__ __forceinline__ void load_v_frags_t(u32 sV, int lane, u32 (&va)[D / 16][4]) {
+__device__ __forceinline__ void tile_pv_t(const float (&p)[4], u32 sV, int lane, float (&o)[D / 16][4]) {
   constexpr int LD = D + 8;
   const int mi = lane >> 3;
-  const u32 base = sV + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
-#pragma unroll
-  for (int mt = 0; mt < D / 16; ++mt) ldsm_x4_t(va[mt][0], va[mt][1], va[mt][2], va[mt][3], base + mt * 16 * 2);
-}
-
-template <int D>
-__device__ __forceinline__ void pv_frags_t(const float (&p)[4], const u32 (&va)[D / 16][4], float (&o)[D / 16][4]) {
   // B = P^T (16 keys x 8 queries): the C fragment's two 8 x 8 halves (keys 0..7, keys 8..15; a key per
   // row g), packed to bf16 and transposed, give b0 (keys 2t, 2t+1; query g) and b1 (keys 2t+8, 2t+9)
   const u32 b0 = movm_t(pack_bf16(p[0], p[1]));
   const u32 b1 = movm_t(pack_bf16(p[2], p[3]));
+  // A = V^T (16 dims x 16 keys) by transposed loads: matrices (keys 0..7, dims +0..7), (keys 0..7,
+  // dims +8..15), (keys 8..15, dims +0..7), (keys 8..15, dims +8..15)
+  const u32 base = sV + ((((mi >> 1) << 3) + (lane & 7)) * LD + ((mi & 1) << 3)) * 2;
 #pragma unroll
-  for (int mt = 0; mt < D / 16; ++mt) mma_bf16(o[mt], va[mt], b0, b1);
+  for (int mt = 0; mt < D / 16; ++mt) {
+    u32 a[4];
+    ldsm_x4_t(a[0], a[1], a[2], a[3], base + mt * 16 * 2);
+    mma_bf16(o[mt], a, b0, b1);
+  }
 }
 
 // atomicAdd with acquire-release semantics at GPU scope (atomicAdd itself is relaxed); returns the old value
@@ -1831,15 +1828,13 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     }
     float s[4];
     tile_scores_t<D>(qb, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
-    u32 va[D / 16][4];  // the V fragments, loaded while the softmax runs
-    load_v_frags_t<D>(sV_u + (st * BN + warp * 16) * LD * 2, lane, va);
     const int key0 = s0 + j * BN + warp * 16 + (lane >> 2);  // this lane's first key (row g)
     // the warp's 16 keys all visible: a warp-uniform condition, voted so that the compiler knows it is
     if (__all_sync(0xffffffffu, s0 + j * BN + warp * 16 + 15 <= lim))
       online_softmax_t<D, false>(s, key0, lim, sl2, m_, l_, o);
     else
       online_softmax_t<D, true>(s, key0, lim, sl2, m_, l_, o);
-    pv_frags_t<D>(s, va, o);
+    tile_pv_t<D>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
     if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
       s_off[st][tid] = slot_chunk(ahead_page, ahead, block_of(ahead, block_size, bs_log2), s1, n_kv, D, block_size);
     __syncthreads();
