@@ -41,31 +41,29 @@ if [ "$mode" = ab ]; then
     8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn_warp_pipe.log" 2>&1
   echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn_warp_pipe.log" | cut -c1-120
 fi
-if [ "$mode" = peer ]; then
+# ncu_peer GREP PROBE_ARGS NCU_ARGS...: Nsight Compute (clocks as they are) on profile_decode_peer.py's three NVTX
+# ranges (PROBE_ARGS: its arguments, word-split) into $OUT/ncu_decode_peer$tag.txt, and the lines matching GREP
+ncu_peer() {
+  local pat=$1 args=$2; shift 2
+  # shellcheck disable=SC2086
   timeout 400 ncu --clock-control none --nvtx --nvtx-include "ours_shuffled/" --nvtx-include "ours_inorder/" \
-    --nvtx-include "cudnn/" --section LaunchStats --section Occupancy --section SpeedOfLight \
-    --metrics sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum \
-    python3 benches/gpu/profile_decode_peer.py > "$OUT/ncu_decode_peer$tag.txt" 2>&1
+    --nvtx-include "cudnn/" "$@" python3 benches/gpu/profile_decode_peer.py $args > "$OUT/ncu_decode_peer$tag.txt" 2>&1
   echo "ncu rc=$?"
-  grep -E "^  [a-zA-Z_0-9]+.*\(|B=|Duration|Grid Size|Block Size|Registers Per|Waves Per|Block Limit (Registers|Shared)|Achieved Occ|Memory Throughput|DRAM Through|sm__cycles_active|dram__bytes_read|Dynamic Shared" \
-    "$OUT/ncu_decode_peer$tag.txt" | cut -c1-110 | head -150
+  grep -E "^  [a-zA-Z_0-9]+.*\(|B=|$pat" "$OUT/ncu_decode_peer$tag.txt" | cut -c1-150 | head -150
+}
+if [ "$mode" = peer ]; then
+  ncu_peer "Duration|Grid Size|Block Size|Registers Per|Waves Per|Block Limit (Registers|Shared)|Achieved Occ|Memory Throughput|DRAM Through|sm__cycles_active|dram__bytes_read|Dynamic Shared" "" \
+    --section LaunchStats --section Occupancy --section SpeedOfLight \
+    --metrics sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum
 fi
 if [ "$mode" = warm ]; then
-  timeout 400 ncu --clock-control none --cache-control none --nvtx --nvtx-include "ours_shuffled/" \
-    --nvtx-include "ours_inorder/" --nvtx-include "cudnn/" \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sectors_op_read.sum \
-    python3 benches/gpu/profile_decode_peer.py > "$OUT/ncu_decode_peer$tag.txt" 2>&1
-  echo "ncu rc=$?"
-  grep -E "^  [a-zA-Z_0-9]+.*\(|B=|gpu__time|dram__bytes|lts__t" "$OUT/ncu_decode_peer$tag.txt" | cut -c1-110 | head -80
+  ncu_peer "gpu__time|dram__bytes|lts__t" "" --cache-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sectors_op_read.sum
 fi
 if [ "$mode" = stalls ]; then
-  timeout 400 ncu --clock-control none --nvtx --nvtx-include "ours_shuffled/" --nvtx-include "ours_inorder/" \
-    --nvtx-include "cudnn/" --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis_Tables \
-    --section SourceCounters --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active \
-    python3 benches/gpu/profile_decode_peer.py --shapes 32x4096 > "$OUT/ncu_decode_peer$tag.txt" 2>&1
-  echo "ncu rc=$?"
-  grep -E "^  [a-zA-Z_0-9]+.*\(|inst_executed|issue_active|Warp Cycles Per Issued|No Eligible|Active Warps Per|Eligible Warps|Stall|stall" \
-    "$OUT/ncu_decode_peer$tag.txt" | cut -c1-150 | head -60
+  ncu_peer "inst_executed|issue_active|Warp Cycles Per Issued|No Eligible|Active Warps Per|Eligible Warps|Stall|stall" \
+    "--shapes 32x4096" --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis_Tables \
+    --section SourceCounters --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
 fi
 if [ "$mode" = reasons ]; then
   m=gpu__time_duration.sum,smsp__inst_executed.sum
@@ -73,11 +71,7 @@ if [ "$mode" = reasons ]; then
     membar mio_throttle misc no_instruction not_selected selected short_scoreboard sleeping tex_throttle wait; do
     m+=",smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio"
   done
-  timeout 400 ncu --clock-control none --nvtx --nvtx-include "ours_shuffled/" --nvtx-include "ours_inorder/" \
-    --nvtx-include "cudnn/" --metrics "$m" python3 benches/gpu/profile_decode_peer.py --shapes 32x4096 \
-    > "$OUT/ncu_decode_peer$tag.txt" 2>&1
-  echo "ncu rc=$?"
-  grep -E "^  [a-zA-Z_0-9]+.*\(|gpu__time|inst_executed|stalled" "$OUT/ncu_decode_peer$tag.txt" | cut -c1-130 | head -70
+  ncu_peer "gpu__time|inst_executed|stalled" "--shapes 32x4096" --metrics "$m"
 fi
 if [ "$mode" = frag ]; then
   checks 200 check_kernels_decode_frag_order.log splitkv fused qk fused_rope invariant

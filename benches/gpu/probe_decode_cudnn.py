@@ -46,9 +46,8 @@ from _attn import sdpa_call  # noqa: E402
 from ab_attention import build, install  # noqa: E402
 from check_kernels import _time as gpu_seconds  # noqa: E402
 from optimized import kernels, ops  # noqa: E402
-from probe_stream import D, N_KV, N_Q, ours, paged_at  # noqa: E402
+from probe_stream import BS, D, dense_problem, ours, paged_at  # noqa: E402
 
-BS = 16
 GROUP = 64  # pages of a `local` run: 64 x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB of K
 
 
@@ -84,10 +83,7 @@ def forced(kc, vc, tables, q, lens, ctx: int, n: int):
 
 def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], rounds: int, reps: int,
           gen: torch.Generator, sms: int) -> bool:
-    k = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)   # [B, ctx, n_kv, D]
-    v = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)
-    q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)          # [B, n_q, D]
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    k, v, q, lens = dense_problem(B, ctx, gen)                                            # [B, ctx, n_kv, D], ...
     gbytes = 2 * k.numel() * 2 / 1e9
     n = B * (ctx // BS)
     problems = {lay: paged_at(k, v, BS, page_order(n, lay, gen))

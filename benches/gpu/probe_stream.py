@@ -40,6 +40,7 @@ from optimized import kernels, ops  # noqa: E402
 from reference.attention import split_size_for  # noqa: E402
 
 N_Q, N_KV, D = 32, 8, 128
+BS = 16  # tokens a page, the lab's
 
 
 def paged_at(k: torch.Tensor, v: torch.Tensor, bs: int, order: torch.Tensor):
@@ -62,6 +63,16 @@ def paged(k: torch.Tensor, v: torch.Tensor, bs: int, shuffle: bool, gen: torch.G
     return paged_at(k, v, bs, order)
 
 
+def dense_problem(B: int, ctx: int, gen: torch.Generator):
+    """The lab's decode problem, dense: ``k, v [B, ctx, n_kv, D]``, ``q [B, n_q, D]`` (bf16, drawn in that
+    order from ``gen``) and ``lens [B]`` (every sequence ``ctx`` keys)."""
+    k = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)   # [B, ctx, n_kv, D]
+    v = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)
+    q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)          # [B, n_q, D]
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    return k, v, q, lens
+
+
 def ours(kc, vc, tables, q, lens, ctx: int, sms: int):
     """The engine's launch of ``split_kv_decode`` (``auto`` split) on one paged problem."""
     size = split_size_for("auto", 0, [ctx] * q.shape[0], kc.shape[2], sms)
@@ -70,21 +81,18 @@ def ours(kc, vc, tables, q, lens, ctx: int, sms: int):
 
 
 def probe(B: int, ctx: int, rounds: int, reps: int, gen: torch.Generator, sms: int) -> bool:
-    k = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)   # [B, ctx, n_kv, D]
-    v = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)
-    q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)          # [B, n_q, D]
+    k, v, q, lens = dense_problem(B, ctx, gen)
     gbytes = 2 * k.numel() * 2 / 1e9
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
     same = lambda o: o  # noqa: E731
-    calls = {"ours NHD shuffled": (ours(*paged(k, v, 16, True, gen), q, lens, ctx, sms), same),
-             "ours NHD in order": (ours(*paged(k, v, 16, False, gen), q, lens, ctx, sms), same)}
+    calls = {"ours NHD shuffled": (ours(*paged(k, v, BS, True, gen), q, lens, ctx, sms), same),
+             "ours NHD in order": (ours(*paged(k, v, BS, False, gen), q, lens, ctx, sms), same)}
     # one KV head per "sequence": [B, ctx, 8, D] -> [B * 8, ctx, 1, D]
     k1 = k.permute(0, 2, 1, 3).reshape(B * N_KV, ctx, 1, D)
     v1 = v.permute(0, 2, 1, 3).reshape(B * N_KV, ctx, 1, D)
     q1 = q.view(B * N_KV, N_Q // N_KV, D)                       # query heads 4h..4h+3 see KV head h
     lens1 = torch.full((B * N_KV,), ctx, dtype=torch.int32, device="cuda")
     back = lambda o: o.view(B, N_Q, D)  # noqa: E731
-    calls["ours kv1 shuffled"] = (ours(*paged(k1, v1, 16, True, gen), q1, lens1, ctx, sms), back)
+    calls["ours kv1 shuffled"] = (ours(*paged(k1, v1, BS, True, gen), q1, lens1, ctx, sms), back)
     calls["ours kv1 bs64"] = (ours(*paged(k1, v1, 64, True, gen), q1, lens1, ctx, sms), back)
     del k1, v1
     kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()          # [B, n_kv, ctx, D]

@@ -27,9 +27,8 @@ sys.path.insert(0, str(ROOT / "benches" / "gpu"))
 import torch  # noqa: E402
 
 from _attn import sdpa_call  # noqa: E402
-from probe_stream import D, N_KV, N_Q, ours, paged  # noqa: E402
+from probe_stream import BS, D, N_Q, dense_problem, ours, paged  # noqa: E402
 
-BS = 16
 
 
 def main() -> int:
@@ -41,10 +40,7 @@ def main() -> int:
     ok = True
     for shape in args.shapes:
         B, ctx = (int(x) for x in shape.split("x"))
-        k = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)   # [B, ctx, n_kv, D]
-        v = torch.randn(B, ctx, N_KV, D, device="cuda", generator=gen).to(torch.bfloat16)
-        q = torch.randn(B, N_Q, D, device="cuda", generator=gen).to(torch.bfloat16)          # [B, n_q, D]
-        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+        k, v, q, lens = dense_problem(B, ctx, gen)                                        # [B, ctx, n_kv, D], ...
         calls = {"ours_shuffled": ours(*paged(k, v, BS, True, gen), q, lens, ctx, sms),
                  "ours_inorder": ours(*paged(k, v, BS, False, gen), q, lens, ctx, sms)}
         kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()                # [B, n_kv, ctx, D]
