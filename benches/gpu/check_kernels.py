@@ -144,6 +144,17 @@ def build_paged(lens: list[int], bs: int, n_kv: int, D: int, gen: torch.Generato
     return k.to(dev), v.to(dev), bt.to(dev), seq_lens.to(dev)
 
 
+def ramp_keys(k: torch.Tensor, bt: torch.Tensor, lens: list[int], per: float) -> None:
+    """Scale each sequence's key at position p by ``1 + p / per``, in place (the keys' scores grow along the
+    sequence, so a query's running maximum keeps moving: the split-KV decode's rescale path runs, not only
+    its first tile's)."""
+    bs = k.shape[1]
+    for b, L in enumerate(lens):
+        pos = torch.arange(L, device=k.device)
+        pages, slots = bt[b].long()[pos // bs], pos % bs
+        k[pages, slots] = (k[pages, slots].float() * (1 + pos.float() / per)[:, None, None]).to(k.dtype)
+
+
 def gather_dev(cache: torch.Tensor, row: torch.Tensor, start: int, end: int) -> torch.Tensor:
     bs = cache.shape[1]
     pos = torch.arange(start, end, device=cache.device)
@@ -251,9 +262,15 @@ def check_split_kv(C: Checks, dev, gen) -> None:
         ("d64 gqa32 bs16 (2 head groups)", 64, 32, 1, 16, [64, 7]),
         ("d16 mha bs8", 16, 3, 3, 8, [1, 5, 64, 1000]),
         ("d64 gqa4 bs5 (not a power of two)", 64, 8, 2, 5, [3, 7, 64, 1000]),
+        # keys growing 17x along 4097 positions: each query's maximum rises by tens of log2 units, far past
+        # the decode's rescale slack, so the kernel's reduce-and-rescale path runs again and again
+        ("d128 gqa4 bs16 rising scores", 128, 32, 8, 16, [64, 1000], 256.0),
+        ("d64 gqa2 bs32 rising scores", 64, 16, 8, 32, [1000], 256.0),
     ]
-    for name, D, n_q, n_kv, bs, splits in configs:
+    for name, D, n_q, n_kv, bs, splits, *ramp in configs:
         kc, vc, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+        if ramp:
+            ramp_keys(kc, bt, lens, ramp[0])
         B = len(lens)
         q = (torch.randn(B, n_q, D, generator=gen) + 0.05).to(torch.bfloat16).to(dev)
         scale = D ** -0.5

@@ -1334,17 +1334,42 @@ __device__ __forceinline__ void tile_scores_t(const u32 (&qb)[D / 16][2], u32 sK
   for (int i = 0; i < 4; ++i) s[i] = KS > 1 ? acc[0][i] + acc[1][i] : acc[0][i];
 }
 
+// How far (log2 domain) a score may rise above its query's reference maximum m_ before the split-KV decode
+// moves m_ (online_softmax_t): probabilities stay <= 2^8 = 256, which bf16 (P's MMA operand) holds with the
+// same relative precision as any other value and which the fp32 sums l_ and o cannot overflow on.
+constexpr float kRescaleSlack = 8.f;
+
 // One online-softmax step of the keys-as-rows layout: this lane holds keys key0 (s[0], s[1]) and
 // key0 + 8 (s[2], s[3]) of queries 2t (e = 0) and 2t + 1 (e = 1); a key is visible iff key <= lim.
-// Each query's maximum is reduced over the 8 lanes of its column, so m_ agrees across them; l_ is
-// this lane's partial sum (reduced in the merge). On return s holds exact-0-or-exp2 probabilities.
-// m_ is in the log2 domain as in online_softmax_step; MASKED = false drops the selects (same bits).
+// m_ is each query's reference maximum (log2 domain, as in online_softmax_step): the probabilities are
+// exp2(s sl2 - m_), and o and l_ (this lane's partial sum, reduced in the merge) are kept at that scale.
+// While no visible score of the warp's 16 keys exceeds its query's m_ by more than kRescaleSlack -- one
+// vote, and after a sequence's first tiles nearly always -- m_ stays where it is: no reduction over
+// lanes, no rescale. Otherwise the maximum is reduced over the 8 lanes of the query's column (so m_
+// agrees across them), m_ moves to it and o, l_ are rescaled. The merge uses whatever m_ each warp
+// ended with (its weights exp2(m_w - M) put every warp's o and l at one scale), so the result is the
+// softmax's whichever reference was used; only roundings differ. On return s holds exact-0-or-exp2
+// probabilities. MASKED = false drops the selects (same bits).
 template <int D, bool MASKED>
 __device__ __forceinline__ void online_softmax_t(float (&s)[4], int key0, int lim, float sl2, float (&m_)[2],
                                                  float (&l_)[2], float (&o)[D / 16][4]) {
   if (MASKED) {
     if (key0 > lim) s[0] = s[1] = neg_inf();  // masked: selected away
     if (key0 + 8 > lim) s[2] = s[3] = neg_inf();
+  }
+  // m_ = -inf (nothing seen) keeps only an all-masked step here: its probabilities are the selects' zeros
+  const bool keep = fmaxf(s[0], s[2]) * sl2 <= m_[0] + kRescaleSlack && fmaxf(s[1], s[3]) * sl2 <= m_[1] + kRescaleSlack;
+  if (__all_sync(0xffffffffu, keep)) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int i = e; i < 4; i += 2) {
+        const float v = s[i];
+        s[i] = (MASKED && v == neg_inf()) ? 0.f : fast_exp2(fmaf(v, sl2, -m_[e]));  // <= 2^kRescaleSlack
+      }
+      l_[e] += s[e] + s[2 + e];
+    }
+    return;
   }
   float alpha[2];
 #pragma unroll

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Twenty-seventh session's device calls: the split-KV decode's online softmax with a lazy rescale (a query's
+# reference maximum moves only when a score passes it by more than kRescaleSlack = 8 log2 units; otherwise one
+# vote replaces the reduction over lanes and the rescale: attention.cu, online_softmax_t) against the
+# reduce-every-tile softmax before it (docs/performance.md, "Decode attention"; run from the repository root):
+#   bash benches/gpu/h200_lazy_rescale_round.sh MODE
+#   ab:     check_kernels.py on the decode sections (splitkv -- with its rising-scores cases, which drive the
+#           rescale path --, fused, qk, fused_rope, invariant), ab_attention.py --bits-may-differ against
+#           benches/gpu/ab_variants/lazy_rescale_base_attention.cu (the tree's attention.cu before the change;
+#           roundings differ, each side's accuracy is check_kernels.py's to show), then probe_decode_cudnn.py
+#           at the shapes where the kernel trailed cuDNN (and 33 x 4096, 8 x 4096, 1 x 16384)
+#   verify: every check_kernels.py section, the engine smoke test, conformance at CI scale, and the decode lab
+#           (benches kernel_decode: its reports packed in bench.tgz)
+#   TAG: the files' suffix (default _MODE)
+source benches/gpu/_env.sh
+mode=${1:-ab}
+tag=${TAG:-_$mode}
+if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attention.cu ]; then
+  echo "mode ab needs the tree with benches/gpu/ab_variants/lazy_rescale_base_attention.cu"; exit 1
+fi
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = ab ]; then
+  checks 200 check_kernels_decode$tag.log splitkv fused qk fused_rope invariant
+  ab 170 lazy_rescale_base_attention.cu ab_lazy_rescale.log --only decode --rounds 3 --bits-may-differ
+  timeout 200 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 \
+    8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn$tag.log" | cut -c1-120
+fi
+if [ "$mode" = verify ]; then
+  all_checks 240 check_kernels$tag.log
+  smoke 120   # engine_smoke.log
+  conformance_ci 150   # conformance_ci_optimized.log
+  bench_packed 120 kernel_decode run_gpu_kernel_decode$tag.log
+fi
