@@ -9,8 +9,10 @@
 #           benches/gpu/ab_variants/lazy_rescale_base_attention.cu (the tree's attention.cu before the change;
 #           roundings differ, each side's accuracy is check_kernels.py's to show), then probe_decode_cudnn.py
 #           at the shapes where the kernel trailed cuDNN (and 33 x 4096, 8 x 4096, 1 x 16384)
-#   verify: every check_kernels.py section, the engine smoke test, conformance at CI scale, and the decode lab
-#           (benches kernel_decode: its reports packed in bench.tgz)
+#   chains: ab_attention.py --bits-may-differ of benches/gpu/ab_variants/four_chains_attention.cu (the scores'
+#           D/16 MMAs in four dependency chains instead of two) against the tree's attention.cu, then verify's steps
+#   verify: every check_kernels.py section, the engine smoke test and conformance at CI scale
+#   lab:    the decode lab and the engine decode benches (benches kernel_decode, engine_decode: reports in bench.tgz)
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-ab}
@@ -27,9 +29,15 @@ if [ "$mode" = ab ]; then
     8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn$tag.log" | cut -c1-120
 fi
-if [ "$mode" = verify ]; then
-  all_checks 240 check_kernels$tag.log
-  smoke 120   # engine_smoke.log
+if [ "$mode" = chains ]; then
+  V=optimized/kernels ab 120 attention.cu ab_four_chains.log --new benches/gpu/ab_variants/four_chains_attention.cu \
+    --only decode --rounds 3 --bits-may-differ
+fi
+if [ "$mode" = verify ] || [ "$mode" = chains ]; then
+  all_checks 200 check_kernels$tag.log
+  smoke 100   # engine_smoke.log
   conformance_ci 150   # conformance_ci_optimized.log
-  bench_packed 120 kernel_decode run_gpu_kernel_decode$tag.log
+fi
+if [ "$mode" = lab ]; then
+  bench_packed 400 "kernel_decode or engine_decode" run_gpu_lab$tag.log
 fi
