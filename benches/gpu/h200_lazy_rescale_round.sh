@@ -16,7 +16,7 @@
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-ab}
-tag=${TAG:-_$mode}
+tag=${TAG:-_$mode}  # (the ab call's files were renamed *_lazy_rescale.log after it)
 if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attention.cu ]; then
   echo "mode ab needs the tree with benches/gpu/ab_variants/lazy_rescale_base_attention.cu"; exit 1
 fi
