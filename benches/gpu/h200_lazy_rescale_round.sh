@@ -13,12 +13,18 @@
 #           D/16 MMAs in four dependency chains instead of two) against the tree's attention.cu, then verify's steps
 #   verify: every check_kernels.py section, the engine smoke test and conformance at CI scale
 #   lab:    the decode lab and the engine decode benches (benches kernel_decode, engine_decode: reports in bench.tgz)
+#   gpuconf: conformance at the GPU scale on the optimized engine: the clauses the decode kernel serves at the
+#           qwen3-0.6b shape (SPLITK, INVARIANT, TURN, SAMPLE) beside the qwen3-8b subset (LOGIT, SPLITK, PAGED)
+#   agentic: the agentic workload and the ceilings (benches agentic, ceilings: reports in bench.tgz)
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-ab}
 tag=${TAG:-_$mode}  # (the ab call's files were renamed *_lazy_rescale.log after it)
 if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attention.cu ]; then
-  echo "mode ab needs the tree with benches/gpu/ab_variants/lazy_rescale_base_attention.cu"; exit 1
+  echo "mode ab needs the tree of ee898e1 (with benches/gpu/ab_variants/lazy_rescale_base_attention.cu)"; exit 1
+fi
+if [ "$mode" = chains ] && [ ! -f benches/gpu/ab_variants/four_chains_attention.cu ]; then
+  echo "mode chains needs the tree of COMMIT_CHAINS (with benches/gpu/ab_variants/four_chains_attention.cu)"; exit 1
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
@@ -40,4 +46,12 @@ if [ "$mode" = verify ] || [ "$mode" = chains ]; then
 fi
 if [ "$mode" = lab ]; then
   bench_packed 400 "kernel_decode or engine_decode" run_gpu_lab$tag.log
+fi
+if [ "$mode" = gpuconf ]; then
+  conformance_gpu 280 qwen3-8b conformance_gpu_qwen3-8b$tag.log > "$OUT/c8.summary" &
+  conformance_gpu 300 "qwen3-0.6b and (splitk or invariant or turn or sample)" conformance_gpu_qwen3-0.6b$tag.log
+  wait; cat "$OUT/c8.summary"; rm -f "$OUT/c8.summary"
+fi
+if [ "$mode" = agentic ]; then
+  bench_packed 400 "agentic or ceilings" run_gpu_agentic$tag.log
 fi
