@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Twenty-seventh session's device calls: the split-KV decode's online softmax with a lazy rescale (a query's
+# Twenty-seventh session's device calls (the base files of ab and chains left the tree after 332ce8d): the
+# split-KV decode's online softmax with a lazy rescale (a query's
 # reference maximum moves only when a score passes it by more than kRescaleSlack = 8 log2 units; otherwise one
 # vote replaces the reduction over lanes and the rescale: attention.cu, online_softmax_t) against the
 # reduce-every-tile softmax before it (docs/performance.md, "Decode attention"; run from the repository root):
@@ -24,7 +25,7 @@ if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attentio
   echo "mode ab needs the tree of ee898e1 (with benches/gpu/ab_variants/lazy_rescale_base_attention.cu)"; exit 1
 fi
 if [ "$mode" = chains ] && [ ! -f benches/gpu/ab_variants/four_chains_attention.cu ]; then
-  echo "mode chains needs the tree of COMMIT_CHAINS (with benches/gpu/ab_variants/four_chains_attention.cu)"; exit 1
+  echo "mode chains needs the tree of 332ce8d (with benches/gpu/ab_variants/four_chains_attention.cu)"; exit 1
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
