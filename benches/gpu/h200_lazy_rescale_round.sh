@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Twenty-seventh session's device calls (the base files of ab and chains left the tree after 332ce8d): the
-# split-KV decode's online softmax with a lazy rescale (a query's
-# reference maximum moves only when a score passes it by more than kRescaleSlack = 8 log2 units; otherwise one
-# vote replaces the reduction over lanes and the rescale: attention.cu, online_softmax_t) against the
-# reduce-every-tile softmax before it (docs/performance.md, "Decode attention"; run from the repository root):
+# split-KV decode's online softmax with a lazy rescale (a query's reference maximum moves only when a score passes
+# it by more than kRescaleSlack = 8 log2 units; otherwise one vote replaces the reduction over lanes and the rescale:
+# attention.cu, online_softmax_t) against the reduce-every-tile softmax before it (docs/performance.md, "Decode
+# attention"; run from the repository root):
 #   bash benches/gpu/h200_lazy_rescale_round.sh MODE
 #   ab:     check_kernels.py on the decode sections (splitkv -- with its rising-scores cases, which drive the
 #           rescale path --, fused, qk, fused_rope, invariant), ab_attention.py --bits-may-differ against
