@@ -19,7 +19,8 @@ the base file's ("base") through the same ``optimized.ops`` entry points, and
 
 Paged prefill: (sequences x chunk over cached prefix) as in ``probe_kernels.py``, each prefill variant (or those
 ``--variants`` names).
-Split-KV decode: (batch, context) at the engine's ``auto`` split, with ``fused`` as the engine picks it.
+Split-KV decode: (batch, context) at the engine's ``auto`` split, with ``fused`` as the engine picks it
+(``--decode-shapes 256x288 ...`` in place of the lab's list).
 Exits non-zero when any output differs, unless ``--bits-may-differ`` (a change of the arithmetic: each
 side's accuracy is then ``check_kernels.py``'s to show) makes it print the largest difference instead.
 """
@@ -108,9 +109,13 @@ def main() -> int:
                     help="report differing outputs (their largest difference) without failing")
     ap.add_argument("--problems", nargs="*", type=int, default=None,
                     help="indices into the section's problem list (default: all)")
+    ap.add_argument("--decode-shapes", nargs="*", default=None, metavar="BxCTX",
+                    help="decode problems (batch x context) in place of the lab's list, e.g. 256x288")
     ap.add_argument("--variants", nargs="*", default=None,
                     help="the prefill variants to compare (default: every one the device has)")
     a = ap.parse_args()
+    if a.decode_shapes is not None:
+        DECODE[:] = [tuple(int(x) for x in shape.split("x")) for shape in a.decode_shapes]
     if a.problems is not None:
         PREFILL[:] = [PREFILL[i] for i in a.problems if i < len(PREFILL)]
         DECODE[:] = [DECODE[i] for i in a.problems if i < len(DECODE)]

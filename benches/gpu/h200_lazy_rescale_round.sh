@@ -14,6 +14,8 @@
 #           D/16 MMAs in four dependency chains instead of two) against the tree's attention.cu, then verify's steps
 #   verify: every check_kernels.py section, the engine smoke test and conformance at CI scale
 #   lab:    the decode lab and the engine decode benches (benches kernel_decode, engine_decode: reports in bench.tgz)
+#   short:  ab_attention.py --bits-may-differ against lazy_rescale_base_attention.cu (as in ab) at the engine bench's
+#           decode shapes (contexts of 256-320 keys: 288, at batch 32-256) and 256 x 1024, five rounds
 #   gpuconf: conformance at the GPU scale on the optimized engine: the clauses the decode kernel serves at the
 #           qwen3-0.6b shape (SPLITK, INVARIANT, TURN, SAMPLE) beside the qwen3-8b subset (LOGIT, SPLITK, PAGED)
 #   agentic: the agentic workload and the ceilings (benches agentic, ceilings: reports in bench.tgz)
@@ -21,8 +23,8 @@
 source benches/gpu/_env.sh
 mode=${1:-ab}
 tag=${TAG:-_$mode}  # (the ab call's files were renamed *_lazy_rescale.log after it)
-if [ "$mode" = ab ] && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attention.cu ]; then
-  echo "mode ab needs the tree of ee898e1 (with benches/gpu/ab_variants/lazy_rescale_base_attention.cu)"; exit 1
+if { [ "$mode" = ab ] || [ "$mode" = short ]; } && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attention.cu ]; then
+  echo "mode $mode needs the tree of ee898e1 (with benches/gpu/ab_variants/lazy_rescale_base_attention.cu)"; exit 1
 fi
 if [ "$mode" = chains ] && [ ! -f benches/gpu/ab_variants/four_chains_attention.cu ]; then
   echo "mode chains needs the tree of 332ce8d (with benches/gpu/ab_variants/four_chains_attention.cu)"; exit 1
@@ -47,6 +49,10 @@ if [ "$mode" = verify ] || [ "$mode" = chains ]; then
 fi
 if [ "$mode" = lab ]; then
   bench_packed 400 "kernel_decode or engine_decode" run_gpu_lab$tag.log
+fi
+if [ "$mode" = short ]; then
+  ab 200 lazy_rescale_base_attention.cu ab_lazy_rescale_short.log --only decode --rounds 5 --bits-may-differ \
+    --decode-shapes 256x288 128x288 64x288 32x288 256x1024
 fi
 if [ "$mode" = gpuconf ]; then
   conformance_gpu 280 qwen3-8b conformance_gpu_qwen3-8b$tag.log > "$OUT/c8.summary" &
