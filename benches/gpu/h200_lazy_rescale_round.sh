@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Twenty-seventh session's device calls (the base files of ab and chains left the tree after 332ce8d): the
-# split-KV decode's online softmax with a lazy rescale (a query's reference maximum moves only when a score passes
-# it by more than kRescaleSlack = 8 log2 units; otherwise one vote replaces the reduction over lanes and the rescale:
-# attention.cu, online_softmax_t) against the reduce-every-tile softmax before it (docs/performance.md, "Decode
-# attention"; run from the repository root):
+# Twenty-seventh session's device calls (the base files of ab, chains and short left the tree after 332ce8d and
+# 66fc77f): the split-KV decode's online softmax with a lazy rescale (a query's reference maximum moves only when a
+# score passes it by more than kRescaleSlack = 8 log2 units; otherwise one vote replaces the reduction over lanes
+# and the rescale: attention.cu, online_softmax_t) against the reduce-every-tile softmax before it
+# (docs/performance.md, "Decode attention"; run from the repository root):
 #   bash benches/gpu/h200_lazy_rescale_round.sh MODE
 #   ab:     check_kernels.py on the decode sections (splitkv -- with its rising-scores cases, which drive the
 #           rescale path --, fused, qk, fused_rope, invariant), ab_attention.py --bits-may-differ against
@@ -24,7 +24,7 @@ source benches/gpu/_env.sh
 mode=${1:-ab}
 tag=${TAG:-_$mode}  # (the ab call's files were renamed *_lazy_rescale.log after it)
 if { [ "$mode" = ab ] || [ "$mode" = short ]; } && [ ! -f benches/gpu/ab_variants/lazy_rescale_base_attention.cu ]; then
-  echo "mode $mode needs the tree of ee898e1 (with benches/gpu/ab_variants/lazy_rescale_base_attention.cu)"; exit 1
+  echo "mode $mode needs the tree of ee898e1 (ab) or 66fc77f (short), with benches/gpu/ab_variants/lazy_rescale_base_attention.cu"; exit 1
 fi
 if [ "$mode" = chains ] && [ ! -f benches/gpu/ab_variants/four_chains_attention.cu ]; then
   echo "mode chains needs the tree of 332ce8d (with benches/gpu/ab_variants/four_chains_attention.cu)"; exit 1
