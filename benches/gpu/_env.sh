@@ -95,6 +95,15 @@ ab() {
   echo "ab vs $base $* rc=$?"; grep -E "regs|new/base|bitwise|DIFFER" "$OUT/$log" | cut -c1-300 | tail -30
 }
 
+# probe_trailing SECONDS LOG: probe_decode_cudnn.py at the four shapes where the decode kernel trails cuDNN (32 x 4096,
+# 32 x 16384, 128 x 1024, 128 x 4096) and three beside them (33 x 4096, 8 x 4096, 1 x 16384), over shuffled and
+# in-order pages, three rounds, into $OUT/LOG, and its difference and rate lines
+probe_trailing() {
+  timeout "$1" python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 \
+    8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/$2" 2>&1
+  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/$2" | cut -c1-120
+}
+
 # Nsight Compute metrics of the attention profiles: time, instructions, HMMA, the main stalls, issue activity
 NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor_op_hmma.sum
 for st in wait barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle; do

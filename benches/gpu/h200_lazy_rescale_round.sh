@@ -34,9 +34,7 @@ build_kernels
 if [ "$mode" = ab ]; then
   checks 200 check_kernels_decode$tag.log splitkv fused qk fused_rope invariant
   ab 170 lazy_rescale_base_attention.cu ab_lazy_rescale.log --only decode --rounds 3 --bits-may-differ
-  timeout 200 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 \
-    8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn$tag.log" 2>&1
-  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn$tag.log" | cut -c1-120
+  probe_trailing 200 "probe_decode_cudnn$tag.log"
 fi
 if [ "$mode" = chains ]; then
   V=optimized/kernels ab 120 attention.cu ab_four_chains.log --new benches/gpu/ab_variants/four_chains_attention.cu \

@@ -37,9 +37,7 @@ build_kernels
 if [ "$mode" = ab ]; then
   checks 200 check_kernels_decode_warp_pipe.log splitkv fused qk fused_rope invariant
   ab 170 cta_pipe_attention.cu ab_warp_pipe.log --only decode --rounds 3
-  timeout 200 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 \
-    8x4096 1x16384 --layouts shuffled inorder --rounds 3 > "$OUT/probe_decode_cudnn_warp_pipe.log" 2>&1
-  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn|Error|error" "$OUT/probe_decode_cudnn_warp_pipe.log" | cut -c1-120
+  probe_trailing 200 probe_decode_cudnn_warp_pipe.log
 fi
 # ncu_peer GREP PROBE_ARGS NCU_ARGS...: Nsight Compute (clocks as they are) on profile_decode_peer.py's three NVTX
 # ranges (PROBE_ARGS: its arguments, word-split) into $OUT/ncu_decode_peer$tag.txt, and the lines matching GREP
