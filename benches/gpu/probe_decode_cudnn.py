@@ -4,6 +4,7 @@ splits a sequence takes, and builds of ``attention.cu`` with compile-time switch
 
     python benches/gpu/probe_decode_cudnn.py [--shapes 32x4096 128x1024 ...] [--rounds 3] [--reps 20]
         [--variants base cg:TK_CP_ASYNC_CG ...] [--layouts shuffled inorder local] [--splits 2 4]
+        [--block-sizes 16 64 ...]
 
 The problem is the decode lab's (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, one
 query a sequence, every sequence ``ctx`` keys, pages of 16 tokens) through ``ops.split_kv_decode`` with
@@ -14,6 +15,10 @@ the engine's ``auto`` split. Layouts of the same keys:
 * ``local``: shuffled only within runs of 64 consecutive pages (2 MiB of K), so a sequence's pages
   stay in the same 2 MiB regions as in order: if ``local`` runs like ``inorder``, what the shuffle
   costs is the spread over memory regions (address translation), not the order of the pages.
+
+``--block-sizes`` lays the same keys out in pages of other sizes too (the engine's ``block_size``; each
+layout at ``N`` tokens a page is named ``layout@N``, at 16 just ``layout``; ``local`` keeps its runs at
+2 MiB of K). The kernel's arithmetic does not depend on the page size, so these must give ``base``'s bits.
 
 ``--splits N ...`` adds the engine's build on ``shuffled`` pages with N splits a sequence in place of
 ``auto``'s count (``base/sN``; ``ctx / N`` keys a split, folded in the same launch; other splits give
@@ -51,16 +56,17 @@ from probe_stream import BS, D, dense_problem, ours, paged_at  # noqa: E402
 GROUP = 64  # pages of a `local` run: 64 x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB of K
 
 
-def page_order(n: int, layout: str, gen: torch.Generator) -> torch.Tensor:
-    """Where page i of the concatenated sequences lies: a permutation of ``range(n)``."""
+def page_order(n: int, layout: str, gen: torch.Generator, group: int = GROUP) -> torch.Tensor:
+    """Where page i of the concatenated sequences lies: a permutation of ``range(n)`` (``local``: shuffled
+    within runs of ``group`` pages)."""
     if layout == "inorder":
         return torch.arange(n, device="cuda")
     if layout == "shuffled":
         return torch.randperm(n, device="cuda", generator=gen)
     assert layout == "local", layout
     order = torch.arange(n, device="cuda")
-    for g0 in range(0, n, GROUP):
-        g1 = min(n, g0 + GROUP)
+    for g0 in range(0, n, group):
+        g1 = min(n, g0 + group)
         order[g0:g1] = g0 + torch.randperm(g1 - g0, device="cuda", generator=gen)
     return order
 
@@ -81,19 +87,37 @@ def forced(kc, vc, tables, q, lens, ctx: int, n: int):
     return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
 
 
-def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], rounds: int, reps: int,
-          gen: torch.Generator, sms: int) -> bool:
-    k, v, q, lens = dense_problem(B, ctx, gen)                                            # [B, ctx, n_kv, D], ...
+def layout_name(lay: str, bs: int) -> str:
+    return lay if bs == BS else f"{lay}@{bs}"
+
+
+def probe(
+    B: int,
+    ctx: int,
+    mods: dict,
+    layouts: list[str],
+    splits: list[int],
+    rounds: int,
+    reps: int,
+    gen: torch.Generator,
+    sms: int,
+    block_sizes: tuple[int, ...] = (BS,),
+) -> bool:
+    k, v, q, lens = dense_problem(B, ctx, gen)  # [B, ctx, n_kv, D], ...
     gbytes = 2 * k.numel() * 2 / 1e9
-    n = B * (ctx // BS)
-    problems = {lay: paged_at(k, v, BS, page_order(n, lay, gen))
-                for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]}
-    kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()              # [B, n_kv, ctx, D]
+    problems = {}
+    for bs in sorted(set(block_sizes) | {BS}, key=lambda x: x != BS):  # BS's shuffled first: the draws as before
+        n = B * (ctx // bs)
+        for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]:
+            if bs == BS or lay in layouts:
+                problems[layout_name(lay, bs)] = paged_at(k, v, bs, page_order(n, lay, gen, max(1, GROUP * BS // bs)))
+    names = [layout_name(lay, bs) for bs in [BS, *[x for x in block_sizes if x != BS]] for lay in layouts]
+    kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [B, n_kv, ctx, D]
     del k, v
-    cudnn = sdpa_call("cudnn", q[:, :, None], kd, vd, D ** -0.5, "none", "enable_gqa")
+    cudnn = sdpa_call("cudnn", q[:, :, None], kd, vd, D**-0.5, "none", "enable_gqa")
     calls = {}
     for name, mod in mods.items():
-        for lay in layouts:
+        for lay in names:
             calls[(name, lay)] = (mod, ours(*problems[lay], q, lens, ctx, sms))
     for n in splits:
         calls[(f"base/s{n}", "shuffled")] = (mods["base"], forced(*problems["shuffled"], q, lens, ctx, n))
@@ -124,8 +148,11 @@ def probe(B: int, ctx: int, mods: dict, layouts: list[str], splits: list[int], r
         best[("cudnn", "dense")] = min(best[("cudnn", "dense")], gpu_seconds(cudnn, iters=reps) * 1e6)
     c = best[("cudnn", "dense")]
     for (name, lay), us in best.items():
-        print(f"B={B} ctx={ctx} {name:10s} {lay:9s} {us:9.1f} us  {gbytes / (us * 1e-6) / 1e3:6.3f} TB/s read"
-              f"  cuDNN/this {c / us:6.3f}", flush=True)
+        print(
+            f"B={B} ctx={ctx} {name:10s} {lay:9s} {us:9.1f} us  {gbytes / (us * 1e-6) / 1e3:6.3f} TB/s read"
+            f"  cuDNN/this {c / us:6.3f}",
+            flush=True,
+        )
     return ok
 
 
@@ -135,6 +162,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="*", default=["base"])
     ap.add_argument("--layouts", nargs="*", default=["shuffled", "inorder", "local"])
     ap.add_argument("--splits", type=int, nargs="*", default=[])
+    ap.add_argument("--block-sizes", type=int, nargs="*", default=[BS])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
@@ -152,7 +180,9 @@ def main() -> int:
     ok = True
     for shape in a.shapes:
         B, ctx = (int(x) for x in shape.split("x"))
-        ok &= probe(B, ctx, mods, a.layouts, a.splits, a.rounds, a.reps, gen, sms)
+        if any(ctx % bs for bs in a.block_sizes):
+            raise SystemExit(f"context {ctx} is not a whole number of pages of {a.block_sizes}")
+        ok &= probe(B, ctx, mods, a.layouts, a.splits, a.rounds, a.reps, gen, sms, tuple(a.block_sizes))
         torch.cuda.empty_cache()
     print("all variants and layouts bitwise equal" if ok else "OUTPUTS DIFFER")
     return 0 if ok else 1
