@@ -6,6 +6,9 @@
 #   probe:  probe_decode_cudnn.py at the four shapes where the kernel trails cuDNN and two beside them, the same keys
 #           in pages of 16, 64 and 256 tokens (shuffled and in order), with the tree's build (base) and builds whose
 #           .ca copies carry .L2::128B / .L2::256B (-DTK_CP_CA_PREFETCH; a cache hint: the bits must be base's)
+#   hnd:    probe_decode_cudnn.py at the four shapes, the cache's layout against one KV head a page (hnd: every KV head
+#           of a sequence as a sequence of its own, as in an [N, n_kv, block_size, D] cache; hnd-inorder: each CTA's
+#           keys in one contiguous run, as in cuDNN's dense copy), pages of 16 and 256 tokens
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-probe}
@@ -17,4 +20,9 @@ if [ "$mode" = probe ]; then
     --variants base pf128:TK_CP_CA_PREFETCH=128 pf256:TK_CP_CA_PREFETCH=256 --layouts shuffled inorder \
     --block-sizes 16 64 256 --rounds 3 > "$OUT/probe_decode_pages$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_pages$tag.log" | cut -c1-120
+fi
+if [ "$mode" = hnd ]; then
+  timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 \
+    --layouts shuffled inorder hnd hnd-inorder --block-sizes 16 256 --rounds 3 > "$OUT/probe_decode_hnd$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_hnd$tag.log" | cut -c1-120
 fi

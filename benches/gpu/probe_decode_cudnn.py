@@ -16,6 +16,11 @@ the engine's ``auto`` split. Layouts of the same keys:
   stay in the same 2 MiB regions as in order: if ``local`` runs like ``inorder``, what the shuffle
   costs is the spread over memory regions (address translation), not the order of the pages.
 
+``hnd`` and ``hnd-inorder`` (shuffled and in order) hold every KV head of a sequence as a sequence of its own,
+``B * n_kv`` sequences of one KV head and its 4 query heads: a page is then 16 keys of one head, 4 KiB in one
+piece, as in an ``[N, n_kv, block_size, D]`` (HND) cache, and ``hnd-inorder`` is each CTA's keys in one contiguous
+run, as in cuDNN's dense ``[B, n_kv, ctx, D]``. The grid and every CTA's arithmetic are the same, so the bits too.
+
 ``--block-sizes`` lays the same keys out in pages of other sizes too (the engine's ``block_size``; each
 layout at ``N`` tokens a page is named ``layout@N``, at 16 just ``layout``; ``local`` keeps its runs at
 2 MiB of K). The kernel's arithmetic does not depend on the page size, so these must give ``base``'s bits.
@@ -51,7 +56,7 @@ from _attn import sdpa_call  # noqa: E402
 from ab_attention import build, install  # noqa: E402
 from check_kernels import _time as gpu_seconds  # noqa: E402
 from optimized import kernels, ops  # noqa: E402
-from probe_stream import BS, D, dense_problem, ours, paged_at  # noqa: E402
+from probe_stream import BS, D, N_KV, dense_problem, ours, paged_at  # noqa: E402
 
 GROUP = 64  # pages of a `local` run: 64 x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB of K
 
@@ -109,16 +114,34 @@ def probe(
     for bs in sorted(set(block_sizes) | {BS}, key=lambda x: x != BS):  # BS's shuffled first: the draws as before
         n = B * (ctx // bs)
         for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]:
-            if bs == BS or lay in layouts:
-                problems[layout_name(lay, bs)] = paged_at(k, v, bs, page_order(n, lay, gen, max(1, GROUP * BS // bs)))
+            if lay.startswith("hnd") or not (bs == BS or lay in layouts):
+                continue
+            problems[layout_name(lay, bs)] = paged_at(k, v, bs, page_order(n, lay, gen, max(1, GROUP * BS // bs)))
+    if any(lay.startswith("hnd") for lay in layouts):  # one KV head a sequence: [B * n_kv, ctx, 1, D]
+        k1 = k.permute(0, 2, 1, 3).reshape(B * N_KV, ctx, 1, D)
+        v1 = v.permute(0, 2, 1, 3).reshape(B * N_KV, ctx, 1, D)
+        for bs in sorted(set(block_sizes) | {BS}, key=lambda x: x != BS):
+            n = B * N_KV * (ctx // bs)
+            for lay in [x for x in layouts if x.startswith("hnd")]:
+                order = page_order(n, "inorder" if lay == "hnd-inorder" else "shuffled", gen)
+                problems[layout_name(lay, bs)] = paged_at(k1, v1, bs, order)
+        del k1, v1
     names = [layout_name(lay, bs) for bs in [BS, *[x for x in block_sizes if x != BS]] for lay in layouts]
     kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [B, n_kv, ctx, D]
     del k, v
     cudnn = sdpa_call("cudnn", q[:, :, None], kd, vd, D**-0.5, "none", "enable_gqa")
+    q1 = q.view(B, N_KV, -1, D).reshape(B * N_KV, -1, D)  # [B * n_kv, G, D]: the hnd layouts' queries
+    lens1 = lens.repeat_interleave(N_KV)
+
+    def hnd(fn):
+        return lambda: fn().view(q.shape)
+
     calls = {}
     for name, mod in mods.items():
         for lay in names:
-            calls[(name, lay)] = (mod, ours(*problems[lay], q, lens, ctx, sms))
+            one = lay.startswith("hnd")
+            fn = ours(*problems[lay], q1 if one else q, lens1 if one else lens, ctx, sms)
+            calls[(name, lay)] = (mod, hnd(fn) if one else fn)
     for n in splits:
         calls[(f"base/s{n}", "shuffled")] = (mods["base"], forced(*problems["shuffled"], q, lens, ctx, n))
     ok = True
