@@ -9,6 +9,10 @@
 #   hnd:    probe_decode_cudnn.py at the four shapes, the cache's layout against one KV head a page (hnd: every KV head
 #           of a sequence as a sequence of its own, as in an [N, n_kv, block_size, D] cache; hnd-inorder: each CTA's
 #           keys in one contiguous run, as in cuDNN's dense copy), pages of 16 and 256 tokens
+#   diag:   probe_decode_cudnn.py at 32 x 4096, 32 x 16384 and 128 x 4096 (pages in order, and hnd-inorder) with two
+#           diagnostic builds of attention.cu (wrong outputs, timing only: the probe reports them as DIFFER):
+#           -DTK_DIAG_COPY_ONLY (the key loop's copies, waits and barriers, no scores, softmax or P V) and
+#           -DTK_DIAG_NO_PV (no P V)
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-probe}
@@ -25,4 +29,10 @@ if [ "$mode" = hnd ]; then
   timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 \
     --layouts shuffled inorder hnd hnd-inorder --block-sizes 16 256 --rounds 3 > "$OUT/probe_decode_hnd$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_hnd$tag.log" | cut -c1-120
+fi
+if [ "$mode" = diag ]; then
+  timeout 300 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x4096 --layouts inorder hnd-inorder \
+    --variants base copy:TK_DIAG_COPY_ONLY nopv:TK_DIAG_NO_PV --rounds 3 > "$OUT/probe_decode_diag$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  grep -E "TB/s|cudnn vs|Error|error" "$OUT/probe_decode_diag$tag.log" | cut -c1-120
 fi
