@@ -46,23 +46,10 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) 
 // The same copy with cp.async's ignore-src operand: skip == true reads nothing and zero-fills the 16
 // bytes. The predicate goes straight to the instruction (with the src-size form above, ptxas rebuilds
 // it from the size register, several instructions a copy).
-// TK_CP_CA_PREFETCH = 64, 128 or 256 (an A/B switch of the device scripts, off by default) adds the
-// L2 prefetch-size qualifier .L2::<N>B to these copies when they allocate in L1 (.ca).
-#if !defined(TK_CP_CA_PREFETCH)
-#define TK_CP_CA_OP "cp.async.ca.shared.global"
-#elif TK_CP_CA_PREFETCH == 64
-#define TK_CP_CA_OP "cp.async.ca.shared.global.L2::64B"
-#elif TK_CP_CA_PREFETCH == 128
-#define TK_CP_CA_OP "cp.async.ca.shared.global.L2::128B"
-#elif TK_CP_CA_PREFETCH == 256
-#define TK_CP_CA_OP "cp.async.ca.shared.global.L2::256B"
-#else
-#error "TK_CP_CA_PREFETCH: 64, 128 or 256"
-#endif
 template <bool L1 = false>
 __device__ __forceinline__ void cp_async16_or_zero(u32 dst, const void* src, bool skip) {
   if constexpr (TK_CP_L1(L1))
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; " TK_CP_CA_OP " [%0], [%1], 16, p; }\n" ::"r"(dst),
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %2, 0; cp.async.ca.shared.global [%0], [%1], 16, p; }\n" ::"r"(dst),
                  "l"(src), "r"((int)skip)
                  : "memory");
   else
