@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-eighth session's device calls: what the decode attention's gap to cuDNN at batch 32-128 owes to the cache's
-# 16-token pages, and whether the copies' L2 prefetch size changes it (docs/performance.md, "Decode attention"; run
-# from the repository root):
+# 16-token pages, its layout and its arithmetic, and whether the copies' L2 prefetch size changes it
+# (docs/performance.md, "Page size, layout and a kernel without arithmetic"; run from the repository root):
 #   bash benches/gpu/h200_pages_round.sh MODE
 #   probe:  probe_decode_cudnn.py at the four shapes where the kernel trails cuDNN and two beside them, the same keys
 #           in pages of 16, 64 and 256 tokens (shuffled and in order), with the tree's build (base) and builds whose
@@ -27,16 +27,19 @@ if [ "$mode" = probe ]; then
   timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 33x4096 8x4096 \
     --variants base pf128:TK_CP_CA_PREFETCH=128 pf256:TK_CP_CA_PREFETCH=256 --layouts shuffled inorder \
     --block-sizes 16 64 256 --rounds 3 > "$OUT/probe_decode_pages$tag.log" 2>&1
-  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_pages$tag.log" | cut -c1-120
+  echo "probe_decode_cudnn rc=$?"
+  grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_pages$tag.log" | cut -c1-120
 fi
 if [ "$mode" = hnd ]; then
   timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 \
     --layouts shuffled inorder hnd hnd-inorder --block-sizes 16 256 --rounds 3 > "$OUT/probe_decode_hnd$tag.log" 2>&1
-  echo "probe_decode_cudnn rc=$?"; grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_hnd$tag.log" | cut -c1-120
+  echo "probe_decode_cudnn rc=$?"
+  grep -E "DIFFER|TB/s|cudnn vs|Error|error|equal$" "$OUT/probe_decode_hnd$tag.log" | cut -c1-120
 fi
 if [ "$mode" = diag ]; then
   timeout 300 python3 benches/gpu/probe_decode_cudnn.py --shapes ${SHAPES:-32x4096 32x16384 128x4096} \
-    --layouts inorder hnd-inorder --variants base copy:TK_DIAG_COPY_ONLY nopv:TK_DIAG_NO_PV --rounds ${ROUNDS:-3} > "$OUT/probe_decode_diag$tag.log" 2>&1
+    --layouts inorder hnd-inorder --variants base copy:TK_DIAG_COPY_ONLY nopv:TK_DIAG_NO_PV --rounds ${ROUNDS:-3} \
+    > "$OUT/probe_decode_diag$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
   grep -E "TB/s|cudnn vs|Error|error" "$OUT/probe_decode_diag$tag.log" | cut -c1-120
 fi
