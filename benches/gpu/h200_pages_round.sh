@@ -14,6 +14,8 @@
 #           diagnostic builds of attention.cu (wrong outputs, timing only: the probe reports them as DIFFER):
 #           -DTK_DIAG_COPY_ONLY (the key loop's copies, waits and barriers, no scores, softmax or P V) and
 #           -DTK_DIAG_NO_PV (no P V); SHAPES, ROUNDS: other shapes and rounds (default the three above, 3)
+#   diagcg: the copies-only build with every copy by .cg (bypassing L1: -DTK_DIAG_COPY_ONLY,TK_CP_ASYNC_CG) beside the
+#           copies-only build and the kernel, pages shuffled and in order, at 32 x 4096, 32 x 16384 and 128 x 4096
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-probe}
@@ -39,6 +41,13 @@ fi
 if [ "$mode" = diag ]; then
   timeout 300 python3 benches/gpu/probe_decode_cudnn.py --shapes ${SHAPES:-32x4096 32x16384 128x4096} \
     --layouts inorder hnd-inorder --variants base copy:TK_DIAG_COPY_ONLY nopv:TK_DIAG_NO_PV --rounds ${ROUNDS:-3} \
+    > "$OUT/probe_decode_diag$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  grep -E "TB/s|cudnn vs|Error|error" "$OUT/probe_decode_diag$tag.log" | cut -c1-120
+fi
+if [ "$mode" = diagcg ]; then
+  timeout 300 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x4096 --layouts shuffled inorder \
+    --variants base copy:TK_DIAG_COPY_ONLY copycg:TK_DIAG_COPY_ONLY,TK_CP_ASYNC_CG --rounds 3 \
     > "$OUT/probe_decode_diag$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
   grep -E "TB/s|cudnn vs|Error|error" "$OUT/probe_decode_diag$tag.log" | cut -c1-120
