@@ -16,6 +16,9 @@
 #           -DTK_DIAG_NO_PV (no P V); SHAPES, ROUNDS: other shapes and rounds (default the three above, 3)
 #   diagcg: the copies-only build with every copy by .cg (bypassing L1: -DTK_DIAG_COPY_ONLY,TK_CP_ASYNC_CG) beside the
 #           copies-only build and the kernel, pages shuffled and in order, at 32 x 4096, 32 x 16384 and 128 x 4096
+#   smem64: the copies-only build in 64 KB of shared memory a CTA (-DTK_DIAG_SMEM64: unpadded tile rows, Q over a
+#           stage; the probe gives it that size and the carveout of the 132 KB configuration, which leaves L1 about
+#           124 KB where the engine's two CTAs of 74 KB leave it 88 KB) beside the copies-only build and the kernel
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-probe}
@@ -49,6 +52,13 @@ if [ "$mode" = diagcg ]; then
   timeout 300 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x4096 --layouts shuffled inorder \
     --variants base copy:TK_DIAG_COPY_ONLY copycg:TK_DIAG_COPY_ONLY,TK_CP_ASYNC_CG --rounds 3 \
     > "$OUT/probe_decode_diag$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  grep -E "TB/s|cudnn vs|Error|error" "$OUT/probe_decode_diag$tag.log" | cut -c1-120
+fi
+if [ "$mode" = smem64 ]; then
+  timeout 300 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x4096 33x16384 \
+    --layouts shuffled inorder --variants base copy:TK_DIAG_COPY_ONLY copy64:TK_DIAG_COPY_ONLY,TK_DIAG_SMEM64 \
+    --rounds 3 > "$OUT/probe_decode_diag$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
   grep -E "TB/s|cudnn vs|Error|error" "$OUT/probe_decode_diag$tag.log" | cut -c1-120
 fi

@@ -92,6 +92,32 @@ def forced(kc, vc, tables, q, lens, ctx: int, n: int):
     return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
 
 
+SMEM64 = "TK_DIAG_SMEM64"  # a diagnostic build's switch with a host side: 64 KB of shared memory a CTA at D = 128
+_smem_bytes, _carveout = ops.decode_smem_bytes, ops._carveout_percent
+_macros: dict[object, tuple[str, ...]] = {}  # a build -> its switches
+
+
+def smem64_carveout(dev: int, fn, smem: int, ctas: int) -> int:
+    """The largest preference (percent) whose configuration still holds ``ctas`` CTAs: the smallest of the
+    H100/H200 shared-memory configurations at or above the need, rounded down (the engine rounds up, which
+    here would take the next configuration and leave less L1)."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    per_sm = rt.deviceGetAttribute(81, dev)
+    need = ctas * (smem + int(fn.attributes["shared_size_bytes"]) + rt.deviceGetAttribute(111, dev))
+    conf = min(c * 1024 for c in (0, 8, 16, 32, 64, 100, 132, 164, 196, 228) if c * 1024 >= need)
+    return 100 * conf // per_sm
+
+
+def use(mod) -> None:
+    """Install ``mod`` (``ab_attention.install``) with its host side: the 64 KB build's shared memory and carveout."""
+    install(mod)
+    small = SMEM64 in _macros.get(id(mod), ())
+    ops.decode_smem_bytes = (lambda d: 4 * 64 * d * 2) if small else _smem_bytes
+    ops._carveout_percent = smem64_carveout if small else _carveout
+
+
 def layout_name(lay: str, bs: int) -> str:
     return lay if bs == BS else f"{lay}@{bs}"
 
@@ -145,10 +171,10 @@ def probe(
     for n in splits:
         calls[(f"base/s{n}", "shuffled")] = (mods["base"], forced(*problems["shuffled"], q, lens, ctx, n))
     ok = True
-    install(mods["base"])
+    use(mods["base"])
     ref = ours(*problems["shuffled"], q, lens, ctx, sms)().clone()
     for (name, lay), (mod, fn) in calls.items():
-        install(mod)
+        use(mod)
         out = fn()
         if "/s" in name:  # another split: other bits
             err = (out.float() - ref.float()).abs().max().item()
@@ -166,7 +192,7 @@ def probe(
     best = {key: float("inf") for key in [*calls, ("cudnn", "dense")]}
     for _ in range(rounds):
         for key, (mod, fn) in calls.items():
-            install(mod)
+            use(mod)
             best[key] = min(best[key], gpu_seconds(fn, iters=reps) * 1e6)
         best[("cudnn", "dense")] = min(best[("cudnn", "dense")], gpu_seconds(cudnn, iters=reps) * 1e6)
     c = best[("cudnn", "dense")]
@@ -195,6 +221,7 @@ def main() -> int:
     for name, macros in specs.items():
         if macros not in built:
             built[macros] = build(src, macros)
+            _macros[id(built[macros])] = macros
         mods[name] = built[macros]
     for name, macros in specs.items():
         print(f"variant {name}: attention.cu built with {' '.join('-D' + m for m in macros) or '(no macros)'}", flush=True)

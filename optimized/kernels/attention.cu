@@ -1293,7 +1293,11 @@ struct DecodeCfg {
   // (D=128: 73984, D=64: 39168, D=32: 21760; ops.py computes the same number). Only Q rows 0..NQ-1 are
   // used since keys became the MMAs' rows; the buffer kept its 16 rows, the size every H200 figure of
   // this kernel was measured with (8 rows would save 2 KB a CTA: two CTAs a multiprocessor either way).
+#ifndef TK_DIAG_SMEM64
   static constexpr int BN = 64, THREADS = 128, LD = D + 8, NQ = 8;
+#else  // (a diagnostic build: unpadded rows and Q over K's stage 1, 64 KB at D = 128; wrong outputs, timing only)
+  static constexpr int BN = 64, THREADS = 128, LD = D, NQ = 8;
+#endif
   // the warps' fp32 states at the end, [4 warps][NQ queries][OLD]: lane (g, t) stores dims g, g+8 of
   // queries 2t, 2t+1; with a row stride of D + 4 floats the four t groups land 8 banks apart
   // (conflict-free 32-bit stores)
@@ -1628,8 +1632,13 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   constexpr int BN = C::BN, THREADS = C::THREADS, LD = C::LD, CH = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int NQ = C::NQ;
+#ifndef TK_DIAG_SMEM64
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][LD], rows 0..NQ-1 used (QK: + 2)
   __nv_bfloat16* sK = sQ + 16 * LD;                                 // [2][BN][LD]
+#else
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* sQ = sK + BN * LD;
+#endif
   __nv_bfloat16* sV = sK + 2 * BN * LD;                             // [2][BN][LD]
   const u32 sK_u = smem_u32(sK), sV_u = smem_u32(sV);               // the same, as shared addresses
   __shared__ float s_m[4][NQ];
