@@ -372,7 +372,11 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
                                              const __nv_bfloat16* __restrict__ k_cache,
                                              const __nv_bfloat16* __restrict__ v_cache, const int* s_off, int kvh,
                                              int tid, int except = -1) {
+#ifndef TK_DIAG_SMEM64
   constexpr int LD = D + 8;
+#else
+  constexpr int LD = D;  // (the diagnostic 64 KB decode build's unpadded rows: DecodeCfg)
+#endif
   constexpr int CH = D / 8;
   constexpr int RSTEP = THREADS / CH;
   constexpr int ROWS = (BN + RSTEP - 1) / RSTEP;
