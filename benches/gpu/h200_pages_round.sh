@@ -18,7 +18,8 @@
 #           copies-only build and the kernel, pages shuffled and in order, at 32 x 4096, 32 x 16384 and 128 x 4096
 #   smem64: the copies-only build in 64 KB of shared memory a CTA (-DTK_DIAG_SMEM64: unpadded tile rows, Q over a
 #           stage; the probe gives it that size and the carveout of the 132 KB configuration, which leaves L1 about
-#           124 KB where the engine's two CTAs of 74 KB leave it 88 KB) beside the copies-only build and the kernel
+#           124 KB where the engine's two CTAs of 74 KB leave it 88 KB; the configuration taken is not read back) beside the
+#           copies-only build and the kernel
 #   TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-probe}
