@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Twenty-ninth session's device calls: does a decode kernel whose K/V tiles come through registers (128-bit
+# global loads, then shared-memory stores) read faster at batch 32 than the cp.async copies
+# (docs/performance.md, "K/V tiles through registers"; run from the repository root):
+#   bash benches/gpu/h200_regs_round.sh MODE
+#   regs:  probe_decode_cudnn.py at the shapes where the kernel trails cuDNN and three beside them, pages shuffled and in
+#          order, with the tree's build (base) and
+#            rs:     -DTK_REG_STAGE: the kernel with tile j + 1 loaded into registers (ld.global.nc) while tile j is
+#                    computed, stored to shared memory at the next iteration's top (the bits must be base's);
+#            rsna:   the same with the loads' .L1::no_allocate (-DTK_LDG_NA);
+#            copy:   -DTK_DIAG_COPY_ONLY (the copies-only build of the twenty-eighth session);
+#            regs:   -DTK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD: copies only, the tiles by 128-bit loads into two register
+#                    sets (tile j + 1 loaded while tile j is consumed: the cp.async pipeline's depth), folded into a word;
+#            regsts: the same, stored to shared memory (TK_DIAG_REGLOAD=2)
+#          (the diagnostic builds' outputs are wrong by design: the probe reports them as DIFFER and exits 1)
+#   SHAPES, ROUNDS: other shapes and rounds; TAG: the files' suffix (default _MODE)
+source benches/gpu/_env.sh
+mode=${1:-regs}
+tag=${TAG:-_$mode}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+if [ "$mode" = regs ]; then
+  timeout 480 python3 benches/gpu/probe_decode_cudnn.py \
+    --shapes ${SHAPES:-32x4096 32x16384 128x1024 128x4096 32x8192 33x16384 64x8192} --layouts shuffled inorder \
+    --variants base rs:TK_REG_STAGE rsna:TK_REG_STAGE,TK_LDG_NA copy:TK_DIAG_COPY_ONLY \
+    regs:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD regsts:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD=2 --rounds ${ROUNDS:-3} \
+    > "$OUT/probe_decode_regs$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  grep -E "rs |rsna |DIFFER|Error|error" "$OUT/probe_decode_regs$tag.log" | grep -vE "(copy|regs|regsts) " | cut -c1-120
+  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
+fi
