@@ -12,11 +12,16 @@
 #            regs:   -DTK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD: copies only, the tiles by 128-bit loads into two register
 #                    sets (tile j + 1 loaded while tile j is consumed: the cp.async pipeline's depth), folded into a word;
 #            regsts: the same, stored to shared memory (TK_DIAG_REGLOAD=2)
-#          (the diagnostic builds' outputs are wrong by design: the probe reports them as DIFFER and exits 1)
+#          (the diagnostic builds' outputs are wrong by design: the probe reports them as DIFFER and exits 1). The
+#          TK_REG_STAGE and TK_LDG_NA switches left the tree after the call: this mode needs the tree of a5334f1
+#   diagregs: the same probe with base, copy, regs and regsts only (the tree's switches)
 #   SHAPES, ROUNDS: other shapes and rounds; TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-regs}
 tag=${TAG:-_$mode}
+if [ "$mode" = regs ] && ! grep -q TK_REG_STAGE optimized/kernels/attention.cu; then
+  echo "mode regs needs the tree of a5334f1 (attention.cu with the TK_REG_STAGE switch)"; exit 1
+fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 if [ "$mode" = regs ]; then
@@ -27,5 +32,13 @@ if [ "$mode" = regs ]; then
     > "$OUT/probe_decode_regs$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
   grep -E "rs |rsna |DIFFER|Error|error" "$OUT/probe_decode_regs$tag.log" | grep -vE "(copy|regs|regsts) " | cut -c1-120
+  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
+fi
+if [ "$mode" = diagregs ]; then
+  timeout 480 python3 benches/gpu/probe_decode_cudnn.py \
+    --shapes ${SHAPES:-32x4096 32x16384 128x1024 128x4096 32x8192 33x16384 64x8192} --layouts shuffled inorder \
+    --variants base copy:TK_DIAG_COPY_ONLY regs:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD \
+    regsts:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD=2 --rounds ${ROUNDS:-3} > "$OUT/probe_decode_regs$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
   grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
 fi

@@ -399,19 +399,15 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
   }
 }
 
-#if defined(TK_REG_STAGE) || defined(TK_DIAG_REGLOAD)
-// (Switches of the device scripts, off by default.) load_kv_tile through registers: each thread loads its
-// 16-byte chunks of the tile's rows (the same rows and chunk as load_kv_tile's copies) with 128-bit global
-// loads (ld.global.nc; -DTK_LDG_NA: with .L1::no_allocate), the zero-filled rows as zeros, into rk, rv;
-// sts_kv_tile stores them where load_kv_tile's copies would have written them.
+#ifdef TK_DIAG_REGLOAD
+// (The copies-only diagnostic build's switch, off by default.) load_kv_tile through registers: each thread
+// loads its 16-byte chunks of the tile's rows (the same rows and chunk as load_kv_tile's copies) with
+// 128-bit global loads (ld.global.nc), the zero-filled rows as zeros; sts_kv_tile stores them where
+// load_kv_tile's copies would have written them. (A kernel built this way, one tile ahead in registers,
+// was 9-12% slower than the cp.async copies: docs/performance.md, "K/V tiles through registers".)
 __device__ __forceinline__ uint4 ldg_kv16(const uint4* p) {
   uint4 x;
-#ifdef TK_LDG_NA
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "l"(p));
-#else
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "l"(p));
-#endif
   return x;
 }
 template <int D, int BN, int THREADS>
@@ -1839,14 +1835,11 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   }
   __syncthreads();
   TRACE(1);  // the length and the first pages have arrived
-#if defined(TK_REG_STAGE) || defined(TK_DIAG_REGLOAD)
-  KvRegs<D, BN, THREADS> ra;  // (switches: the K/V tile in flight, in registers)
-#endif
 #ifdef TK_DIAG_REGLOAD
 #ifndef TK_DIAG_COPY_ONLY
 #error "TK_DIAG_REGLOAD is a copies-only build: -DTK_DIAG_COPY_ONLY too"
 #endif
-  KvRegs<D, BN, THREADS> rb;
+  KvRegs<D, BN, THREADS> ra, rb;  // two K/V tiles in flight, in registers
   u32 diag_acc = 0;
 #endif
   if constexpr (QK) {  // tiles 0 and 1 before the wait, less the new key's row
@@ -1860,8 +1853,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
       sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
   } else {
-#if defined(TK_REG_STAGE) || defined(TK_DIAG_REGLOAD)
-    ldg_kv_tile<D, BN, THREADS>(ra, k_cache, v_cache, s_off[0], kvh, tid);  // (switches: tile 0 into registers)
+#ifdef TK_DIAG_REGLOAD
+    ldg_kv_tile<D, BN, THREADS>(ra, k_cache, v_cache, s_off[0], kvh, tid);  // (diagnostic: tile 0 into registers)
 #else
     load_kv_tile<D, BN, THREADS, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid);
 #endif
@@ -1910,12 +1903,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     // row tid of tile j + 2: page read now, table entry written at the end of the iteration (as in paged_prefill)
     const int ahead = s0 + (j + 2) * BN + tid;
     const int ahead_page = (tid < BN && j + 2 < ntiles) ? row_page(bt, ahead, s1, block_size, bs_log2) : -1;
-#if defined(TK_REG_STAGE)  // (a switch of the device scripts: tile j from registers, tile j + 1 into them)
-    if constexpr (!QK) {
-      sts_kv_tile<D, BN, THREADS>(ra, sK + st * BN * LD, sV + st * BN * LD, tid);
-      if (j + 1 < ntiles) ldg_kv_tile<D, BN, THREADS>(ra, k_cache, v_cache, s_off[st ^ 1], kvh, tid);
-    } else
-#elif defined(TK_DIAG_REGLOAD)  // (copies only, two tiles in registers: tile j + 1 loaded, tile j consumed)
+#ifdef TK_DIAG_REGLOAD  // (copies only, two tiles in registers: tile j + 1 loaded, tile j consumed)
     if constexpr (!QK) {
       auto consume = [&](const KvRegs<D, BN, THREADS>& t) {
 #if TK_DIAG_REGLOAD == 2  // stored where the copies would have put them
