@@ -15,6 +15,9 @@
 #          (the diagnostic builds' outputs are wrong by design: the probe reports them as DIFFER and exits 1). The
 #          TK_REG_STAGE and TK_LDG_NA switches left the tree after the call: this mode needs the tree of a5334f1
 #   diagregs: the same probe with base, copy, regs and regsts only (the tree's switches)
+#   tail:  where the arithmetic's cost sits: the kernel, the copies-only build, and the kernel without the arithmetic of
+#          each CTA's last tile (last: -DTK_DIAG_FREE_TILE=1) or, as the control, of its first (first: =2), pages
+#          shuffled and in order at batch 128-256 over 1-4k keys and at 32 x 4096, five rounds
 #   SHAPES, ROUNDS: other shapes and rounds; TAG: the files' suffix (default _MODE)
 source benches/gpu/_env.sh
 mode=${1:-regs}
@@ -39,6 +42,14 @@ if [ "$mode" = diagregs ]; then
     --shapes ${SHAPES:-32x4096 32x16384 128x1024 128x4096 32x8192 33x16384 64x8192} --layouts shuffled inorder \
     --variants base copy:TK_DIAG_COPY_ONLY regs:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD \
     regsts:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD=2 --rounds ${ROUNDS:-3} > "$OUT/probe_decode_regs$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
+fi
+if [ "$mode" = tail ]; then
+  timeout 480 python3 benches/gpu/probe_decode_cudnn.py \
+    --shapes ${SHAPES:-128x1024 256x1024 128x2048 128x4096 32x4096} --layouts shuffled inorder \
+    --variants base copy:TK_DIAG_COPY_ONLY last:TK_DIAG_FREE_TILE=1 first:TK_DIAG_FREE_TILE=2 --rounds ${ROUNDS:-5} \
+    > "$OUT/probe_decode_regs$tag.log" 2>&1
   echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
   grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
 fi

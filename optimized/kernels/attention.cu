@@ -1945,6 +1945,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       __syncthreads();
     }
 #ifndef TK_DIAG_COPY_ONLY  // (diagnostic builds of the device scripts: wrong outputs, timing only)
+#ifdef TK_DIAG_FREE_TILE  // (diagnostic: one tile of each CTA without arithmetic: 1 the last, 2 the first)
+    if (TK_DIAG_FREE_TILE == 1 ? j + 1 < ntiles : j > 0) {
+#endif
     float s[4];
     tile_scores_t<D>(qb, sK_u + (st * BN + warp * 16) * LD * 2, lane, s);
     const int key0 = s0 + j * BN + warp * 16 + (lane >> 2);  // this lane's first key (row g)
@@ -1957,6 +1960,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     tile_pv_t<D>(s, sV_u + (st * BN + warp * 16) * LD * 2, lane, o);
 #else
     o[0][0] += s[0] + s[1] + s[2] + s[3];
+#endif
+#ifdef TK_DIAG_FREE_TILE
+    }
 #endif
 #endif
     if (tid < BN && j + 2 < ntiles)  // row tid of tile j + 2 -> s_off[st], for the next iteration's copies
