@@ -27,29 +27,23 @@ if [ "$mode" = regs ] && ! grep -q TK_REG_STAGE optimized/kernels/attention.cu; 
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
+# probe DEFAULT_SHAPES DEFAULT_ROUNDS VARIANT...: probe_decode_cudnn.py over shuffled and in-order pages into
+# $OUT/probe_decode_regs$tag.log (SHAPES, ROUNDS override the defaults), then its timing lines
+probe() {
+  local shapes=$1 rounds=$2
+  shift 2
+  timeout 480 python3 benches/gpu/probe_decode_cudnn.py --shapes ${SHAPES:-$shapes} --layouts shuffled inorder \
+    --variants "$@" --rounds ${ROUNDS:-$rounds} > "$OUT/probe_decode_regs$tag.log" 2>&1
+  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
+}
+wide="32x4096 32x16384 128x1024 128x4096 32x8192 33x16384 64x8192"
+copies="copy:TK_DIAG_COPY_ONLY regs:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD regsts:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD=2"
 if [ "$mode" = regs ]; then
-  timeout 480 python3 benches/gpu/probe_decode_cudnn.py \
-    --shapes ${SHAPES:-32x4096 32x16384 128x1024 128x4096 32x8192 33x16384 64x8192} --layouts shuffled inorder \
-    --variants base rs:TK_REG_STAGE rsna:TK_REG_STAGE,TK_LDG_NA copy:TK_DIAG_COPY_ONLY \
-    regs:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD regsts:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD=2 --rounds ${ROUNDS:-3} \
-    > "$OUT/probe_decode_regs$tag.log" 2>&1
-  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
+  probe "$wide" 3 base rs:TK_REG_STAGE rsna:TK_REG_STAGE,TK_LDG_NA $copies
   grep -E "rs |rsna |DIFFER|Error|error" "$OUT/probe_decode_regs$tag.log" | grep -vE "(copy|regs|regsts) " | cut -c1-120
-  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
 fi
-if [ "$mode" = diagregs ]; then
-  timeout 480 python3 benches/gpu/probe_decode_cudnn.py \
-    --shapes ${SHAPES:-32x4096 32x16384 128x1024 128x4096 32x8192 33x16384 64x8192} --layouts shuffled inorder \
-    --variants base copy:TK_DIAG_COPY_ONLY regs:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD \
-    regsts:TK_DIAG_COPY_ONLY,TK_DIAG_REGLOAD=2 --rounds ${ROUNDS:-3} > "$OUT/probe_decode_regs$tag.log" 2>&1
-  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
-  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
-fi
-if [ "$mode" = tail ]; then
-  timeout 480 python3 benches/gpu/probe_decode_cudnn.py \
-    --shapes ${SHAPES:-128x1024 256x1024 128x2048 128x4096 32x4096} --layouts shuffled inorder \
-    --variants base copy:TK_DIAG_COPY_ONLY last:TK_DIAG_FREE_TILE=1 first:TK_DIAG_FREE_TILE=2 --rounds ${ROUNDS:-5} \
-    > "$OUT/probe_decode_regs$tag.log" 2>&1
-  echo "probe_decode_cudnn rc=$? (1: the diagnostic builds' outputs differ, as they must)"
-  grep -E "TB/s" "$OUT/probe_decode_regs$tag.log" | cut -c1-120
-fi
+[ "$mode" = diagregs ] && probe "$wide" 3 base $copies
+[ "$mode" = tail ] && probe "128x1024 256x1024 128x2048 128x4096 32x4096" 5 base copy:TK_DIAG_COPY_ONLY \
+  last:TK_DIAG_FREE_TILE=1 first:TK_DIAG_FREE_TILE=2
+exit 0

@@ -433,10 +433,10 @@ __device__ __forceinline__ void ldg_kv_tile(KvRegs<D, BN, THREADS>& t, const __n
     if (o < 0) t.k[i] = t.v[i] = make_uint4(0, 0, 0, 0);
   }
 }
-template <int D, int BN, int THREADS>
+template <int D, int BN, int THREADS, int LD>  // LD: the tile's row stride (DecodeCfg's)
 __device__ __forceinline__ void sts_kv_tile(const KvRegs<D, BN, THREADS>& t, __nv_bfloat16* sK, __nv_bfloat16* sV,
                                             int tid) {
-  constexpr int LD = D + 8, CH = D / 8, RSTEP = THREADS / CH, ROWS = KvRegs<D, BN, THREADS>::ROWS;
+  constexpr int CH = D / 8, RSTEP = THREADS / CH, ROWS = KvRegs<D, BN, THREADS>::ROWS;
   const int c = tid % CH, r0 = tid / CH;
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
@@ -1907,7 +1907,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     if constexpr (!QK) {
       auto consume = [&](const KvRegs<D, BN, THREADS>& t) {
 #if TK_DIAG_REGLOAD == 2  // stored where the copies would have put them
-        sts_kv_tile<D, BN, THREADS>(t, sK + st * BN * LD, sV + st * BN * LD, tid);
+        sts_kv_tile<D, BN, THREADS, LD>(t, sK + st * BN * LD, sV + st * BN * LD, tid);
 #else  // folded into one word
 #pragma unroll
         for (int i = 0; i < KvRegs<D, BN, THREADS>::ROWS; ++i)
