@@ -4,7 +4,7 @@ splits a sequence takes, and builds of ``attention.cu`` with compile-time switch
 
     python benches/gpu/probe_decode_cudnn.py [--shapes 32x4096 128x1024 ...] [--rounds 3] [--reps 20]
         [--variants base cg:TK_CP_ASYNC_CG ...] [--layouts shuffled inorder local] [--splits 2 4]
-        [--block-sizes 16 64 ...]
+        [--block-sizes 16 64 ...] [--split-sizes 3968 ...]
 
 The problem is the decode lab's (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, one
 query a sequence, every sequence ``ctx`` keys, pages of 16 tokens) through ``ops.split_kv_decode`` with
@@ -28,6 +28,14 @@ layout at ``N`` tokens a page is named ``layout@N``, at 16 just ``layout``; ``lo
 ``--splits N ...`` adds the engine's build on ``shuffled`` pages with N splits a sequence in place of
 ``auto``'s count (``base/sN``; ``ctx / N`` keys a split, folded in the same launch; other splits give
 other bits, so these are checked to within 1e-2 of ``base``, as ``probe_stream.py`` checks its layouts).
+``--split-sizes S ...`` adds, for every variant, the build on ``shuffled`` pages with splits of ``S`` keys
+(``name/kS``: ``ceil(ctx / S)`` splits a sequence, the last one short when ``S`` does not divide ``ctx``, folded
+in the same launch; ``S <= 0`` stands for ``ctx + S``, so ``-128`` is two 64-key tiles short of every shape's
+context). Base's are checked to within 1e-2 of ``base``, another variant's bitwise against base's at the same
+``S``. A variant built with ``TK_SPLIT_SLOWEST`` is launched with the split as the grid's slowest index
+(``(B, n_kv * HG, splits)`` in place of ``(splits, n_kv * HG, B)``), so every sequence's first split is
+dispatched before any second: with ``S`` a few tiles short of ``ctx`` at batch 32 (256 full CTAs for 264 slots
+of two a multiprocessor), the short remainders can run in the 8 empty slots while the long splits stream.
 ``cudnn`` is SDPA's cuDNN backend on the dense ``[B, n_kv, ctx, D]`` copy (the lab's peer).
 
 A variant is ``name:MACRO[=V],MACRO...`` (``base``: the engine's build), for switches that change how the
@@ -92,8 +100,22 @@ def forced(kc, vc, tables, q, lens, ctx: int, n: int):
     return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
 
 
+def sized(kc, vc, tables, q, lens, ctx: int, size: int):
+    """``split_kv_decode`` with splits of ``size`` keys (``ceil(ctx / size)`` a sequence), in one launch."""
+    n = -(-ctx // size)
+    return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
+
+
 SMEM64 = "TK_DIAG_SMEM64"  # a diagnostic build's switch with a host side: 64 KB of shared memory a CTA at D = 128
-_smem_bytes, _carveout = ops.decode_smem_bytes, ops._carveout_percent
+SLOWEST = "TK_SPLIT_SLOWEST"  # a lab switch with a host side: the decode grid's split index is z, the sequence x
+_smem_bytes, _carveout, _launch = ops.decode_smem_bytes, ops._carveout_percent, ops._launch
+
+
+def _launch_split_slowest(ref, module, name, grid, *args, **kw):
+    if name.startswith("split_kv_partials"):
+        grid = (grid[2], grid[1], grid[0])
+    return _launch(ref, module, name, grid, *args, **kw)
+
 _macros: dict[object, tuple[str, ...]] = {}  # a build -> its switches
 
 
@@ -116,6 +138,7 @@ def use(mod) -> None:
     small = SMEM64 in _macros.get(id(mod), ())
     ops.decode_smem_bytes = (lambda d: 4 * 64 * d * 2) if small else _smem_bytes
     ops._carveout_percent = smem64_carveout if small else _carveout
+    ops._launch = _launch_split_slowest if SLOWEST in _macros.get(id(mod), ()) else _launch
 
 
 def layout_name(lay: str, bs: int) -> str:
@@ -128,6 +151,7 @@ def probe(
     mods: dict,
     layouts: list[str],
     splits: list[int],
+    sizes: list[int],
     rounds: int,
     reps: int,
     gen: torch.Generator,
@@ -170,13 +194,24 @@ def probe(
             calls[(name, lay)] = (mod, hnd(fn) if one else fn)
     for n in splits:
         calls[(f"base/s{n}", "shuffled")] = (mods["base"], forced(*problems["shuffled"], q, lens, ctx, n))
+    for size in [s if s > 0 else ctx + s for s in sizes]:
+        for name, mod in mods.items():
+            calls[(f"{name}/k{size}", "shuffled")] = (mod, sized(*problems["shuffled"], q, lens, ctx, size))
     ok = True
     use(mods["base"])
     ref = ours(*problems["shuffled"], q, lens, ctx, sms)().clone()
+    by_size = {}  # S -> base's output with splits of S keys
     for (name, lay), (mod, fn) in calls.items():
         use(mod)
         out = fn()
-        if "/s" in name:  # another split: other bits
+        if "/k" in name and not name.startswith("base/"):  # another variant at a split size: base's bits there
+            same = torch.equal(out.view(torch.int16), by_size[name.split("/k")[1]].view(torch.int16))
+            ok &= same
+            print(f"B={B} ctx={ctx} {name} {lay}: bits {'equal' if same else 'DIFFER'} to base at that size", flush=True)
+            continue
+        if name.startswith("base/k"):
+            by_size[name.split("/k")[1]] = out.clone()
+        if "/s" in name or "/k" in name:  # another split: other bits
             err = (out.float() - ref.float()).abs().max().item()
             ok &= err <= 1e-2
             print(f"B={B} ctx={ctx} {name} {lay}: max |out - base| {err:.3g}" + ("" if err <= 1e-2 else " DIFFER"))
@@ -212,6 +247,7 @@ def main() -> int:
     ap.add_argument("--layouts", nargs="*", default=["shuffled", "inorder", "local"])
     ap.add_argument("--splits", type=int, nargs="*", default=[])
     ap.add_argument("--block-sizes", type=int, nargs="*", default=[BS])
+    ap.add_argument("--split-sizes", type=int, nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
@@ -232,7 +268,7 @@ def main() -> int:
         B, ctx = (int(x) for x in shape.split("x"))
         if any(ctx % bs for bs in a.block_sizes):
             raise SystemExit(f"context {ctx} is not a whole number of pages of {a.block_sizes}")
-        ok &= probe(B, ctx, mods, a.layouts, a.splits, a.rounds, a.reps, gen, sms, tuple(a.block_sizes))
+        ok &= probe(B, ctx, mods, a.layouts, a.splits, a.split_sizes, a.rounds, a.reps, gen, sms, tuple(a.block_sizes))
         torch.cuda.empty_cache()
     print("all variants and layouts bitwise equal" if ok else "OUTPUTS DIFFER")
     return 0 if ok else 1

@@ -1700,10 +1700,16 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = n_q / n_kv;
   const int HG = (G + NQ - 1) / NQ;
+#ifdef TK_SPLIT_SLOWEST  // (lab switch: the split is the grid's slowest index, so the block order dispatches every
+                         // sequence's split 0 before any split 1; the host launches (B, n_kv * HG, splits))
+  const int split = blockIdx.z;
+  const int b = blockIdx.x;
+#else
   const int split = blockIdx.x;
+  const int b = blockIdx.z;
+#endif
   const int kvh = blockIdx.y / HG;
   const int hg = blockIdx.y - kvh * HG;
-  const int b = blockIdx.z;
   const int h0 = kvh * G + hg * NQ;
   const int nrows = min(NQ, G - hg * NQ);
   const long long part = (long long)b * max_splits + split;  // (b, split) index

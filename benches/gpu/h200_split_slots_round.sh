@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Thirty-first session's device call: can a short remainder split fill the 8 slots that batch 32's one-split grid leaves
+# empty (256 CTAs for 264 slots of two a multiprocessor)? (docs/performance.md, "Remainder splits at batch 32";
+# run from the repository root):
+#   bash benches/gpu/h200_split_slots_round.sh
+# probe_decode_cudnn.py at 32 x 4k, 8k and 16k over shuffled pages (auto's one split also over pages in order) with
+#   base: the engine's build, splits in the launch's default block order (split fastest), and
+#   slow: -DTK_SPLIT_SLOWEST: the split the slowest grid index, so all 256 long splits are dispatched first,
+# each with splits of ctx - 64 r keys (r = 1, 2, 4, 8: one long split and a remainder of r tiles a sequence, folded
+# in the launch), beside cuDNN; three rounds. SHAPES, ROUNDS, SIZES override the defaults; TAG the files' suffix.
+source benches/gpu/_env.sh
+tag=${TAG:-}
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+build_kernels
+timeout 540 python3 benches/gpu/probe_decode_cudnn.py --shapes ${SHAPES:-32x4096 32x8192 32x16384} \
+  --layouts shuffled inorder --variants base slow:TK_SPLIT_SLOWEST --split-sizes ${SIZES:--64 -128 -256 -512} \
+  --rounds ${ROUNDS:-3} > "$OUT/probe_decode_split_slots$tag.log" 2>&1
+echo "probe_decode_cudnn rc=$?"
+grep -E "TB/s|DIFFER|differ|Error|error" "$OUT/probe_decode_split_slots$tag.log" | cut -c1-120
+exit 0
