@@ -94,16 +94,16 @@ def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def sized(kc, vc, tables, q, lens, ctx: int, size: int, n: int | None = None):
+    """``split_kv_decode`` with splits of ``size`` keys, ``n`` of them a sequence (default ``ceil(ctx / size)``),
+    in one launch (the fused fold)."""
+    n = -(-ctx // size) if n is None else n
+    return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
+
+
 def forced(kc, vc, tables, q, lens, ctx: int, n: int):
     """``split_kv_decode`` with ``n`` splits of ``ctx / n`` keys a sequence, in one launch (the fused fold)."""
-    size = -(-ctx // n)
-    return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
-
-
-def sized(kc, vc, tables, q, lens, ctx: int, size: int):
-    """``split_kv_decode`` with splits of ``size`` keys (``ceil(ctx / size)`` a sequence), in one launch."""
-    n = -(-ctx // size)
-    return lambda: ops.split_kv_decode(q, kc, vc, tables, lens, size, max_splits=n, fused=True)
+    return sized(kc, vc, tables, q, lens, ctx, -(-ctx // n), n)
 
 
 SMEM64 = "TK_DIAG_SMEM64"  # a diagnostic build's switch with a host side: 64 KB of shared memory a CTA at D = 128
@@ -135,10 +135,11 @@ def smem64_carveout(dev: int, fn, smem: int, ctas: int) -> int:
 def use(mod) -> None:
     """Install ``mod`` (``ab_attention.install``) with its host side: the 64 KB build's shared memory and carveout."""
     install(mod)
-    small = SMEM64 in _macros.get(id(mod), ())
+    macros = _macros.get(id(mod), ())
+    small = SMEM64 in macros
     ops.decode_smem_bytes = (lambda d: 4 * 64 * d * 2) if small else _smem_bytes
     ops._carveout_percent = smem64_carveout if small else _carveout
-    ops._launch = _launch_split_slowest if SLOWEST in _macros.get(id(mod), ()) else _launch
+    ops._launch = _launch_split_slowest if SLOWEST in macros else _launch
 
 
 def layout_name(lay: str, bs: int) -> str:
