@@ -61,9 +61,15 @@ def hnd_pages(kc, vc):
     return kc.permute(0, 2, 1, 3).contiguous(), vc.permute(0, 2, 1, 3).contiguous()
 
 
+def uses_hnd(peer: str) -> bool:
+    """Whether ``peer`` reads HND copies of the pages (else the engine's NHD pages themselves)."""
+    return peer == "cudnn-paged" or peer.endswith("-hnd")
+
+
 def flashinfer_decode(fi, kc, vc, tables, q, peer: str):
-    """A closure running FlashInfer's batch decode on the engine's NHD pages ``kc, vc [N, 16, n_kv, D]``
-    (``-hnd`` peers: on HND copies of them) with block table ``tables [B, nblk]`` (every sequence full pages)."""
+    """A closure running FlashInfer's batch decode on pages ``kc, vc``: the engine's NHD ``[N, 16, n_kv, D]``, or
+    for ``-hnd`` peers their HND copies ``[N, n_kv, 16, D]``, with block table ``tables [B, nblk]`` (every sequence
+    full pages)."""
     B, nblk = tables.shape
     dev = q.device
     indptr = torch.arange(B + 1, dtype=torch.int32, device=dev) * nblk     # [B + 1]
@@ -77,21 +83,18 @@ def flashinfer_decode(fi, kc, vc, tables, q, peer: str):
     if graph:
         kw.update(paged_kv_indptr_buffer=indptr.clone(), paged_kv_indices_buffer=indices.clone(),
                   paged_kv_last_page_len_buffer=last.clone())
-    hnd = peer.endswith("-hnd")
-    if hnd:
-        kc, vc = hnd_pages(kc, vc)                                           # [N, n_kv, 16, D]
-    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "HND" if hnd else "NHD", **kw)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "HND" if uses_hnd(peer) else "NHD", **kw)
     w.plan(indptr, indices, last, N_Q, N_KV, D, BS, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
            sm_scale=D**-0.5)
     out = torch.empty_like(q)                                                # [B, n_q, D]
     return lambda: w.run(q, (kc, vc), out=out)
 
 
-def cudnn_paged_decode(kc, vc, tables, q, ctx: int):
-    """A closure running cuDNN's paged decode SDPA (through FlashInfer's wrapper) on HND copies of the pages."""
+def cudnn_paged_decode(kh, vh, tables, q, ctx: int):
+    """A closure running cuDNN's paged decode SDPA (through FlashInfer's wrapper) on HND pages
+    ``kh, vh [N, n_kv, 16, D]``."""
     from flashinfer.cudnn.decode import cudnn_batch_decode_with_kv_cache
 
-    kh, vh = hnd_pages(kc, vc)                                               # [N, n_kv, 16, D]
     B = q.shape[0]
     lens = torch.full((B,), ctx, dtype=torch.int32, device=q.device)
     ws = torch.zeros(WORKSPACE, dtype=torch.uint8, device=q.device)
@@ -110,18 +113,22 @@ def probe(B: int, ctx: int, peers: list[str], fi, rounds: int, reps: int, gen: t
     kd, vd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [B, n_kv, ctx, D]
     del k, v
     calls = {("ours", lay): ours(*pages[lay], q, lens, ctx, sms) for lay in pages}
+    if any(uses_hnd(peer) for peer in peers):  # one HND copy of each layout, shared by the peers that read it
+        for lay in list(pages):
+            kc, vc, tables = pages[lay]
+            pages[lay + "-hnd"] = (*hnd_pages(kc, vc), tables)                 # [N, n_kv, 16, D]
     dense = sdpa_call("cudnn", q[:, :, None], kd, vd, D**-0.5, "none", "enable_gqa")
     calls[("cudnn", "dense")] = lambda: dense()[:, :, 0]
     for peer in peers:
-        for lay in pages:
-            name = lay + "-hnd" if peer == "cudnn-paged" or peer.endswith("-hnd") else lay
+        for lay in ("shuffled", "inorder"):
+            name = lay + "-hnd" if uses_hnd(peer) else lay
             try:
                 if peer == "cudnn-paged":
-                    calls[(peer, name)] = cudnn_paged_decode(*pages[lay], q, ctx)
+                    calls[(peer, name)] = cudnn_paged_decode(*pages[name], q, ctx)
                 else:
                     if fi is None:
                         raise RuntimeError("flashinfer not importable")
-                    calls[(peer, name)] = flashinfer_decode(fi, *pages[lay], q, peer)
+                    calls[(peer, name)] = flashinfer_decode(fi, *pages[name], q, peer)
             except Exception as e:  # noqa: BLE001 (a peer that cannot plan is reported, not counted)
                 print(f"B={B} ctx={ctx} {peer} {name}: NOT RUN ({type(e).__name__}: {str(e)[:300]})", flush=True)
     ref = calls[("ours", "shuffled")]().clone()
