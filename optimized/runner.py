@@ -123,6 +123,8 @@ GEMM_ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 #: the staged skinny GEMM's configuration for every role by default: (chunk columns, stages, producer lanes,
 #: CTAs per multiprocessor, stages fetched before the PDL wait) -- see ``CudaRunner.staged``
 STAGED_DEFAULT = (1024, 3, 16, 2, 2)
+#: the staged kernels' weight copies enter L2 at evict-first priority by default (``CudaRunner.staged_evict_first``)
+STAGED_EVICT_FIRST = True
 #: ... and the qkv GEMM's: 512-column chunks, 4 stages, 3 CTAs a multiprocessor (69.6 KB each), two stages early.
 #: qwen3-8b's qkv weight is 384 tiles of 16 rows, about 1.45 waves of the default's 264 CTAs, and one wave of
 #: 396: in one process on the H200 the 8B batch-1 step went from 4.213 to 4.178 ms (batch 8: 4.631 -> 4.552),
@@ -283,7 +285,7 @@ class CudaRunner:
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
-        self.staged_evict_first = True
+        self.staged_evict_first = STAGED_EVICT_FIRST
         #: a decode step's qk_norm_rope (and its KV store) runs inside the attention launch
         #: (``ops.split_kv_decode(norm_rope=...)``, the same bits), which reads the cached keys while the qkv
         #: GEMM is still running; ``False``: the two launches, for A/B measurements
@@ -431,14 +433,17 @@ class CudaRunner:
             return ops.skinny_cluster(x, w, **self._cluster_kw(cl))
         st = self._staged_cfg(x, w, role)
         if st is not None:
-            return ops.skinny_staged(x, w, **self._staged_kw(st))
+            return ops.skinny_staged(x, w, **self._staged_kw(st, self.staged_evict_first))
         if self._skinny(x, w):
             return ops.skinny_gemm(x, w, prefetch=prefetch)
         return torch.matmul(x, w.t())
 
-    def _staged_kw(self, st: tuple[int, ...]) -> dict[str, int | bool]:
+    @staticmethod
+    def _staged_kw(st: tuple[int, ...], evict_first: bool = STAGED_EVICT_FIRST) -> dict[str, int | bool]:
+        """``ops.skinny_staged``'s keywords for the configuration ``st`` (a static method: the GEMM bench builds
+        the engine's configuration without an engine, ``benches/_ours.py``)."""
         return dict(kc=st[0], stages=st[1], lanes=st[2], ctas_per_sm=st[3], pre=st[4],
-                    tp=st[5] if len(st) > 5 else 1, evict_first=self.staged_evict_first)
+                    tp=st[5] if len(st) > 5 else 1, evict_first=evict_first)
 
     @staticmethod
     def _cluster_kw(cl: tuple[int, ...]) -> dict[str, int]:
@@ -505,7 +510,8 @@ class CudaRunner:
             return ops.skinny_cluster(hidden, self.lm_head, out_dtype=torch.float32, **self._cluster_kw(cl))
         st = self._staged_cfg(hidden, self.lm_head, "lm_head")
         if st is not None:
-            return ops.skinny_staged(hidden, self.lm_head, out_dtype=torch.float32, **self._staged_kw(st))
+            return ops.skinny_staged(hidden, self.lm_head, out_dtype=torch.float32,
+                                     **self._staged_kw(st, self.staged_evict_first))
         if self._skinny(hidden, self.lm_head):
             return ops.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         if self._mm_fp32:
@@ -555,7 +561,7 @@ class CudaRunner:
             return ops.skinny_cluster(h, wgu, swiglu=True, **self._cluster_kw(cl))
         st = self._staged_cfg(h, wgu, "gate_up")
         if st is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
-            return ops.skinny_staged(h, wgu, swiglu=True, **self._staged_kw(st))
+            return ops.skinny_staged(h, wgu, swiglu=True, **self._staged_kw(st, self.staged_evict_first))
         if st is None and not self.invariant and self._skinny(h, wgu) and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_swiglu(h, wgu)
         return ops.silu_mul(self._mm(h, wgu, role="gate_up"))

@@ -7,6 +7,8 @@ and the ``opt_engine`` fixture: ``_standins.py``). The kernels themselves are ch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -303,6 +305,25 @@ def test_staged_roles_route_decode_gemms_and_nothing_else(opt_engine, launches):
     eng.runner.staged = dict(roles)
     _rollout(eng, PROMPTS[:2], sps[:2], turns=2)
     assert "skinny_staged" not in {k for k, _ in launches}
+
+
+def test_bench_staged_adapter_launches_what_the_runner_launches(opt_engine, monkeypatch):
+    """The GEMM bench's staged adapter (``benches/_ours.py``, ``skinny_staged``) builds the kernel's keywords from
+    the class, without an engine: for ``STAGED_DEFAULT`` it must launch with the keywords a default engine's runner
+    passes, the L2 policy included. (When ``_staged_kw`` became an instance method the adapter failed, on the GPU
+    only: the kernel_gemm bench's staged rows raised a TypeError.)"""
+    import optimized.ops as real_ops
+    from optimized.runner import STAGED_DEFAULT, STAGED_EVICT_FIRST
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benches"))
+    from _ours import skinny_staged
+    calls = []
+    monkeypatch.setattr(real_ops, "skinny_staged", lambda x, w, **kw: calls.append(kw) or x)
+    skinny_staged(torch.randn(4, 64), torch.randn(32, 64), torch.bfloat16)()
+    runner = opt_engine().runner
+    assert runner.staged_evict_first is STAGED_EVICT_FIRST
+    want = dict(out_dtype=torch.bfloat16, out=None, **runner._staged_kw(STAGED_DEFAULT, runner.staged_evict_first))
+    assert calls == [want], (calls, want)
+    assert want["evict_first"] is True and (want["kc"], want["stages"]) == STAGED_DEFAULT[:2], want
 
 
 def test_staged_wide_routes_decode_gemms_of_9_to_32_rows(opt_engine, launches):
