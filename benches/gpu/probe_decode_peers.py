@@ -3,7 +3,7 @@
 beside them, in one process.
 
     python benches/gpu/probe_decode_peers.py [--shapes 32x4096 128x1024 ...] [--rounds 3] [--reps 20]
-        [--peers fi-cc fi-cc-g fi-tc fi-tc-g fi-fa3-g cudnn-paged]
+        [--peers PEER ...]   # default: all of PEERS (fi-cc fi-cc-g fi-tc fi-tc-g fi-fa3-g fi-cc-hnd fi-tc-hnd cudnn-paged)
 
 The problem is the decode lab's (qwen3-8b attention: 32 query heads, 8 KV heads, head_dim 128, one query a
 sequence, every sequence ``ctx`` keys, pages of 16 tokens; ``probe_stream.dense_problem``). Issue 5's target
