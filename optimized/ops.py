@@ -34,7 +34,8 @@ __all__ = [
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
-    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_CHUNK", "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
+    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_STAGED", "gemm_staged_smem", "GEMM_CHUNK",
+    "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "skinny_staged", "SKINNY_STAGED_CONFIGS", "SKINNY_STAGED_WIDE", "SKINNY_STAGED_MAX_M",
     "skinny_cluster", "SKINNY_CLUSTER_CONFIGS", "SKINNY_CLUSTER_W8", "SKINNY_CLUSTER_MAX_M",
     "FUSED_DECODE_MAX_B",
@@ -924,13 +925,35 @@ GEMM_TILES: dict[str, tuple[int, int, int, int, int, bool]] = {
 }
 #: largest fp32 workspace (chunks x M x N) a split launch may take; past it the folding kernel runs
 GEMM_SPLIT_WORKSPACE = 64 << 20
+#: gemm.cu's staged kernels for decode rows (``gemm_staged_m{R}_s{S}``): name -> (x rows R a stage holds, so
+#: ``M <= R``; stages S; CTAs a multiprocessor). The same canonical order as ``GEMM_TILES``.
+GEMM_STAGED: dict[str, tuple[int, int, int]] = {
+    "staged_m8_s4x2": (8, 4, 2),
+    "staged_m8_s4": (8, 4, 1),
+    "staged_m8_s8": (8, 8, 1),
+    "staged_m16_s4": (16, 4, 1),
+    "staged_m32_s4": (32, 4, 1),
+}
+_GEMM_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp (kGsCW + 1)
+#: the most dynamic shared memory of a staged gemm kernel that still leaves room for two CTAs a multiprocessor
+#: (228 KB, less 1 KB reserved and about 2 KB of static shared memory a CTA)
+GEMM_STAGED_TWO_CTAS = 110 * 1024
+
+
+def gemm_staged_smem(rows: int, stages: int) -> int:
+    """Dynamic shared memory of a staged gemm launch: ``stages`` x (``rows`` x rows + 16 weight rows) of one
+    chunk, rows ``2 GEMM_CHUNK + 16`` bytes apart (``kGsRS`` in gemm.cu)."""
+    return stages * (rows + 16) * (GEMM_CHUNK * 2 + 16)
 
 
 def gemm_choice(M: int, N: int, K: int) -> str:
-    """The tile ``gemm`` uses for an ``M x N x K`` product: K-parallel split tiles for the few rows of
-    a decode step (when the workspace is small), one-CTA-per-tile folding kernels otherwise."""
+    """The kernel ``gemm`` uses for an ``M x N x K`` product: the staged kernel for the rows of a small decode
+    step, K-parallel split tiles for wider ones (when the workspace is small), one-CTA-per-tile folding
+    kernels otherwise."""
     chunks = -(-K // GEMM_CHUNK)
     split_ok = chunks >= 2 and chunks * M * N * 4 <= GEMM_SPLIT_WORKSPACE
+    if M <= 8:
+        return "staged_m8_s4x2"
     if M <= 16:
         return "split_16x64" if split_ok else "16x32"
     if M <= 64:
@@ -991,21 +1014,34 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, ``N`` even;
     fp32 accumulation, output bf16 or fp32 ``[M, N]``. Row ``m`` of the result depends on row ``m``
     of ``x`` and on ``w`` only -- bitwise, whatever ``M`` is and whichever kernel runs (``tile`` forces
-    one of ``GEMM_TILES``; the default is ``gemm_choice``). Split tiles take an fp32 workspace
-    (``torch.empty``, capturable in a CUDA graph) and a per-device ticket array; launches that share
+    one of ``GEMM_TILES`` or ``GEMM_STAGED``; the default is ``gemm_choice``). Split tiles take an fp32
+    workspace (``torch.empty``, capturable in a CUDA graph) and a per-device ticket array; launches that share
     a device must be ordered (one stream), as they are in the engine.
     """
     M, N, K = _linear_shape(x, w)
     _need(N % 2 == 0, f"N = {N} must be even")
     _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
+    name = gemm_choice(M, N, K) if tile is None else tile
+    _need(name in GEMM_TILES or name in GEMM_STAGED,
+          f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED)}")
+    if name in GEMM_STAGED:
+        _need(M <= GEMM_STAGED[name][0], f"gemm tile {name!r} takes at most {GEMM_STAGED[name][0]} rows, got {M}")
     out, ldx = _linear_out(x, w, out_dtype, out)
     if M == 0:
         return out
-    name = gemm_choice(M, N, K) if tile is None else tile
-    _need(name in GEMM_TILES, f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES)}")
+    suffix = "f32" if out_dtype == torch.float32 else "bf16"
+    if name in GEMM_STAGED:
+        rows, stages, per_sm = GEMM_STAGED[name]
+        smem = gemm_staged_smem(rows, stages)
+        grid = max(1, min(-(-N // 16), per_sm * _num_sms(_device_index(x))))
+        # the carveout is the kernel's, whichever tile loads it first: room for as many CTAs as fit (two
+        # below about 110 KB each), so the grid decides how many run
+        _launch(x, "gemm", f"gemm_staged_m{rows}_s{stages}_{suffix}", (grid, 1, 1),
+                (_GEMM_STAGED_THREADS, 1, 1), (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)),
+                smem, ctas_per_sm=2 if smem <= GEMM_STAGED_TWO_CTAS else 1)
+        return out
     bm, bn, warps, bk, stages, split = GEMM_TILES[name]
     smem = stages * (bm + bn) * (bk + 8) * 2
-    suffix = "f32" if out_dtype == torch.float32 else "bf16"
     chunks = -(-K // GEMM_CHUNK)
     grid = (-(-N // bn), -(-M // bm), chunks if split else 1)
     _need(grid[1] <= 65535, f"M = {M} needs more than 65535 row tiles of {bm}")

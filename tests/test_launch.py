@@ -157,6 +157,44 @@ def test_skinny_swiglu_chooses_kernel_and_grid_and_rejects_bad_input(launch_log)
     assert len(log) == n
 
 
+def test_gemm_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.gemm`` on the CPU with ``_launch`` recorded: a decode-sized M takes the staged kernel (its rows
+    and stages in the name, bf16 or fp32 out), on a persistent grid of CTAs-per-SM x SMs capped at the 16-row
+    tiles, 160 threads, the stages' shared memory, room for two CTAs only where two fit; more rows than a
+    forced staged tile takes, an odd N or a bad K is a ValueError that launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
+                        launch_log.append((module, name, grid, block, args, smem, ctas_per_sm)))
+    log = launch_log
+    bf = torch.bfloat16
+    w = torch.randn(6144, 1024).to(bf)
+    y = ops.gemm(torch.randn(3, 1024).to(bf), w)
+    assert y.shape == (3, 6144) and y.dtype == bf
+    assert log[-1][:4] == ("gemm", "gemm_staged_m8_s4_bf16", (264, 1, 1), (160, 1, 1))
+    assert [int(a) for a in (log[-1][4][1], *log[-1][4][4:])] == [1024, 3, 6144, 1024]   # ldx, M, N, K
+    assert log[-1][5:] == (ops.gemm_staged_smem(8, 4), 2)
+    ops.gemm(torch.randn(12, 1024).to(bf), torch.randn(64, 1024).to(bf), out_dtype=torch.float32, tile="staged_m16_s4")
+    assert log[-1][1:3] == ("gemm_staged_m16_s4_f32", (4, 1, 1)) and log[-1][5:] == (ops.gemm_staged_smem(16, 4), 1)
+    ops.gemm(torch.randn(30, 1024).to(bf), w, tile="staged_m32_s4")
+    assert log[-1][1:3] == ("gemm_staged_m32_s4_bf16", (132, 1, 1))
+    ops.gemm(torch.randn(2, 1024).to(bf), w, tile="staged_m8_s4")
+    assert log[-1][1:3] == ("gemm_staged_m8_s4_bf16", (132, 1, 1)) and log[-1][6] == 2   # the kernel's carveout
+    n = len(log)
+    for bad in (dict(x=torch.randn(9, 1024).to(bf), w=w, tile="staged_m8_s4x2"),      # more rows than the tile
+                dict(x=torch.randn(33, 1024).to(bf), w=w, tile="staged_m32_s4"),
+                dict(x=torch.randn(2, 1024).to(bf), w=torch.randn(63, 1024).to(bf)),  # N odd
+                dict(x=torch.randn(2, 1020).to(bf), w=torch.randn(64, 1020).to(bf)),  # K % 8
+                dict(x=torch.randn(2, 1024).to(bf), w=w, tile="staged_m4")):          # not built
+        with pytest.raises(ValueError):
+            ops.gemm(bad.pop("x"), bad.pop("w"), **bad)
+    assert len(log) == n
+
+
 def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, producer lanes,
     output kind; for 9-32 rows tiles a stage and row width), a persistent grid of CTAs-per-SM x SMs capped at

@@ -800,13 +800,20 @@ def linear_accuracy(fn, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor,
 
 def check_gemm(C: Checks, dev, gen) -> None:
     """``ops.gemm``: the flash rule vs an fp32 product (torch's bf16 matmul is the low-precision run);
-    row ``r`` bitwise equal alone (M = 1) and inside M rows; every tile bitwise equal to every other."""
+    row ``r`` bitwise equal alone (M = 1) and inside M rows; every tile bitwise equal to every other (the
+    staged kernels wherever they take M rows, launched twice: a launch must leave nothing behind). The
+    "wide" shapes scale every element of x by a random power of two in [2^-12, 2^12], so that the terms of a
+    sum differ in magnitude and any change of the order in which they are added changes bits."""
     shapes = [(1, 64, 48), (7, 96, 40), (16, 1024, 2048), (5, 2048, 1544), (33, 6144, 4096), (64, 4096, 4096),
               (40, 4096, 12288), (200, 4096, 4096), (300, 3072, 1024), (1000, 512, 1032), (70, 151936, 1024),
-              (3, 151936, 4096)]
-    for M, N, K in shapes:
-        def run(M=M, N=N, K=K):
-            x = (torch.randn(M, K, generator=gen) * 0.5).to(torch.bfloat16).to(dev)
+              (3, 151936, 4096), (1, 6144, 4096), (8, 4096, 12288), (12, 24576, 4096), (32, 6144, 4096),
+              (3, 1000, 1032), (25, 2050, 3080), (4, 6144, 4096, "wide"), (29, 1024, 12288, "wide")]
+    for M, N, K, *kind in shapes:
+        def run(M=M, N=N, K=K, wide=bool(kind)):
+            x = (torch.randn(M, K, generator=gen) * 0.5)
+            if wide:
+                x = x * torch.exp2(torch.randint(-12, 13, (M, K), generator=gen).float())
+            x = x.to(torch.bfloat16).to(dev)
             w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
             y32, res = linear_accuracy(ops.gemm, x, w)
             rows = sorted({0, M // 2, M - 1})
@@ -814,15 +821,18 @@ def check_gemm(C: Checks, dev, gen) -> None:
                 alone = ops.gemm(x[r:r + 1].clone(), w, out_dtype=torch.float32)
                 res += exact(f"row {r} of M={M} == row alone", y32[r:r + 1], alone)
             print(f"    default kernel: {ops.gemm_choice(M, N, K)}")
-            for tile in ops.GEMM_TILES:   # split tiles twice: the tickets must be reset by each launch
-                for rep in range(2 if tile.startswith("split") else 1):
+            tiles = [*ops.GEMM_TILES, *(t for t, (rows, _, _) in ops.GEMM_STAGED.items() if M <= rows)]
+            for tile in tiles:   # split and staged tiles twice: the tickets must be reset by each launch
+                for rep in range(1 if tile in ops.GEMM_TILES and not tile.startswith("split") else 2):
                     res += exact(f"tile {tile} == default (launch {rep})",
                                  ops.gemm(x, w, out_dtype=torch.float32, tile=tile), y32)
+            for tile in tiles[len(ops.GEMM_TILES):]:   # and the staged kernels' bf16 out
+                res += exact(f"tile {tile} bf16 == round(fp32)", ops.gemm(x, w, tile=tile), y32.to(torch.bfloat16))
             # a row's result does not depend on its neighbours: shuffle the rows and compare
             perm = torch.randperm(M, generator=gen).to(dev)
             res += exact("rows permuted", ops.gemm(x[perm].contiguous(), w, out_dtype=torch.float32), y32[perm])
             return res
-        C.run("gemm", f"M={M} N={N} K={K}", run)
+        C.run("gemm", f"M={M} N={N} K={K}" + (" wide" if kind else ""), run)
 
 
 def check_invariant_attention(C: Checks, dev, gen) -> None:

@@ -40,7 +40,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "split_kv_qk_partials_d128",
         "split_kv_reduce", "merge_states",
     ),
-    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")
+    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64",
+                                                    "staged_m8_s4", "staged_m8_s8", "staged_m16_s4", "staged_m32_s4")
                   for out in ("bf16", "f32")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
                          for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}"))

@@ -26,6 +26,11 @@
 //                                 tile to finish (an atomic ticket per tile) folds p_0, p_1, ... in
 //                                 chunk order and writes y, then resets the ticket for the next launch.
 // There are no atomics on data and no dependence on which CTA finishes last.
+// A third kernel, for the few rows of a decode step, streams the weights through shared memory:
+//   gemm_staged_m{R}_s{S}_{bf16,f32}  a persistent grid; a producer warp bulk-copies chunk c of a tile's
+//                                 16 weight rows and of the (at most R) x rows into one of S stages,
+//                                 and consumer warp i % 4 walks stage i in canonical order (below,
+//                                 "The staged kernel").
 //
 // Structure: 32*WM*WN threads; warps in a WM x WN grid, each owning (BM/WM) x (BN/WN) outputs as
 // MT x NT tiles of 16 x 8; STAGES-deep cp.async pipeline of BK-wide tiles of x and W in shared
@@ -37,6 +42,7 @@
 #include "pdl.cuh"
 
 #include "mma.cuh"
+#include "tma.cuh"
 
 namespace {
 
@@ -256,6 +262,166 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
   if (tid == 0) tickets[tile] = 0;  // ready for the next launch (kernels on one stream run in order)
 }
 
+
+// ---- The staged kernel (gemm_staged_*): decode rows, the weights through shared memory ----
+//
+// Why: the split tiles above load both operands with cp.async from every CTA of a (64 columns, chunk) grid and
+// fold through a global workspace; at M <= 16 they stream the weights at about 2.5 TB/s, where the default
+// mode's staged skinny kernel (skinny_gemm.cu) reaches about 4. This kernel takes that one's data movement and
+// keeps this file's order:
+//   * work: the 16-row tiles of W, whole; CTA b takes tiles b, b + G, b + 2G, .. (G CTAs), and a tile's chunks
+//     in order. Stage i (a CTA's i-th (tile, chunk) pair) holds chunk c of the tile's 16 weight rows and of the
+//     first min(M, R) rows of x (R = 8, 16 or 32), rows kGsRS bytes apart;
+//   * warp 4 produces: it waits for a stage to be empty, announces its bytes on its "full" barrier, and its
+//     lanes issue one bulk copy per row (weights at L2 evict-first priority, x without a hint);
+//   * warp i % 4 consumes stage i (S is a multiple of 4, so a stage always has the same consumer and its
+//     barriers' phases never run ahead of it): x as the A operand (ldmatrix.x4, rows g and g + 8 of each 16),
+//     the weight rows as two n8 B tiles (ldmatrix.x4), one mma.m16n8k16 per 16 columns and B tile from a zero
+//     accumulator, in increasing k: p_c exactly as gemm_mainloop computes it (the same instruction, the same
+//     operands in the same roles; the upper 8 columns of a last step past K are zeroed in both operands, as
+//     the copies above zero-fill them; steps past K are not issued);
+//   * the fold: t = t + p_c in chunk order, as above. The consumer of stage i waits until stage i - 1's has
+//     added its p (a counter in shared memory, `done`), adds its own to the tile's running total (t = 0 + p_0
+//     at chunk 0), and at the tile's last chunk stores t instead.
+// So every element is the canonical order's, bit for bit, whatever R, S, the grid and M (check_kernels.py,
+// "gemm": every tile against every other). Rows of x past M and of W past N are never copied: their lanes of
+// the fragments hold stale shared memory, which reaches only outputs that are not stored (an element reads
+// its own row of x and column of W^T only).
+constexpr int kGsCW = 4;               // consumer warps; warp kGsCW is the producer
+constexpr int kGsRS = KC * 2 + 16;     // bytes from row to row of a stage: 16 (mod 128) past 128-byte lines,
+                                       // so the 8 rows of an ldmatrix phase fall on distinct banks
+
+template <int R, int S, bool F32>
+__device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
+                                                 const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M,
+                                                 int N, int K) {
+  constexpr int MT = R >= 16 ? R / 16 : 1;  // 16-row A tiles of x
+  constexpr int kStage = (R + 16) * kGsRS;  // x rows, then the 16 weight rows
+  static_assert(S % kGsCW == 0 && (R == 8 || R == 16 || R == 32), "staged gemm layout");
+  extern __shared__ __align__(128) unsigned char gs_smem[];  // S stages
+  __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
+  __shared__ float tot[MT][2][4][32];                        // the tile's running total, fragment-major
+  __shared__ int done;                                       // stages folded so far
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tiles = (N + 15) >> 4, kch = (K + KC - 1) / KC;
+  const u32 base = smem_u32(gs_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, 1);
+    }
+    done = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kGsCW) {  // ---- producer
+    const u64 policy = l2_evict_first();
+    const int xrows = min(M, R);
+    int i = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int wrows = min(16, N - 16 * t);
+      for (int kc = 0; kc < kch; ++kc, ++i) {
+        const int s = i % S;
+        if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
+        const int k0 = kc * KC;
+        const u32 bytes = (u32)min(KC, K - k0) * 2u;
+        if (lane == 0) mbar_expect_tx(bar_full + 8 * s, bytes * (u32)(xrows + wrows));
+        __syncwarp();  // the bytes are announced before any copy lands
+        const u32 st = base + s * kStage;
+        for (int r = lane; r < R + 16; r += 32) {
+          if (r < R) {
+            if (r < xrows) bulk_copy(st + r * kGsRS, x + (long long)r * ldx + k0, bytes, bar_full + 8 * s);
+          } else if (r - R < wrows) {
+            bulk_copy_hint(st + r * kGsRS, w + (long long)(16 * t + r - R) * K + k0, bytes, bar_full + 8 * s, policy);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers
+  const int mi = lane >> 3, g = lane >> 2, t4 = lane & 3;
+  int i = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int kc = 0; kc < kch; ++kc, ++i) {
+      if (i % kGsCW != warp) continue;
+      const int s = i % S;
+      mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+      const int cols = min(KC, K - kc * KC), steps = (cols + 15) >> 4;
+      const u32 sx = base + s * kStage, sw = sx + R * kGsRS;
+      float acc[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+#pragma unroll 8
+      for (int kk = 0; kk < steps; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {  // matrices: (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8)
+          int row = mt * 16 + ((mi & 1) << 3) + (lane & 7);
+          if (R == 8) row &= 7;  // rows 8-15 of the A tile repeat rows 0-7 (never stored: M <= 8)
+          ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], sx + row * kGsRS + (kk * 16 + ((mi >> 1) << 3)) * 2);
+        }
+        // matrices: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8)
+        u32 b0, b1, b2, b3;
+        ldsm_x4(b0, b1, b2, b3, sw + (((mi >> 1) << 3) + (lane & 7)) * kGsRS + (kk * 16 + ((mi & 1) << 3)) * 2);
+        if (kk * 16 + 16 > cols) {  // a last step of 8 columns (K % 16 == 8): the upper 8 are zeros
+          b1 = b3 = 0u;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) a[mt][2] = a[mt][3] = 0u;
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(acc[mt][0], a[mt], b0, b1);
+          mma_bf16(acc[mt][1], a[mt], b2, b3);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // the stage may be refilled
+
+      // the fold, in stage order: t = t + p_c (t = 0 + p_0 at the tile's first chunk)
+      while (*reinterpret_cast<volatile int*>(&done) != i) {
+      }
+      __threadfence_block();
+      const bool last = kc == kch - 1;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float v[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            v[c] = __fadd_rn(kc == 0 ? 0.f : tot[mt][j][c][lane], acc[mt][j][c]);
+            if (!last) tot[mt][j][c][lane] = v[c];
+          }
+          if (last) {  // c0, c1: x row g, weight rows n, n + 1; c2, c3: x row g + 8
+            const int n = 16 * t + 8 * j + 2 * t4;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int m = mt * 16 + g + 8 * h;
+              if (m >= M || n >= N) continue;  // N even: a pair is entirely inside or outside
+              const long long off = (long long)m * N + n;
+              if constexpr (F32) {
+                *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(v[2 * h], v[2 * h + 1]);
+              } else {
+                *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
+                    __floats2bfloat162_rn(v[2 * h], v[2 * h + 1]);
+              }
+            }
+          }
+        }
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence_block();
+        *reinterpret_cast<volatile int*>(&done) = i + 1;
+      }
+    }
+  }
+}
 }  // namespace
 
 // Instantiations. ops.py (GEMM_TILES) picks one by M and computes the same shared memory
@@ -284,3 +450,21 @@ TK_GEMM2(64x64, 64, 64, 2, 2, 64, 4)     // M <= 256
 TK_GEMM2(128x64, 128, 64, 2, 2, 32, 4)   // prefill
 TK_GEMM_SPLIT2(16x64, 16, 64, 1, 4, 128, 4)  // decode, M <= 16: one CTA per (64 columns, chunk)
 TK_GEMM_SPLIT2(64x64, 64, 64, 2, 2, 64, 4)   // decode, M <= 64
+
+// gemm_staged_m{R}_s{S}: ops.py (GEMM_STAGED) launches 32 * (kGsCW + 1) threads and S * (R + 16) * kGsRS bytes of
+// dynamic shared memory
+#define TK_GEMM_STAGED(R, S)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(32 * (kGsCW + 1)) gemm_staged_m##R##_s##S##_bf16(                  \
+      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w,                           \
+      __nv_bfloat16* __restrict__ y, int M, int N, int K) { pdl_entry();                                           \
+    gemm_staged_impl<R, S, false>(x, ldx, w, y, M, N, K);                                                        \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * (kGsCW + 1)) gemm_staged_m##R##_s##S##_f32(                   \
+      const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, float* __restrict__ y,    \
+      int M, int N, int K) { pdl_entry();                                                                          \
+    gemm_staged_impl<R, S, true>(x, ldx, w, y, M, N, K);                                                         \
+  }
+TK_GEMM_STAGED(8, 4)    // decode, M <= 8
+TK_GEMM_STAGED(8, 8)
+TK_GEMM_STAGED(16, 4)   // M <= 16
+TK_GEMM_STAGED(32, 4)   // M <= 32
