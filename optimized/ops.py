@@ -925,37 +925,47 @@ GEMM_TILES: dict[str, tuple[int, int, int, int, int, bool]] = {
 }
 #: largest fp32 workspace (chunks x M x N) a split launch may take; past it the folding kernel runs
 GEMM_SPLIT_WORKSPACE = 64 << 20
-#: gemm.cu's staged kernels for decode rows (``gemm_staged_m{R}_s{S}``): name -> (x rows R a stage holds, so
-#: ``M <= R``; stages S; CTAs a multiprocessor). The same canonical order as ``GEMM_TILES``.
-GEMM_STAGED: dict[str, tuple[int, int, int]] = {
-    "staged_m8_s4x2": (8, 4, 2),
-    "staged_m8_s4": (8, 4, 1),
-    "staged_m8_s8": (8, 8, 1),
-    "staged_m16_s4": (16, 4, 1),
-    "staged_m32_s4": (32, 4, 1),
+#: gemm.cu's staged kernels for decode rows (``gemm_staged_m{R}_s{S}c{CPS}``): name -> (x rows R a stage holds,
+#: so ``M <= R``; stages S; chunks a stage CPS; CTAs a multiprocessor, ``x2`` in the name). The same canonical
+#: order as ``GEMM_TILES``.
+GEMM_STAGED: dict[str, tuple[int, int, int, int]] = {
+    "staged_m8_s4c2": (8, 4, 2, 1),
+    "staged_m8_s4c1x2": (8, 4, 1, 2),
+    "staged_m16_s3c1x2": (16, 3, 1, 2),
+    "staged_m16_s3c2": (16, 3, 2, 1),
+    "staged_m32_s2c1x2": (32, 2, 1, 2),
+    "staged_m32_s4c1": (32, 4, 1, 1),
 }
+#: the largest weights (N x K elements) that take the staged kernel at 9-16 and at 17-32 rows (``gemm_choice``)
+GEMM_STAGED_MAX_ELEMS = {16: 9 << 19, 32: 8 << 20}
 _GEMM_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp (kGsCW + 1)
 #: the most dynamic shared memory of a staged gemm kernel that still leaves room for two CTAs a multiprocessor
 #: (228 KB, less 1 KB reserved and about 2 KB of static shared memory a CTA)
 GEMM_STAGED_TWO_CTAS = 110 * 1024
 
 
-def gemm_staged_smem(rows: int, stages: int) -> int:
-    """Dynamic shared memory of a staged gemm launch: ``stages`` x (``rows`` x rows + 16 weight rows) of one
-    chunk, rows ``2 GEMM_CHUNK + 16`` bytes apart (``kGsRS`` in gemm.cu)."""
-    return stages * (rows + 16) * (GEMM_CHUNK * 2 + 16)
+def gemm_staged_smem(rows: int, stages: int, cps: int = 1) -> int:
+    """Dynamic shared memory of a staged gemm launch: ``stages`` x (``rows`` x rows + 16 weight rows) of ``cps``
+    chunks, rows ``2 cps GEMM_CHUNK + 16`` bytes apart (``gs_rs`` in gemm.cu)."""
+    return stages * (rows + 16) * (cps * GEMM_CHUNK * 2 + 16)
 
 
 def gemm_choice(M: int, N: int, K: int) -> str:
-    """The kernel ``gemm`` uses for an ``M x N x K`` product: the staged kernel for the rows of a small decode
-    step, K-parallel split tiles for wider ones (when the workspace is small), one-CTA-per-tile folding
-    kernels otherwise."""
+    """The kernel ``gemm`` uses for an ``M x N x K`` product -- a speed choice only, every kernel computes the
+    canonical order. From the H200's figures (docs/performance.md, "The staged kernel of the batch-invariant
+    GEMM"): the staged kernel for one row, for up to 8 rows over K > 1024, and for up to 16 (32) rows of small
+    weights (``GEMM_STAGED_MAX_ELEMS``); else K-parallel split tiles for decode-sized M (when the workspace is
+    small), one-CTA-per-tile folding kernels otherwise."""
     chunks = -(-K // GEMM_CHUNK)
     split_ok = chunks >= 2 and chunks * M * N * 4 <= GEMM_SPLIT_WORKSPACE
-    if M <= 8:
-        return "staged_m8_s4x2"
+    if M == 1 or (M <= 8 and K > 2 * GEMM_CHUNK):
+        return "staged_m8_s4c2"
+    if M <= 16 and N * K <= GEMM_STAGED_MAX_ELEMS[16]:
+        return "staged_m16_s3c1x2"
     if M <= 16:
         return "split_16x64" if split_ok else "16x32"
+    if M <= 32 and N * K <= GEMM_STAGED_MAX_ELEMS[32]:
+        return "staged_m32_s2c1x2"
     if M <= 64:
         return "split_64x64" if split_ok else "64x64"
     return "64x64" if M <= 256 else "128x64"
@@ -1031,12 +1041,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         return out
     suffix = "f32" if out_dtype == torch.float32 else "bf16"
     if name in GEMM_STAGED:
-        rows, stages, per_sm = GEMM_STAGED[name]
-        smem = gemm_staged_smem(rows, stages)
+        rows, stages, cps, per_sm = GEMM_STAGED[name]
+        smem = gemm_staged_smem(rows, stages, cps)
         grid = max(1, min(-(-N // 16), per_sm * _num_sms(_device_index(x))))
         # the carveout is the kernel's, whichever tile loads it first: room for as many CTAs as fit (two
         # below about 110 KB each), so the grid decides how many run
-        _launch(x, "gemm", f"gemm_staged_m{rows}_s{stages}_{suffix}", (grid, 1, 1),
+        _launch(x, "gemm", f"gemm_staged_m{rows}_s{stages}c{cps}_{suffix}", (grid, 1, 1),
                 (_GEMM_STAGED_THREADS, 1, 1), (_p(x), _i(ldx), _p(w), _p(out), _i(M), _i(N), _i(K)),
                 smem, ctas_per_sm=2 if smem <= GEMM_STAGED_TWO_CTAS else 1)
         return out

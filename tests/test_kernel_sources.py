@@ -28,8 +28,8 @@ def test_ops_launch_only_inventoried_kernels():
     gemm_names = set(kernels.SOURCES["gemm"])
     for tile in ops.GEMM_TILES:
         assert {f"gemm_{tile}_bf16", f"gemm_{tile}_f32"} <= gemm_names, tile
-    for tile, (rows, stages, _) in ops.GEMM_STAGED.items():
-        assert {f"gemm_staged_m{rows}_s{stages}_bf16", f"gemm_staged_m{rows}_s{stages}_f32"} <= gemm_names, tile
+    for tile, (rows, stages, cps, _) in ops.GEMM_STAGED.items():
+        assert {f"gemm_staged_m{rows}_s{stages}c{cps}_{out}" for out in ("bf16", "f32")} <= gemm_names, tile
     attn = set(kernels.SOURCES["attention"])
     for D in ops.ATTN_HEAD_DIMS:
         assert f"split_kv_partials_d{D}" in attn
@@ -85,37 +85,44 @@ def test_sampling_constants_agree_with_the_source():
 
 
 def test_gemm_choice_is_a_speed_choice_only():
-    """The staged kernel for the rows of a small decode step (any N and K: it needs no workspace); split
-    (K-parallel) tiles for wider decode steps with at least two chunks and a small workspace; folding tiles
+    """The rule measured on the H200 (docs/performance.md, "The staged kernel of the batch-invariant GEMM"): the
+    staged kernel for one row, for up to 8 rows over K > 1024, and for up to 16 / 32 rows of small weights; split
+    (K-parallel) tiles for the other decode steps with at least two chunks and a small workspace; folding tiles
     otherwise. Every choice is a built kernel that takes M rows."""
-    assert ops.gemm_choice(1, 4096, 4096) == ops.gemm_choice(8, 151936, 4096) == "staged_m8_s4x2"
-    assert ops.gemm_choice(9, 4096, 4096) == "split_16x64"
+    assert ops.gemm_choice(1, 4096, 4096) == ops.gemm_choice(1, 151936, 1024) == "staged_m8_s4c2"
+    assert ops.gemm_choice(8, 151936, 4096) == ops.gemm_choice(8, 1024, 3072) == "staged_m8_s4c2"
+    assert ops.gemm_choice(8, 4096, 1024) == ops.gemm_choice(16, 1024, 3072) == "staged_m16_s3c1x2"  # small
+    assert ops.gemm_choice(8, 6144, 1024) == ops.gemm_choice(9, 4096, 4096) == "split_16x64"
     assert ops.gemm_choice(16, 151936, 4096) == "16x32"           # the LM head: the workspace would be too big
-    assert ops.gemm_choice(64, 4096, 12288) == "split_64x64"
-    assert ops.gemm_choice(17, 4096, 512) == "64x64"              # one chunk: nothing to split
-    assert ops.gemm_choice(64, 151936, 4096) == "64x64"           # the LM head: the workspace would be too big
+    assert ops.gemm_choice(32, 6144, 1024) == "staged_m32_s2c1x2"
+    assert ops.gemm_choice(32, 4096, 4096) == ops.gemm_choice(64, 4096, 12288) == "split_64x64"
+    assert ops.gemm_choice(33, 1024, 1024) == "split_64x64"
+    assert ops.gemm_choice(33, 4096, 512) == "64x64"              # one chunk: nothing to split
+    assert ops.gemm_choice(64, 151936, 4096) == "64x64"           # the workspace would be too big
     assert ops.gemm_choice(200, 4096, 4096) == "64x64"
     assert ops.gemm_choice(4096, 4096, 4096) == "128x64"
-    for M in (1, 8, 9, 16, 17, 33, 65, 300):
-        for N in (64, 151936):
-            for K in (48, 4096):
+    for M in (1, 2, 8, 9, 16, 17, 32, 33, 65, 300):
+        for N in (64, 4096, 151936):
+            for K in (48, 1024, 4096):
                 tile = ops.gemm_choice(M, N, K)
                 assert tile in ops.GEMM_TILES or (tile in ops.GEMM_STAGED and M <= ops.GEMM_STAGED[tile][0])
 
 
 def test_gemm_staged_kernels_match_their_instantiations():
-    """Every ``GEMM_STAGED`` entry is instantiated with its rows and stages; the stages are a multiple of the
-    consumer warps (a stage always has one consumer); the launch's threads, the row pitch and the shared
-    memory that ops.py derives are the kernel's, and fit (two CTAs where ops asks for room for two)."""
+    """Every ``GEMM_STAGED`` entry is instantiated with its rows, stages and chunks a stage, and its name says so;
+    the launch's threads, the row pitch and the shared memory that ops.py derives are the kernel's, and fit (two
+    CTAs where ops asks for room for two)."""
     src = (kernels.KERNEL_DIR / "gemm.cu").read_text()
     cw = int(re.search(r"constexpr int kGsCW = (\d+);", src).group(1))
     assert ops._GEMM_STAGED_THREADS == 32 * (cw + 1)
-    assert "constexpr int kGsRS = KC * 2 + 16;" in src and ops.gemm_staged_smem(8, 1) == 24 * (2 * ops.GEMM_CHUNK + 16)
-    built = {tuple(map(int, m)) for m in re.findall(r"^TK_GEMM_STAGED\((\d+), (\d+)\)", src, re.M)}
-    assert built == {(rows, stages) for rows, stages, _ in ops.GEMM_STAGED.values()}
-    for name, (rows, stages, per_sm) in ops.GEMM_STAGED.items():
-        assert rows in (8, 16, 32) and stages % cw == 0 and per_sm in (1, 2), name
-        smem = ops.gemm_staged_smem(rows, stages)
+    assert "constexpr int gs_rs(int cps) { return cps * KC * 2 + 16; }" in src
+    assert ops.gemm_staged_smem(8, 1, 2) == 24 * (4 * ops.GEMM_CHUNK + 16)
+    built = {tuple(map(int, m)) for m in re.findall(r"^TK_GEMM_STAGED\((\d+), (\d+), (\d+)\)", src, re.M)}
+    assert built == {(rows, stages, cps) for rows, stages, cps, _ in ops.GEMM_STAGED.values()}
+    for name, (rows, stages, cps, per_sm) in ops.GEMM_STAGED.items():
+        assert name == f"staged_m{rows}_s{stages}c{cps}" + ("x2" if per_sm == 2 else ""), name
+        assert rows in (8, 16, 32) and stages >= 2 and cps in (1, 2, 4) and per_sm in (1, 2), name
+        smem = ops.gemm_staged_smem(rows, stages, cps)
         assert smem <= 227 * 1024, name
         assert per_sm == 1 or smem <= ops.GEMM_STAGED_TWO_CTAS, name
     assert 2 * (ops.GEMM_STAGED_TWO_CTAS + 3 * 1024) <= 228 * 1024

@@ -175,18 +175,22 @@ def test_gemm_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     w = torch.randn(6144, 1024).to(bf)
     y = ops.gemm(torch.randn(3, 1024).to(bf), w)
     assert y.shape == (3, 6144) and y.dtype == bf
-    assert log[-1][:4] == ("gemm", "gemm_staged_m8_s4_bf16", (264, 1, 1), (160, 1, 1))
-    assert [int(a) for a in (log[-1][4][1], *log[-1][4][4:])] == [1024, 3, 6144, 1024]   # ldx, M, N, K
-    assert log[-1][5:] == (ops.gemm_staged_smem(8, 4), 2)
-    ops.gemm(torch.randn(12, 1024).to(bf), torch.randn(64, 1024).to(bf), out_dtype=torch.float32, tile="staged_m16_s4")
-    assert log[-1][1:3] == ("gemm_staged_m16_s4_f32", (4, 1, 1)) and log[-1][5:] == (ops.gemm_staged_smem(16, 4), 1)
-    ops.gemm(torch.randn(30, 1024).to(bf), w, tile="staged_m32_s4")
-    assert log[-1][1:3] == ("gemm_staged_m32_s4_bf16", (132, 1, 1))
-    ops.gemm(torch.randn(2, 1024).to(bf), w, tile="staged_m8_s4")
-    assert log[-1][1:3] == ("gemm_staged_m8_s4_bf16", (132, 1, 1)) and log[-1][6] == 2   # the kernel's carveout
+    assert log[-1][:4] == ("gemm", "gemm_split_16x64_bf16", (96, 1, 2), (128, 1, 1))   # 3 rows over K = 1024: split
+    y = ops.gemm(torch.randn(3, 2048).to(bf), torch.randn(6144, 2048).to(bf))
+    assert y.shape == (3, 6144) and y.dtype == bf
+    assert log[-1][:4] == ("gemm", "gemm_staged_m8_s4c2_bf16", (132, 1, 1), (160, 1, 1))
+    assert [int(a) for a in (log[-1][4][1], *log[-1][4][4:])] == [2048, 3, 6144, 2048]   # ldx, M, N, K
+    assert log[-1][5:] == (ops.gemm_staged_smem(8, 4, 2), 1)
+    ops.gemm(torch.randn(12, 1024).to(bf), torch.randn(64, 1024).to(bf), out_dtype=torch.float32,
+             tile="staged_m16_s3c2")
+    assert log[-1][1:3] == ("gemm_staged_m16_s3c2_f32", (4, 1, 1)) and log[-1][5:] == (ops.gemm_staged_smem(16, 3, 2), 1)
+    ops.gemm(torch.randn(30, 1024).to(bf), w, tile="staged_m32_s4c1")
+    assert log[-1][1:3] == ("gemm_staged_m32_s4c1_bf16", (132, 1, 1))
+    ops.gemm(torch.randn(2, 1024).to(bf), w, tile="staged_m8_s4c1x2")
+    assert log[-1][1:3] == ("gemm_staged_m8_s4c1_bf16", (264, 1, 1)) and log[-1][5:] == (ops.gemm_staged_smem(8, 4), 2)
     n = len(log)
-    for bad in (dict(x=torch.randn(9, 1024).to(bf), w=w, tile="staged_m8_s4x2"),      # more rows than the tile
-                dict(x=torch.randn(33, 1024).to(bf), w=w, tile="staged_m32_s4"),
+    for bad in (dict(x=torch.randn(9, 1024).to(bf), w=w, tile="staged_m8_s4c1x2"),    # more rows than the tile
+                dict(x=torch.randn(33, 1024).to(bf), w=w, tile="staged_m32_s4c1"),
                 dict(x=torch.randn(2, 1024).to(bf), w=torch.randn(63, 1024).to(bf)),  # N odd
                 dict(x=torch.randn(2, 1020).to(bf), w=torch.randn(64, 1020).to(bf)),  # K % 8
                 dict(x=torch.randn(2, 1024).to(bf), w=w, tile="staged_m4")):          # not built

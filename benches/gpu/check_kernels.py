@@ -821,7 +821,7 @@ def check_gemm(C: Checks, dev, gen) -> None:
                 alone = ops.gemm(x[r:r + 1].clone(), w, out_dtype=torch.float32)
                 res += exact(f"row {r} of M={M} == row alone", y32[r:r + 1], alone)
             print(f"    default kernel: {ops.gemm_choice(M, N, K)}")
-            tiles = [*ops.GEMM_TILES, *(t for t, (rows, _, _) in ops.GEMM_STAGED.items() if M <= rows)]
+            tiles = [*ops.GEMM_TILES, *(t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows)]
             for tile in tiles:   # split and staged tiles twice: the tickets must be reset by each launch
                 for rep in range(1 if tile in ops.GEMM_TILES and not tile.startswith("split") else 2):
                     res += exact(f"tile {tile} == default (launch {rep})",

@@ -68,7 +68,7 @@ def main() -> int:
             for M in a.rows:
                 x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
                 base = old_tile(M, N, K)
-                cands = [base] + [t for t, (rows, _, _) in ops.GEMM_STAGED.items() if M <= rows]
+                cands = [base] + [t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows]
                 ref = ops.gemm(x, ws[0], out_dtype=out_dtype, tile=base)
                 same = {}
                 for t in cands:

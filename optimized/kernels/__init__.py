@@ -40,9 +40,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "split_kv_qk_partials_d128",
         "split_kv_reduce", "merge_states",
     ),
-    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64",
-                                                    "staged_m8_s4", "staged_m8_s8", "staged_m16_s4", "staged_m32_s4")
-                  for out in ("bf16", "f32")),
+    "gemm": tuple(f"gemm_{tile}_{out}" for tile in ("16x32", "64x64", "128x64", "split_16x64", "split_64x64")
+                  for out in ("bf16", "f32"))
+    + tuple(f"gemm_staged_m{r}_s{s}c{c}_{out}" for r, s, c in ((8, 4, 1), (8, 4, 2), (16, 3, 1), (16, 3, 2),
+                                                              (32, 2, 1), (32, 4, 1))
+            for out in ("bf16", "f32")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
                          for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}"))
     + tuple(f"skinny_staged_k{kc}s{s}p{pl}_{kind}" for kc, s, pl in ((512, 2, 16), (512, 3, 16), (512, 4, 16),

@@ -269,47 +269,50 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
 // fold through a global workspace; at M <= 16 they stream the weights at about 2.5 TB/s, where the default
 // mode's staged skinny kernel (skinny_gemm.cu) reaches about 4. This kernel takes that one's data movement and
 // keeps this file's order:
-//   * work: the 16-row tiles of W, whole; CTA b takes tiles b, b + G, b + 2G, .. (G CTAs), and a tile's chunks
-//     in order. Stage i (a CTA's i-th (tile, chunk) pair) holds chunk c of the tile's 16 weight rows and of the
-//     first min(M, R) rows of x (R = 8, 16 or 32), rows kGsRS bytes apart;
+//   * work: the 16-row tiles of W, whole; CTA b takes tiles b, b + G, b + 2G, .. (G CTAs). Stage i (a CTA's i-th
+//     (tile, group of CPS chunks) pair, the groups of a tile in order) holds those CPS chunks of the tile's 16
+//     weight rows and of the first min(M, R) rows of x (R = 8, 16 or 32), rows gs_rs(CPS) bytes apart;
 //   * warp 4 produces: it waits for a stage to be empty, announces its bytes on its "full" barrier, and its
-//     lanes issue one bulk copy per row (weights at L2 evict-first priority, x without a hint);
-//   * warp i % 4 consumes stage i (S is a multiple of 4, so a stage always has the same consumer and its
-//     barriers' phases never run ahead of it): x as the A operand (ldmatrix.x4, rows g and g + 8 of each 16),
-//     the weight rows as two n8 B tiles (ldmatrix.x4), one mma.m16n8k16 per 16 columns and B tile from a zero
-//     accumulator, in increasing k: p_c exactly as gemm_mainloop computes it (the same instruction, the same
-//     operands in the same roles; the upper 8 columns of a last step past K are zeroed in both operands, as
-//     the copies above zero-fill them; steps past K are not issued);
+//     lanes issue one bulk copy per row (weights at L2 evict-first priority, x without a hint). A copy carries
+//     CPS chunks: on the H200 one bulk copy per row and chunk (CPS = 1) left a CTA's stream bound by its
+//     producer (docs/performance.md, "The staged kernel of the batch-invariant GEMM");
+//   * every consumer warp waits for every stage in order and arrives on its "empty" barrier, and warp i % 4
+//     computes stage i: for each of its chunks c, x as the A operand (ldmatrix.x4, rows g and g + 8 of each 16)
+//     and the weight rows as two n8 B tiles (ldmatrix.x4), one mma.m16n8k16 per 16 columns and B tile from a
+//     zero accumulator, in increasing k -- p_c exactly as gemm_mainloop computes it (the same instruction, the
+//     same operands in the same roles; the upper 8 columns of a last step past K are zeroed in both operands,
+//     as the copies above zero-fill them; steps past K are not issued);
 //   * the fold: t = t + p_c in chunk order, as above. The consumer of stage i waits until stage i - 1's has
-//     added its p (a counter in shared memory, `done`), adds its own to the tile's running total (t = 0 + p_0
-//     at chunk 0), and at the tile's last chunk stores t instead.
-// So every element is the canonical order's, bit for bit, whatever R, S, the grid and M (check_kernels.py,
+//     added its chunks (a counter in shared memory, `done`), adds its own in order to the tile's running total
+//     (t = 0 + p_0 at chunk 0), and at the tile's last stage stores t instead.
+// So every element is the canonical order's, bit for bit, whatever R, S, CPS, the grid and M (check_kernels.py,
 // "gemm": every tile against every other). Rows of x past M and of W past N are never copied: their lanes of
 // the fragments hold stale shared memory, which reaches only outputs that are not stored (an element reads
 // its own row of x and column of W^T only).
-constexpr int kGsCW = 4;               // consumer warps; warp kGsCW is the producer
-constexpr int kGsRS = KC * 2 + 16;     // bytes from row to row of a stage: 16 (mod 128) past 128-byte lines,
-                                       // so the 8 rows of an ldmatrix phase fall on distinct banks
+constexpr int kGsCW = 4;  // consumer warps; warp kGsCW is the producer
+// bytes from row to row of a stage of CPS chunks: 16 (mod 128) past 128-byte lines, so that the 8 rows of an
+// ldmatrix phase fall on distinct banks
+__host__ __device__ constexpr int gs_rs(int cps) { return cps * KC * 2 + 16; }
 
-template <int R, int S, bool F32>
+template <int R, int S, int CPS, bool F32>
 __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict__ x, int ldx,
                                                  const __nv_bfloat16* __restrict__ w, void* __restrict__ y, int M,
                                                  int N, int K) {
   constexpr int MT = R >= 16 ? R / 16 : 1;  // 16-row A tiles of x
-  constexpr int kStage = (R + 16) * kGsRS;  // x rows, then the 16 weight rows
-  static_assert(S % kGsCW == 0 && (R == 8 || R == 16 || R == 32), "staged gemm layout");
+  constexpr int kRS = gs_rs(CPS), kStage = (R + 16) * kRS;  // x rows, then the 16 weight rows
+  static_assert(S >= 2 && (CPS == 1 || CPS == 2 || CPS == 4) && (R == 8 || R == 16 || R == 32), "staged gemm");
   extern __shared__ __align__(128) unsigned char gs_smem[];  // S stages
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
   __shared__ float tot[MT][2][4][32];                        // the tile's running total, fragment-major
   __shared__ int done;                                       // stages folded so far
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int tiles = (N + 15) >> 4, kch = (K + KC - 1) / KC;
+  const int tiles = (N + 15) >> 4, kst = (K + CPS * KC - 1) / (CPS * KC);  // stages of a tile
   const u32 base = smem_u32(gs_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, kGsCW);
     }
     done = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -322,19 +325,19 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
     int i = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       const int wrows = min(16, N - 16 * t);
-      for (int kc = 0; kc < kch; ++kc, ++i) {
+      for (int ks = 0; ks < kst; ++ks, ++i) {
         const int s = i % S;
         if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
-        const int k0 = kc * KC;
-        const u32 bytes = (u32)min(KC, K - k0) * 2u;
+        const int k0 = ks * CPS * KC;
+        const u32 bytes = (u32)min(CPS * KC, K - k0) * 2u;
         if (lane == 0) mbar_expect_tx(bar_full + 8 * s, bytes * (u32)(xrows + wrows));
         __syncwarp();  // the bytes are announced before any copy lands
         const u32 st = base + s * kStage;
         for (int r = lane; r < R + 16; r += 32) {
           if (r < R) {
-            if (r < xrows) bulk_copy(st + r * kGsRS, x + (long long)r * ldx + k0, bytes, bar_full + 8 * s);
+            if (r < xrows) bulk_copy(st + r * kRS, x + (long long)r * ldx + k0, bytes, bar_full + 8 * s);
           } else if (r - R < wrows) {
-            bulk_copy_hint(st + r * kGsRS, w + (long long)(16 * t + r - R) * K + k0, bytes, bar_full + 8 * s, policy);
+            bulk_copy_hint(st + r * kRS, w + (long long)(16 * t + r - R) * K + k0, bytes, bar_full + 8 * s, policy);
           }
         }
       }
@@ -346,48 +349,59 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
   const int mi = lane >> 3, g = lane >> 2, t4 = lane & 3;
   int i = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    for (int kc = 0; kc < kch; ++kc, ++i) {
-      if (i % kGsCW != warp) continue;
+    for (int ks = 0; ks < kst; ++ks, ++i) {
       const int s = i % S;
       mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
-      const int cols = min(KC, K - kc * KC), steps = (cols + 15) >> 4;
-      const u32 sx = base + s * kStage, sw = sx + R * kGsRS;
-      float acc[MT][2][4];
+      if (i % kGsCW != warp) {  // not this warp's stage: its arrival frees it as far as this warp goes
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+        continue;
+      }
+      const int cols = min(CPS * KC, K - ks * CPS * KC);
+      const u32 sx = base + s * kStage, sw = sx + R * kRS;
+      float acc[CPS][MT][2][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int q = 0; q < CPS; ++q)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) acc[q][mt][j][0] = acc[q][mt][j][1] = acc[q][mt][j][2] = acc[q][mt][j][3] = 0.f;
+#pragma unroll
+      for (int q = 0; q < CPS; ++q) {  // chunk q of the stage: p_q from a zero accumulator
+        const int qc = min(KC, cols - q * KC), steps = qc > 0 ? (qc + 15) >> 4 : 0;
 #pragma unroll 8
-      for (int kk = 0; kk < steps; ++kk) {
-        u32 a[MT][4];
+        for (int kk = 0; kk < steps; ++kk) {
+          const int col = q * KC + kk * 16;
+          u32 a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {  // matrices: (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8)
-          int row = mt * 16 + ((mi & 1) << 3) + (lane & 7);
-          if (R == 8) row &= 7;  // rows 8-15 of the A tile repeat rows 0-7 (never stored: M <= 8)
-          ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], sx + row * kGsRS + (kk * 16 + ((mi >> 1) << 3)) * 2);
-        }
-        // matrices: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8)
-        u32 b0, b1, b2, b3;
-        ldsm_x4(b0, b1, b2, b3, sw + (((mi >> 1) << 3) + (lane & 7)) * kGsRS + (kk * 16 + ((mi & 1) << 3)) * 2);
-        if (kk * 16 + 16 > cols) {  // a last step of 8 columns (K % 16 == 8): the upper 8 are zeros
-          b1 = b3 = 0u;
+          for (int mt = 0; mt < MT; ++mt) {  // matrices: (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8)
+            int row = mt * 16 + ((mi & 1) << 3) + (lane & 7);
+            if (R == 8) row &= 7;  // rows 8-15 of the A tile repeat rows 0-7 (never stored: M <= 8)
+            ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], sx + row * kRS + (col + ((mi >> 1) << 3)) * 2);
+          }
+          // matrices: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8)
+          u32 b0, b1, b2, b3;
+          ldsm_x4(b0, b1, b2, b3, sw + (((mi >> 1) << 3) + (lane & 7)) * kRS + (col + ((mi & 1) << 3)) * 2);
+          if (kk * 16 + 16 > qc) {  // a last step of 8 columns (K % 16 == 8): the upper 8 are zeros
+            b1 = b3 = 0u;
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) a[mt][2] = a[mt][3] = 0u;
-        }
+            for (int mt = 0; mt < MT; ++mt) a[mt][2] = a[mt][3] = 0u;
+          }
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(acc[mt][0], a[mt], b0, b1);
-          mma_bf16(acc[mt][1], a[mt], b2, b3);
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(acc[q][mt][0], a[mt], b0, b1);
+            mma_bf16(acc[q][mt][1], a[mt], b2, b3);
+          }
         }
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // the stage may be refilled
 
-      // the fold, in stage order: t = t + p_c (t = 0 + p_0 at the tile's first chunk)
+      // the fold, in stage order: t = t + p_c for the stage's chunks in order (t = 0 + p_0 at the tile's first)
       while (*reinterpret_cast<volatile int*>(&done) != i) {
       }
       __threadfence_block();
-      const bool last = kc == kch - 1;
+      const bool last = ks == kst - 1;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -395,7 +409,10 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
           float v[4];
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            v[c] = __fadd_rn(kc == 0 ? 0.f : tot[mt][j][c][lane], acc[mt][j][c]);
+            v[c] = ks == 0 ? 0.f : tot[mt][j][c][lane];
+#pragma unroll
+            for (int q = 0; q < CPS; ++q)
+              if (q * KC < cols) v[c] = __fadd_rn(v[c], acc[q][mt][j][c]);
             if (!last) tot[mt][j][c][lane] = v[c];
           }
           if (last) {  // c0, c1: x row g, weight rows n, n + 1; c2, c3: x row g + 8
@@ -422,6 +439,7 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
     }
   }
 }
+
 }  // namespace
 
 // Instantiations. ops.py (GEMM_TILES) picks one by M and computes the same shared memory
@@ -451,20 +469,22 @@ TK_GEMM2(128x64, 128, 64, 2, 2, 32, 4)   // prefill
 TK_GEMM_SPLIT2(16x64, 16, 64, 1, 4, 128, 4)  // decode, M <= 16: one CTA per (64 columns, chunk)
 TK_GEMM_SPLIT2(64x64, 64, 64, 2, 2, 64, 4)   // decode, M <= 64
 
-// gemm_staged_m{R}_s{S}: ops.py (GEMM_STAGED) launches 32 * (kGsCW + 1) threads and S * (R + 16) * kGsRS bytes of
-// dynamic shared memory
-#define TK_GEMM_STAGED(R, S)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(32 * (kGsCW + 1)) gemm_staged_m##R##_s##S##_bf16(                  \
+// gemm_staged_m{R}_s{S}c{CPS}: ops.py (GEMM_STAGED) launches 32 * (kGsCW + 1) threads and S * (R + 16) * gs_rs(CPS)
+// bytes of dynamic shared memory
+#define TK_GEMM_STAGED(R, S, CPS)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(32 * (kGsCW + 1)) gemm_staged_m##R##_s##S##c##CPS##_bf16(          \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w,                           \
       __nv_bfloat16* __restrict__ y, int M, int N, int K) { pdl_entry();                                           \
-    gemm_staged_impl<R, S, false>(x, ldx, w, y, M, N, K);                                                        \
+    gemm_staged_impl<R, S, CPS, false>(x, ldx, w, y, M, N, K);                                                   \
   }                                                                                                                \
-  extern "C" __global__ void __launch_bounds__(32 * (kGsCW + 1)) gemm_staged_m##R##_s##S##_f32(                   \
+  extern "C" __global__ void __launch_bounds__(32 * (kGsCW + 1)) gemm_staged_m##R##_s##S##c##CPS##_f32(           \
       const __nv_bfloat16* __restrict__ x, int ldx, const __nv_bfloat16* __restrict__ w, float* __restrict__ y,    \
       int M, int N, int K) { pdl_entry();                                                                          \
-    gemm_staged_impl<R, S, true>(x, ldx, w, y, M, N, K);                                                         \
+    gemm_staged_impl<R, S, CPS, true>(x, ldx, w, y, M, N, K);                                                    \
   }
-TK_GEMM_STAGED(8, 4)    // decode, M <= 8
-TK_GEMM_STAGED(8, 8)
-TK_GEMM_STAGED(16, 4)   // M <= 16
-TK_GEMM_STAGED(32, 4)   // M <= 32
+TK_GEMM_STAGED(8, 4, 1)    // decode, M <= 8
+TK_GEMM_STAGED(8, 4, 2)
+TK_GEMM_STAGED(16, 3, 1)   // M <= 16
+TK_GEMM_STAGED(16, 3, 2)
+TK_GEMM_STAGED(32, 2, 1)   // M <= 32
+TK_GEMM_STAGED(32, 4, 1)
