@@ -17,7 +17,7 @@ tag=${TAG:-_$mode}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 if [ "$mode" = checks ]; then
-  ( checks 280 check_kernels_final$tag.log ) > "$OUT/checks.summary" &
+  ( checks 400 check_kernels_final$tag.log ) > "$OUT/checks.summary" &
   ( smoke 200 ) > "$OUT/smoke.summary" &
   conformance_ci 280   # conformance_ci_optimized.log
   wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
