@@ -274,8 +274,10 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
 //     weight rows and of the first min(M, R) rows of x (R = 8, 16 or 32), rows gs_rs(CPS) bytes apart;
 //   * warp 4 produces: it waits for a stage to be empty, announces its bytes on its "full" barrier, and its
 //     lanes issue one bulk copy per row (weights at L2 evict-first priority, x without a hint). A copy carries
-//     CPS chunks: on the H200 one bulk copy per row and chunk (CPS = 1) left a CTA's stream bound by its
-//     producer (docs/performance.md, "The staged kernel of the batch-invariant GEMM");
+//     CPS chunks: on the H200, with one copy per row and chunk (CPS = 1), a CTA of 8 stages streamed no faster
+//     than one of 4 while two CTAs a multiprocessor did, which points to the producer's copies rather than the
+//     bytes in flight; with two chunks a copy one CTA of 4 stages ran as fast as the two (docs/performance.md,
+//     "The staged kernel of the batch-invariant GEMM");
 //   * every consumer warp waits for every stage in order and arrives on its "empty" barrier, and warp i % 4
 //     computes stage i: for each of its chunks c, x as the A operand (ldmatrix.x4, rows g and g + 8 of each 16)
 //     and the weight rows as two n8 B tiles (ldmatrix.x4), one mma.m16n8k16 per 16 columns and B tile from a
