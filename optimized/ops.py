@@ -34,7 +34,7 @@ __all__ = [
     "paged_prefill", "split_kv_partials", "split_kv_reduce", "split_kv_decode", "merge_states",
     "sample", "pack_sampling_params", "prefill_smem_bytes", "prefill_variant", "prefill_variants",
     "decode_smem_bytes", "ATTN_HEAD_DIMS",
-    "gemm", "gemm_choice", "GEMM_TILES", "GEMM_STAGED", "gemm_staged_smem", "GEMM_CHUNK",
+    "gemm", "gemm_choice", "gemm_tile", "GEMM_TILES", "GEMM_STAGED", "gemm_staged_smem", "GEMM_CHUNK",
     "skinny_gemm", "skinny_warps", "SKINNY_MAX_M", "skinny_swiglu",
     "skinny_staged", "SKINNY_STAGED_CONFIGS", "SKINNY_STAGED_WIDE", "SKINNY_STAGED_MAX_M",
     "skinny_cluster", "SKINNY_CLUSTER_CONFIGS", "SKINNY_CLUSTER_W8", "SKINNY_CLUSTER_MAX_M",
@@ -950,25 +950,31 @@ def gemm_staged_smem(rows: int, stages: int, cps: int = 1) -> int:
     return stages * (rows + 16) * (cps * GEMM_CHUNK * 2 + 16)
 
 
+def gemm_tile(M: int, N: int, K: int) -> str:
+    """The split or folding tile (``GEMM_TILES``) for an ``M x N x K`` product: K-parallel split tiles for
+    decode-sized M (at least two chunks and a small workspace), one-CTA-per-tile folding kernels otherwise.
+    ``gemm_choice`` takes it wherever the staged kernel does not run."""
+    chunks = -(-K // GEMM_CHUNK)
+    split_ok = chunks >= 2 and chunks * M * N * 4 <= GEMM_SPLIT_WORKSPACE
+    if M <= 16:
+        return "split_16x64" if split_ok else "16x32"
+    if M <= 64:
+        return "split_64x64" if split_ok else "64x64"
+    return "64x64" if M <= 256 else "128x64"
+
+
 def gemm_choice(M: int, N: int, K: int) -> str:
     """The kernel ``gemm`` uses for an ``M x N x K`` product -- a speed choice only, every kernel computes the
     canonical order. From the H200's figures (docs/performance.md, "The staged kernel of the batch-invariant
     GEMM"): the staged kernel for one row, for up to 8 rows over K > 1024, and for up to 16 (32) rows of small
-    weights (``GEMM_STAGED_MAX_ELEMS``); else K-parallel split tiles for decode-sized M (when the workspace is
-    small), one-CTA-per-tile folding kernels otherwise."""
-    chunks = -(-K // GEMM_CHUNK)
-    split_ok = chunks >= 2 and chunks * M * N * 4 <= GEMM_SPLIT_WORKSPACE
+    weights (``GEMM_STAGED_MAX_ELEMS``); else ``gemm_tile``."""
     if M == 1 or (M <= 8 and K > 2 * GEMM_CHUNK):
         return "staged_m8_s4c2"
     if M <= 16 and N * K <= GEMM_STAGED_MAX_ELEMS[16]:
         return "staged_m16_s3c1x2"
-    if M <= 16:
-        return "split_16x64" if split_ok else "16x32"
-    if M <= 32 and N * K <= GEMM_STAGED_MAX_ELEMS[32]:
+    if 16 < M <= 32 and N * K <= GEMM_STAGED_MAX_ELEMS[32]:
         return "staged_m32_s2c1x2"
-    if M <= 64:
-        return "split_64x64" if split_ok else "64x64"
-    return "64x64" if M <= 256 else "128x64"
+    return gemm_tile(M, N, K)
 
 
 def _kernel_tickets(ref: torch.Tensor) -> torch.Tensor:
@@ -1043,7 +1049,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     if name in GEMM_STAGED:
         rows, stages, cps, per_sm = GEMM_STAGED[name]
         smem = gemm_staged_smem(rows, stages, cps)
-        grid = max(1, min(-(-N // 16), per_sm * _num_sms(_device_index(x))))
+        grid = skinny_staged_grid(-(-N // 16), per_sm, _num_sms(_device_index(x)))   # persistent, <= the tiles
         # the carveout is the kernel's, whichever tile loads it first: room for as many CTAs as fit (two
         # below about 110 KB each), so the grid decides how many run
         _launch(x, "gemm", f"gemm_staged_m{rows}_s{stages}c{cps}_{suffix}", (grid, 1, 1),
@@ -1180,8 +1186,8 @@ def skinny_staged_rows(M: int) -> int:
 
 
 def skinny_staged_grid(tiles: int, ctas_per_sm: int, sms: int) -> int:
-    """CTAs of a staged launch: ``ctas_per_sm`` per multiprocessor, at most one per unit (``tiles``: the
-    launch's units, 16-row tiles for ``tp = 1``)."""
+    """CTAs of a staged launch (``skinny_staged``, and ``gemm``'s staged kernels): ``ctas_per_sm`` per
+    multiprocessor, at most one per unit (``tiles``: the launch's units, 16-row tiles for ``tp = 1``)."""
     return max(1, min(tiles, sms * ctas_per_sm))
 
 

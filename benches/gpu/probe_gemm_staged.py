@@ -41,15 +41,6 @@ def shapes(model: str) -> dict[str, tuple[int, int]]:
             "lm_head": (v, h)}
 
 
-def old_tile(M: int, N: int, K: int) -> str:
-    """The tile ``gemm_choice`` picked before the staged kernels."""
-    chunks = -(-K // ops.GEMM_CHUNK)
-    split_ok = chunks >= 2 and chunks * M * N * 4 <= ops.GEMM_SPLIT_WORKSPACE
-    if M <= 16:
-        return "split_16x64" if split_ok else "16x32"
-    return "split_64x64" if split_ok else "64x64"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", choices=sorted(MODELS), default=["qwen3-8b", "qwen3-0.6b"])
@@ -67,7 +58,7 @@ def main() -> int:
             out_dtype = torch.float32 if gname == "lm_head" else torch.bfloat16
             for M in a.rows:
                 x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
-                base = old_tile(M, N, K)
+                base = ops.gemm_tile(M, N, K)   # the tile gemm_choice took before the staged kernels
                 cands = [base] + [t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows]
                 ref = ops.gemm(x, ws[0], out_dtype=out_dtype, tile=base)
                 same = {}

@@ -27,10 +27,10 @@
 //                                 chunk order and writes y, then resets the ticket for the next launch.
 // There are no atomics on data and no dependence on which CTA finishes last.
 // A third kernel, for the few rows of a decode step, streams the weights through shared memory:
-//   gemm_staged_m{R}_s{S}_{bf16,f32}  a persistent grid; a producer warp bulk-copies chunk c of a tile's
-//                                 16 weight rows and of the (at most R) x rows into one of S stages,
-//                                 and consumer warp i % 4 walks stage i in canonical order (below,
-//                                 "The staged kernel").
+//   gemm_staged_m{R}_s{S}c{CPS}_{bf16,f32}  a persistent grid; a producer warp bulk-copies CPS chunks of a
+//                                 tile's 16 weight rows and of the (at most R) x rows into one of S
+//                                 stages, and consumer warp i % 4 walks stage i in canonical order
+//                                 (below, "The staged kernel").
 //
 // Structure: 32*WM*WN threads; warps in a WM x WN grid, each owning (BM/WM) x (BN/WN) outputs as
 // MT x NT tiles of 16 x 8; STAGES-deep cp.async pipeline of BK-wide tiles of x and W in shared
@@ -261,7 +261,6 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
   }
   if (tid == 0) tickets[tile] = 0;  // ready for the next launch (kernels on one stream run in order)
 }
-
 
 // ---- The staged kernel (gemm_staged_*): decode rows, the weights through shared memory ----
 //
