@@ -944,6 +944,30 @@ _GEMM_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp (kGsCW 
 GEMM_STAGED_TWO_CTAS = 110 * 1024
 
 
+#: gemm.cu's wide kernels for decode rows (``gemm_wide_m{R}_n{TW}_k{KS}s{S}``, ``w8`` with eight consumer warps):
+#: name -> (x rows R a stage holds, so ``M <= R``; weight rows TW a tile; columns KS a stage; stages S; consumer
+#: warps). Each stage is two tensor copies (``launch.encode_block_map``), so K must be a multiple of 64. The same
+#: canonical order as ``GEMM_TILES``.
+GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
+    "wide_m16_n64_k256s4": (16, 64, 256, 4, 4),
+    "wide_m16_n64_k512s2": (16, 64, 512, 2, 4),
+    "wide_m32_n32_k256s3": (32, 32, 256, 3, 4),
+    "wide_m32_n64_k256s4": (32, 64, 256, 4, 4),
+    "wide_m32_n64_k512s2": (32, 64, 512, 2, 4),
+    "wide_m64_n32_k256s2": (64, 32, 256, 2, 4),
+    "wide_m64_n32_k256s2w8": (64, 32, 256, 2, 8),
+    "wide_m64_n64_k256s3w8": (64, 64, 256, 3, 8),
+    "wide_m128_n64_k128s4w8": (128, 64, 128, 4, 8),
+    "wide_m128_n32_k256s2w8": (128, 32, 256, 2, 8),
+}
+
+
+def gemm_wide_smem(rows: int, tw: int, ks: int, stages: int) -> int:
+    """Dynamic shared memory of a wide gemm launch: 1 KB to align the stages to 1024 bytes (the copies' swizzle),
+    then ``stages`` x (``tw`` weight rows + ``rows`` x rows) of ``ks`` bf16."""
+    return 1024 + stages * (tw + rows) * ks * 2
+
+
 def gemm_staged_smem(rows: int, stages: int, cps: int = 1) -> int:
     """Dynamic shared memory of a staged gemm launch: ``stages`` x (``rows`` x rows + 16 weight rows) of ``cps``
     chunks, rows ``2 cps GEMM_CHUNK + 16`` bytes apart (``gs_rs`` in gemm.cu)."""
@@ -963,15 +987,26 @@ def gemm_tile(M: int, N: int, K: int) -> str:
     return "64x64" if M <= 256 else "128x64"
 
 
-def gemm_choice(M: int, N: int, K: int) -> str:
+def gemm_choice(M: int, N: int, K: int, tensor_maps: bool = True) -> str:
     """The kernel ``gemm`` uses for an ``M x N x K`` product -- a speed choice only, every kernel computes the
-    canonical order. From the H200's figures (docs/performance.md, "The staged kernel of the batch-invariant
-    GEMM"): the staged kernel for one row, for up to 8 rows over K > 1024, and for up to 16 (32) rows of small
-    weights (``GEMM_STAGED_MAX_ELEMS``); else ``gemm_tile``."""
+    canonical order. From the H200's figures (docs/performance.md, "The wide kernel of the batch-invariant GEMM"):
+    for up to 128 rows with K a multiple of 64 the wide kernel (up to 16 rows only for N >= 4096: below that its
+    64-row tiles leave most multiprocessors idle), the build by rows and N; else the staged kernel for up to 8
+    rows over K > 1024 and for up to 16 (32) rows of small weights (``GEMM_STAGED_MAX_ELEMS``); else
+    ``gemm_tile``. ``tensor_maps=False`` (no driver launch path, which the wide kernel's tensor maps need): the
+    rule without the wide kernel."""
+    if tensor_maps and K % 64 == 0 and M <= 128 and (M > 16 or N >= 4096):
+        if M <= 16:
+            return "wide_m16_n64_k256s4"
+        if M <= 32:
+            return "wide_m32_n32_k256s3" if N < 8448 else "wide_m32_n64_k256s4"
+        if M <= 64:
+            return "wide_m64_n32_k256s2w8" if N < 6144 else "wide_m64_n64_k256s3w8"
+        return "wide_m128_n32_k256s2w8" if N < 6144 else "wide_m128_n64_k128s4w8"
     if M == 1 or (M <= 8 and K > 2 * GEMM_CHUNK):
         return "staged_m8_s4c2"
     if M <= 16 and N * K <= GEMM_STAGED_MAX_ELEMS[16]:
-        return "staged_m16_s3c1x2"
+        return "staged_m16_s3c2"
     if 16 < M <= 32 and N * K <= GEMM_STAGED_MAX_ELEMS[32]:
         return "staged_m32_s2c1x2"
     return gemm_tile(M, N, K)
@@ -1037,15 +1072,29 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     M, N, K = _linear_shape(x, w)
     _need(N % 2 == 0, f"N = {N} must be even")
     _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
-    name = gemm_choice(M, N, K) if tile is None else tile
-    _need(name in GEMM_TILES or name in GEMM_STAGED,
-          f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED)}")
+    name = gemm_choice(M, N, K, tensor_maps=_clusters_ok(x)) if tile is None else tile
+    _need(name in GEMM_TILES or name in GEMM_STAGED or name in GEMM_WIDE,
+          f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED) + sorted(GEMM_WIDE)}")
     if name in GEMM_STAGED:
         _need(M <= GEMM_STAGED[name][0], f"gemm tile {name!r} takes at most {GEMM_STAGED[name][0]} rows, got {M}")
+    if name in GEMM_WIDE:
+        _need(M <= GEMM_WIDE[name][0], f"gemm tile {name!r} takes at most {GEMM_WIDE[name][0]} rows, got {M}")
+        _need(K % 64 == 0, f"gemm tile {name!r} needs K a multiple of 64 (its tensor maps), got {K}")
+        _need(_clusters_ok(x), f"gemm tile {name!r} needs the driver's launch path (PDL on, sm_90+): tensor maps")
     out, ldx = _linear_out(x, w, out_dtype, out)
     if M == 0:
         return out
     suffix = "f32" if out_dtype == torch.float32 else "bf16"
+    if name in GEMM_WIDE:
+        rows, tw, ks, stages, warps = GEMM_WIDE[name]
+        smem = gemm_wide_smem(rows, tw, ks, stages)
+        per_sm = 2 if smem <= GEMM_STAGED_TWO_CTAS else 1
+        grid = skinny_staged_grid(-(-N // tw), per_sm, _num_sms(_device_index(x)))   # persistent, <= the tiles
+        wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw)
+        xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, ks, rows)
+        _launch(x, "gemm", f"gemm_{name}_{suffix}", (grid, 1, 1), (32 * (warps + 1), 1, 1),
+                (wmap, xmap, _p(out), _i(M), _i(N), _i(K)), smem, ctas_per_sm=per_sm)
+        return out
     if name in GEMM_STAGED:
         rows, stages, cps, per_sm = GEMM_STAGED[name]
         smem = gemm_staged_smem(rows, stages, cps)

@@ -30,6 +30,8 @@ def test_ops_launch_only_inventoried_kernels():
         assert {f"gemm_{tile}_bf16", f"gemm_{tile}_f32"} <= gemm_names, tile
     for tile, (rows, stages, cps, _) in ops.GEMM_STAGED.items():
         assert {f"gemm_staged_m{rows}_s{stages}c{cps}_{out}" for out in ("bf16", "f32")} <= gemm_names, tile
+    for tile in ops.GEMM_WIDE:
+        assert {f"gemm_{tile}_bf16", f"gemm_{tile}_f32"} <= gemm_names, tile
     attn = set(kernels.SOURCES["attention"])
     for D in ops.ATTN_HEAD_DIMS:
         assert f"split_kv_partials_d{D}" in attn
@@ -85,27 +87,57 @@ def test_sampling_constants_agree_with_the_source():
 
 
 def test_gemm_choice_is_a_speed_choice_only():
-    """The rule measured on the H200 (docs/performance.md, "The staged kernel of the batch-invariant GEMM"): the
-    staged kernel for one row, for up to 8 rows over K > 1024, and for up to 16 / 32 rows of small weights; split
+    """The rule measured on the H200 (docs/performance.md, "The wide kernel of the batch-invariant GEMM"): the wide
+    kernel for up to 128 rows with K a multiple of 64 (for up to 16 rows only with N >= 4096), its build by rows
+    and N; the staged kernel for up to 8 rows over K > 1024 and for up to 16 / 32 rows of small weights; split
     (K-parallel) tiles for the other decode steps with at least two chunks and a small workspace; folding tiles
     otherwise. Every choice is a built kernel that takes M rows."""
-    assert ops.gemm_choice(1, 4096, 4096) == ops.gemm_choice(1, 151936, 1024) == "staged_m8_s4c2"
-    assert ops.gemm_choice(8, 151936, 4096) == ops.gemm_choice(8, 1024, 3072) == "staged_m8_s4c2"
-    assert ops.gemm_choice(8, 4096, 1024) == ops.gemm_choice(16, 1024, 3072) == "staged_m16_s3c1x2"  # small
-    assert ops.gemm_choice(8, 6144, 1024) == ops.gemm_choice(9, 4096, 4096) == "split_16x64"
-    assert ops.gemm_choice(16, 151936, 4096) == "16x32"           # the LM head: the workspace would be too big
-    assert ops.gemm_choice(32, 6144, 1024) == "staged_m32_s2c1x2"
-    assert ops.gemm_choice(32, 4096, 4096) == ops.gemm_choice(64, 4096, 12288) == "split_64x64"
-    assert ops.gemm_choice(33, 1024, 1024) == "split_64x64"
-    assert ops.gemm_choice(33, 4096, 512) == "64x64"              # one chunk: nothing to split
-    assert ops.gemm_choice(64, 151936, 4096) == "64x64"           # the workspace would be too big
+    assert ops.gemm_choice(1, 4096, 4096) == ops.gemm_choice(16, 151936, 1024) == "wide_m16_n64_k256s4"
+    assert ops.gemm_choice(1, 1024, 2048) == ops.gemm_choice(8, 1024, 3072) == "staged_m8_s4c2"   # N < 4096
+    assert ops.gemm_choice(1, 4104, 4104) == "staged_m8_s4c2"                                    # K % 64 != 0
+    assert ops.gemm_choice(1, 4096, 4096, tensor_maps=False) == "staged_m8_s4c2"                 # no driver path
+    assert ops.gemm_choice(32, 4096, 4096, tensor_maps=False) == "split_64x64"
+    assert ops.gemm_choice(9, 1024, 3072) == ops.gemm_choice(16, 1024, 2048) == "staged_m16_s3c2"
+    assert ops.gemm_choice(9, 4096, 4104) == "split_16x64"
+    assert ops.gemm_choice(16, 151936, 4104) == "16x32"           # the LM head: the workspace would be too big
+    assert ops.gemm_choice(17, 1024, 1024) == ops.gemm_choice(32, 6144, 4096) == "wide_m32_n32_k256s3"
+    assert ops.gemm_choice(32, 24576, 4096) == ops.gemm_choice(24, 151936, 1024) == "wide_m32_n64_k256s4"
+    assert ops.gemm_choice(32, 6152, 1032) == "staged_m32_s2c1x2"  # K % 64 != 0, small weights
+    assert ops.gemm_choice(33, 4096, 12288) == ops.gemm_choice(64, 1024, 3072) == "wide_m64_n32_k256s2w8"
+    assert ops.gemm_choice(64, 6144, 4096) == ops.gemm_choice(64, 151936, 4096) == "wide_m64_n64_k256s3w8"
+    assert ops.gemm_choice(65, 4096, 4096) == "wide_m128_n32_k256s2w8"
+    assert ops.gemm_choice(128, 24576, 4096) == "wide_m128_n64_k128s4w8"
+    assert ops.gemm_choice(32, 4096, 4104) == ops.gemm_choice(64, 4096, 12296) == "split_64x64"
+    assert ops.gemm_choice(33, 4096, 456) == "64x64"              # one chunk: nothing to split
+    assert ops.gemm_choice(64, 151936, 4104) == "64x64"           # the workspace would be too big
     assert ops.gemm_choice(200, 4096, 4096) == "64x64"
     assert ops.gemm_choice(4096, 4096, 4096) == "128x64"
-    for M in (1, 2, 8, 9, 16, 17, 32, 33, 65, 300):
-        for N in (64, 4096, 151936):
-            for K in (48, 1024, 4096):
+    for M in (1, 2, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 300):
+        for N in (64, 1024, 4096, 6144, 151936):
+            for K in (48, 1024, 1032, 4096):
                 tile = ops.gemm_choice(M, N, K)
-                assert tile in ops.GEMM_TILES or (tile in ops.GEMM_STAGED and M <= ops.GEMM_STAGED[tile][0])
+                assert ops.gemm_choice(M, N, K, tensor_maps=False) not in ops.GEMM_WIDE
+                assert (tile in ops.GEMM_TILES or (tile in ops.GEMM_STAGED and M <= ops.GEMM_STAGED[tile][0])
+                        or (tile in ops.GEMM_WIDE and M <= ops.GEMM_WIDE[tile][0] and K % 64 == 0)), (M, N, K, tile)
+
+
+def test_gemm_wide_kernels_match_their_instantiations():
+    """Every ``GEMM_WIDE`` entry is instantiated with its rows, tile, columns a stage, stages and consumer warps
+    (``TK_GEMM_WIDE`` four, ``TK_GEMM_WIDE_W8`` eight), and its name says so; its warp grid has whole pairs of n8
+    tiles (the static_assert of gemm.cu, by the same formula), and its shared memory fits (two CTAs where ops
+    asks for room for two)."""
+    src = (kernels.KERNEL_DIR / "gemm.cu").read_text()
+    built = {(*map(int, m[1:]), 8 if m[0] else 4)
+             for m in re.findall(r"^TK_GEMM_WIDE(_W8)?\((\d+), (\d+), (\d+), (\d+)\)", src, re.M)}
+    assert built == set(ops.GEMM_WIDE.values())
+    assert "WM = R >= 16 * CW / 2 ? CW / 2 : (R >= 32 ? 2 : 1), WN = CW / WM;" in src
+    for name, (rows, tw, ks, stages, warps) in ops.GEMM_WIDE.items():
+        assert name == f"wide_m{rows}_n{tw}_k{ks}s{stages}" + ("w8" if warps == 8 else ""), name
+        wm = warps // 2 if rows >= 16 * warps // 2 else (2 if rows >= 32 else 1)
+        nt = tw // 8 // (warps // wm)
+        assert rows // 16 // wm >= 1 and nt >= 2 and nt % 2 == 0 and ops.GEMM_CHUNK % ks == 0 and ks % 64 == 0, name
+        smem = ops.gemm_wide_smem(rows, tw, ks, stages)
+        assert smem == 1024 + stages * (tw + rows) * ks * 2 and smem <= 227 * 1024, name
 
 
 def test_gemm_staged_kernels_match_their_instantiations():

@@ -199,6 +199,68 @@ def test_gemm_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert len(log) == n
 
 
+def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.gemm`` on the CPU with ``_launch`` recorded and the driver's path faked: the wide kernel (its rows,
+    tile, columns a stage, stages and warps in the name), block tensor maps of W (boxes of the tile's rows) and
+    of x (the kernel's rows, x's own row stride), a persistent grid capped at the tiles, 32 x (warps + 1)
+    threads, the stages' shared memory and room for two CTAs where two fit. Without the driver's path the
+    default choice is the rule without the wide kernel; a forced wide tile then, more rows than the tile takes,
+    K not a multiple of 64 or an odd N is a ValueError that launches nothing and encodes no map."""
+    import struct
+
+    import torch
+
+    from optimized import launch, ops
+
+    maps = []
+
+    def encode(*key):
+        launch.check_matrix_map(*key)
+        maps.append(key)
+        return launch.TensorMap(struct.pack("<Q", len(maps)) + bytes(120))
+    clusters = [True]
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: clusters[0])
+    monkeypatch.setattr(ops, "_tensor_maps", {})
+    monkeypatch.setattr(launch, "encode_block_map", encode)
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
+                        launch_log.append((module, name, grid, block, args, smem, ctas_per_sm)))
+    log = launch_log
+    bf = torch.bfloat16
+    x = torch.randn(32, 4096 + 64).to(bf)[:, :4096]                   # rows 4160 elements apart
+    w = torch.randn(6144, 4096).to(bf)
+    y = ops.gemm(x, w)                                                # 192 tiles of 32 rows, two CTAs an SM
+    mod, name, grid, block, args, smem, per_sm = log[-1]
+    assert y.shape == (32, 6144) and y.dtype == bf
+    assert (mod, name, grid, block, per_sm) == ("gemm", "gemm_wide_m32_n32_k256s3_bf16", (192, 1, 1), (160, 1, 1), 2)
+    assert smem == 1024 + 3 * (32 + 32) * 256 * 2 == ops.gemm_wide_smem(32, 32, 256, 3)
+    assert maps == [(w.data_ptr(), 6144, 4096, 8192, 256, 32), (x.data_ptr(), 32, 4096, 8320, 256, 32)]
+    assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
+    assert int(args[2]) == y.data_ptr() and [int(a) for a in args[3:]] == [32, 6144, 4096]   # M N K
+    y = ops.gemm(torch.randn(64, 1024).to(bf), torch.randn(151936, 1024).to(bf), out_dtype=torch.float32)
+    assert y.dtype == torch.float32 and log[-1][1:4] == ("gemm_wide_m64_n64_k256s3w8_f32", (132, 1, 1), (288, 1, 1))
+    assert log[-1][5:] == (ops.gemm_wide_smem(64, 64, 256, 3), 1) and maps[-1][1] == 64 and maps[-2][-1] == 64
+    ops.gemm(torch.randn(3, 1024).to(bf), torch.randn(256, 1024).to(bf), tile="wide_m16_n64_k512s2")
+    assert log[-1][1:4] == ("gemm_wide_m16_n64_k512s2_bf16", (4, 1, 1), (160, 1, 1))
+    assert maps[-1][1:] == (3, 1024, 2048, 512, 16)                  # x: M rows; the box: the kernel's 16
+    n, m = len(log), len(maps)
+    for bad in (dict(x=torch.randn(33, 1024).to(bf), w=w[:, :1024], tile="wide_m32_n32_k256s3"),  # > rows
+                dict(x=torch.randn(8, 1032).to(bf), w=torch.randn(64, 1032).to(bf), tile="wide_m16_n64_k256s4"),
+                dict(x=torch.randn(8, 1024).to(bf), w=torch.randn(63, 1024).to(bf), tile="wide_m16_n64_k256s4")):
+        with pytest.raises(ValueError):
+            ops.gemm(bad.pop("x"), bad.pop("w"), **bad)
+    clusters[0] = False                                               # no driver path: no tensor maps
+    with pytest.raises(ValueError, match="driver"):
+        ops.gemm(torch.randn(8, 1024).to(bf), torch.randn(64, 1024).to(bf), tile="wide_m16_n64_k256s4")
+    assert len(log) == n and len(maps) == m
+    ops.gemm(x, w)                                                    # the rule without the wide kernel
+    assert log[-1][1] == "gemm_split_64x64_bf16" and len(maps) == m
+    ops.gemm(torch.randn(3, 2048).to(bf), torch.randn(6144, 2048).to(bf))
+    assert log[-1][1] == "gemm_staged_m8_s4c2_bf16" and len(maps) == m
+
+
 def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.skinny_staged`` on the CPU with ``_launch`` recorded: the kernel (chunk, stages, producer lanes,
     output kind; for 9-32 rows tiles a stage and row width), a persistent grid of CTAs-per-SM x SMs capped at

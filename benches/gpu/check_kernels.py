@@ -801,13 +801,14 @@ def linear_accuracy(fn, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor,
 def check_gemm(C: Checks, dev, gen) -> None:
     """``ops.gemm``: the flash rule vs an fp32 product (torch's bf16 matmul is the low-precision run);
     row ``r`` bitwise equal alone (M = 1) and inside M rows; every tile bitwise equal to every other (the
-    staged kernels wherever they take M rows, launched twice: a launch must leave nothing behind). The
+    staged and wide kernels wherever they take M rows, launched twice: a launch must leave nothing behind). The
     "wide" shapes scale every element of x by a random power of two in [2^-12, 2^12], so that the terms of a
     sum differ in magnitude and any change of the order in which they are added changes bits."""
     shapes = [(1, 64, 48), (7, 96, 40), (16, 1024, 2048), (5, 2048, 1544), (33, 6144, 4096), (64, 4096, 4096),
               (40, 4096, 12288), (200, 4096, 4096), (300, 3072, 1024), (1000, 512, 1032), (70, 151936, 1024),
               (3, 151936, 4096), (1, 6144, 4096), (8, 4096, 12288), (12, 24576, 4096), (32, 6144, 4096),
-              (3, 1000, 1032), (25, 2050, 3080), (4, 6144, 4096, "wide"), (29, 1024, 12288, "wide")]
+              (3, 1000, 1032), (25, 2050, 3080), (4, 6144, 4096, "wide"), (29, 1024, 12288, "wide"),
+              (48, 2050, 1024, "wide"), (100, 1000, 2048), (17, 4096, 4160)]
     for M, N, K, *kind in shapes:
         def run(M=M, N=N, K=K, wide=bool(kind)):
             x = (torch.randn(M, K, generator=gen) * 0.5)
@@ -821,12 +822,13 @@ def check_gemm(C: Checks, dev, gen) -> None:
                 alone = ops.gemm(x[r:r + 1].clone(), w, out_dtype=torch.float32)
                 res += exact(f"row {r} of M={M} == row alone", y32[r:r + 1], alone)
             print(f"    default kernel: {ops.gemm_choice(M, N, K)}")
-            tiles = [*ops.GEMM_TILES, *(t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows)]
+            tiles = [*ops.GEMM_TILES, *(t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows),
+                     *(t for t, (rows, *_) in ops.GEMM_WIDE.items() if M <= rows and K % 64 == 0)]
             for tile in tiles:   # split and staged tiles twice: the tickets must be reset by each launch
                 for rep in range(1 if tile in ops.GEMM_TILES and not tile.startswith("split") else 2):
                     res += exact(f"tile {tile} == default (launch {rep})",
                                  ops.gemm(x, w, out_dtype=torch.float32, tile=tile), y32)
-            for tile in tiles[len(ops.GEMM_TILES):]:   # and the staged kernels' bf16 out
+            for tile in tiles[len(ops.GEMM_TILES):]:   # and the staged and wide kernels' bf16 out
                 res += exact(f"tile {tile} bf16 == round(fp32)", ops.gemm(x, w, tile=tile), y32.to(torch.bfloat16))
             # a row's result does not depend on its neighbours: shuffle the rows and compare
             perm = torch.randperm(M, generator=gen).to(dev)

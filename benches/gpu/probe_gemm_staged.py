@@ -5,13 +5,14 @@
                                             [--reps 20] [--json OUT.json]
 
 For each GEMM of a decode step (fused qkv, o_proj, fused gate/up, down, the LM head, fp32 out) of each model and
-each M, every ``ops.gemm`` kernel that takes M rows -- the split and folding tiles (``GEMM_TILES``) and the staged
-kernels (``GEMM_STAGED``) -- is first checked bitwise against the split tile the engine used before the staged
-kernels (``split_16x64`` / ``split_64x64``, or ``16x32`` / ``64x64`` where the workspace is too large): every one
-computes the canonical order, so any difference is a bug and the probe exits non-zero. Then each kernel and cuBLAS
-(``torch.matmul``, not batch-invariant, for scale) are timed, alternated over ``--rounds`` rounds: ``--reps``
-calls in one CUDA graph, cycling over copies of the weight that together exceed the L2, best round kept. Printed:
-microseconds, the weights' read rate, and time over the old tile's.
+each M, every ``ops.gemm`` kernel that takes M rows -- the split and folding tiles (``GEMM_TILES``), the staged
+kernels (``GEMM_STAGED``) and the wide ones (``GEMM_WIDE``, where K is a multiple of 64) -- is first checked bitwise
+against the split tile the engine used before the staged kernels (``split_16x64`` / ``split_64x64``, or ``16x32`` /
+``64x64`` where the workspace is too large): every one computes the canonical order, so any difference is a bug and
+the probe exits non-zero. Then each kernel and cuBLAS (``torch.matmul``, not batch-invariant, for scale) are timed,
+alternated over ``--rounds`` rounds: ``--reps`` calls in one CUDA graph, cycling over copies of the weight that
+together exceed the L2, best round kept. Printed: microseconds, the weights' read rate, and time over the old
+tile's.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def main() -> int:
             for M in a.rows:
                 x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
                 base = ops.gemm_tile(M, N, K)   # the tile gemm_choice took before the staged kernels
-                cands = [base] + [t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows]
+                cands = [base] + [t for t, (rows, *_) in ops.GEMM_STAGED.items() if M <= rows] + [
+                    t for t, (rows, *_) in ops.GEMM_WIDE.items() if M <= rows and K % 64 == 0]
                 ref = ops.gemm(x, ws[0], out_dtype=out_dtype, tile=base)
                 same = {}
                 for t in cands:

@@ -441,6 +441,151 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
   }
 }
 
+// ---- The wide kernel (gemm_wide_*): 17-128 decode rows, wide weight tiles by tensor copies ----
+//
+// Why: above 16 rows the staged kernel's producer copies every x row of a stage beside 16 weight rows, one bulk
+// copy a row (~45 ns each, whatever its size: skinny_gemm.cu's cluster kernel), and at the 8B shapes it lost to
+// the split tiles, which themselves stream the weights at 1.2-1.7 TB/s there. This kernel copies a stage by two
+// tensor copies and shares each copy of x among TW weight rows:
+//   * work: the TW-row tiles of W (TW = 32 or 64), whole; CTA b takes tiles b, b + G, .. (G CTAs). A tile's
+//     stages are its KS-column slices in order (KS = 128, 256 or 512, so a chunk is KC / KS stages); stage i holds
+//     the slice of the tile's TW weight rows, then of the first R rows of x, each as ops.py's "block" tensor maps
+//     land them: block after 64-column block, a block's rows 128 bytes apart, 128-byte swizzled (swz128). Rows
+//     past N or M arrive as zeros and are never stored; K % 64 == 0 (ops.py checks it), so a stage is whole
+//     blocks and blocks past K are not multiplied;
+//   * warp 4's lane 0 produces: waits for a stage to be empty, announces its bytes, issues the two copies
+//     (weights at L2 evict-first priority);
+//   * the four consumer warps, a WM x WN grid over the stage's R x TW outputs (WM = 2 from 32 rows on), all take
+//     every stage: each computes its own outputs' p_c over the stage's blocks with mma.m16n8k16 -- x as the A
+//     operand (ldmatrix.x4), the weight rows as pairs of n8 B tiles (ldmatrix.x4), the operands in the roles of
+//     gemm_mainloop -- accumulating in increasing k from zero at each chunk's first stage, and at each chunk's
+//     last stage folds t = t + p_c in registers (t = 0 at the tile's start), storing t after the tile's last.
+//     The fold needs no other warp: an element's chunks all pass through one warp, in order.
+// So every element is the canonical order's, bit for bit (check_kernels.py, "gemm"). A warp whose rows are all
+// past M skips the multiplies and only releases the stages.
+template <int R, int TW, int KS, int S, int CW, bool F32>
+__device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
+                                               int M, int N, int K) {
+  constexpr int NB = KS / 64;                          // 64-column blocks a stage
+  constexpr int WM = R >= 16 * CW / 2 ? CW / 2 : (R >= 32 ? 2 : 1), WN = CW / WM;  // the consumer warps' grid
+  constexpr int MT = R / 16 / WM, NT = TW / 8 / WN;    // 16-row A tiles and n8 B tiles a warp
+  constexpr int kW = NB * TW * 128, kStage = kW + NB * R * 128, SPC = KC / KS;  // bytes; stages a chunk
+  static_assert(KC % KS == 0 && KS % 64 == 0 && MT >= 1 && NT >= 2 && NT % 2 == 0 && S >= 2 && (CW == 4 || CW == 8),
+                "wide gemm");
+  static_assert(kW % 1024 == 0 && kStage % 1024 == 0, "every box 1024-byte aligned (the swizzle's period)");
+  extern __shared__ __align__(128) unsigned char gw_smem[];  // up to 1 KB of slack (aligned below), then S stages
+  __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tiles = (N + TW - 1) / TW, kst = (K + KS - 1) / KS;  // stages of a tile
+  const u32 base = (smem_u32(gw_smem) + 1023u) & ~1023u;
+  const u32 bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, CW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == CW) {  // ---- producer: lane 0
+    if (lane == 0) {
+      const u64 policy = l2_evict_first();
+      int i = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x)
+        for (int ks = 0; ks < kst; ++ks, ++i) {
+          const int s = i % S;
+          if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
+          mbar_expect_tx(bar_full + 8 * s, (u32)kStage);  // whole boxes: zeros past the edges count too
+          const u32 st = base + s * kStage;
+          tensor_copy(st, wmap, 0, t * TW, ks * NB, bar_full + 8 * s, policy, 1);
+          tensor_copy(st + kW, xmap, 0, 0, ks * NB, bar_full + 8 * s, policy, 0);
+        }
+    }
+    return;
+  }
+
+  // ---- consumers
+  const int wm = warp / WN, wn = warp - wm * WN, mi = lane >> 3, g = lane >> 2, t4 = lane & 3;
+  const int m_base = wm * MT * 16, n_base = wn * NT * 8;
+  float acc[MT][NT][4], tot[MT][NT][4];
+  int i = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = tot[mt][j][e] = 0.f;
+    for (int ks = 0; ks < kst; ++ks, ++i) {
+      const int s = i % S;
+      mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+      const u32 sw = base + s * kStage, sx = sw + kW;
+      const int blocks = min(NB, (K >> 6) - ks * NB);
+      if (m_base < M) {
+        for (int b = 0; b < blocks; ++b) {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {  // matrices: (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8)
+              const int row = m_base + mt * 16 + ((mi & 1) << 3) + (lane & 7);
+              ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+                      sx + swz128((u32)((b * R + row) * 128 + (kk * 16 + ((mi >> 1) << 3)) * 2)));
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {  // matrices: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8)
+              const int n = n_base + j * 8 + ((mi >> 1) << 3) + (lane & 7);
+              u32 b0, b1, b2, b3;
+              ldsm_x4(b0, b1, b2, b3, sw + swz128((u32)((b * TW + n) * 128 + (kk * 16 + ((mi & 1) << 3)) * 2)));
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                if (m_base + mt * 16 >= M) continue;  // rows all past M: nothing of theirs is stored
+                mma_bf16(acc[mt][j], a[mt], b0, b1);
+                mma_bf16(acc[mt][j + 1], a[mt], b2, b3);
+              }
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // the stage may be refilled
+      if ((ks + 1) % SPC == 0 || ks == kst - 1) {      // a chunk's end: t = t + p_c, p_c = 0
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              tot[mt][j][e] = __fadd_rn(tot[mt][j][e], acc[mt][j][e]);
+              acc[mt][j][e] = 0.f;
+            }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {  // c0, c1: x row g, weight rows n, n + 1; c2, c3: x row g + 8
+        const int n = t * TW + n_base + j * 8 + 2 * t4;
+        if (n >= N) continue;  // N even: a pair is entirely inside or outside
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = m_base + mt * 16 + g + 8 * h;
+          if (m >= M) continue;
+          const long long off = (long long)m * N + n;
+          if constexpr (F32) {
+            *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) =
+                make_float2(tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
+          } else {
+            *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
+                __floats2bfloat162_rn(tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
+          }
+        }
+      }
+  }
+}
+
 }  // namespace
 
 // Instantiations. ops.py (GEMM_TILES) picks one by M and computes the same shared memory
@@ -489,3 +634,30 @@ TK_GEMM_STAGED(16, 3, 1)   // M <= 16
 TK_GEMM_STAGED(16, 3, 2)
 TK_GEMM_STAGED(32, 2, 1)   // M <= 32
 TK_GEMM_STAGED(32, 4, 1)
+
+// gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8}: ops.py (GEMM_WIDE) launches 32 * (CW + 1) threads (CW = 4 consumer warps, 8
+// with "w8") and 1024 + S * (TW + R) * KS * 2 bytes of dynamic shared memory, with tensor maps of W (boxes of TW
+// rows) and x (R rows) by KS columns
+#define TK_GEMM_WIDE_CW(R, TW, KS, S, CW, SFX)                                                                     \
+  extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_bf16( \
+      const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, __nv_bfloat16* __restrict__ y, \
+      int M, int N, int K) { pdl_entry();                                                                          \
+    gemm_wide_impl<R, TW, KS, S, CW, false>(&wmap, &xmap, y, M, N, K);                                           \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_f32(  \
+      const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, float* __restrict__ y,       \
+      int M, int N, int K) { pdl_entry();                                                                          \
+    gemm_wide_impl<R, TW, KS, S, CW, true>(&wmap, &xmap, y, M, N, K);                                            \
+  }
+#define TK_GEMM_WIDE(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 4, )
+#define TK_GEMM_WIDE_W8(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 8, w8)
+TK_GEMM_WIDE(16, 64, 256, 4)   // up to 16 rows
+TK_GEMM_WIDE(16, 64, 512, 2)
+TK_GEMM_WIDE(32, 32, 256, 3)   // 17-32 rows; two CTAs a multiprocessor
+TK_GEMM_WIDE(32, 64, 256, 4)
+TK_GEMM_WIDE(32, 64, 512, 2)
+TK_GEMM_WIDE(64, 32, 256, 2)   // 33-64 rows; two CTAs a multiprocessor
+TK_GEMM_WIDE_W8(64, 32, 256, 2)   // eight consumer warps
+TK_GEMM_WIDE_W8(64, 64, 256, 3)
+TK_GEMM_WIDE_W8(128, 64, 128, 4)
+TK_GEMM_WIDE_W8(128, 32, 256, 2)

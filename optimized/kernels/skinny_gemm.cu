@@ -516,8 +516,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 //   * nobody leaves before the cluster's last barrier: a peer may still copy into this CTA's stages or
 //     arrive on its barriers.
 // MT = 8: up to 64 rows (rows past M are zeros and not stored).
-// byte offset in a 1024-byte-aligned stage of the logical offset `off` (128-byte swizzle of the tensor copies)
-__device__ __forceinline__ u32 swz128(u32 off) { return off ^ ((off >> 3) & 0x70u); }
+// (swz128, tma.cuh: the 128-byte swizzle of the tensor copies)
 // the first weight row of box h (0, 1: 8 rows each) of tile t, or -1 past the weight (weight_row's rows)
 template <int EPI>
 __device__ __forceinline__ int box_row(int t, int h, int N) {

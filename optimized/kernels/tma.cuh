@@ -30,6 +30,10 @@ __device__ __forceinline__ u64 l2_evict_first() {
   return p;
 }
 
+// byte offset in a 1024-byte-aligned box of the logical offset `off` (the 128-byte swizzle the tensor copies of
+// ops.py's maps write: 16-byte piece j of 128-byte line l lands at piece j ^ (l mod 8))
+__device__ __forceinline__ u32 swz128(u32 off) { return off ^ ((off >> 3) & 0x70u); }
+
 struct __align__(64) TensorMap {  // CUtensorMap: opaque, 128 bytes, encoded by the driver on the host
   unsigned long long v[16];
 };
