@@ -944,10 +944,10 @@ _GEMM_STAGED_THREADS = 32 * 5   # 4 consumer warps and the producer warp (kGsCW 
 GEMM_STAGED_TWO_CTAS = 110 * 1024
 
 
-#: gemm.cu's wide kernels for decode rows (``gemm_wide_m{R}_n{TW}_k{KS}s{S}``, ``w8`` with eight consumer warps):
-#: name -> (x rows R a stage holds, so ``M <= R``; weight rows TW a tile; columns KS a stage; stages S; consumer
-#: warps). Each stage is two tensor copies (``launch.encode_block_map``), so K must be a multiple of 64. The same
-#: canonical order as ``GEMM_TILES``.
+#: gemm.cu's wide kernels for decode rows (``gemm_wide_m{R}_n{TW}_k{KS}s{S}``; ``w8``, ``w16``: eight or sixteen
+#: consumer warps, four without): name -> (x rows R a stage holds, so ``M <= R``; weight rows TW a tile; columns KS
+#: a stage; stages S; consumer warps). Each stage is two tensor copies (``launch.encode_block_map``), so K must be a
+#: multiple of 64. The same canonical order as ``GEMM_TILES``.
 GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
     "wide_m16_n64_k256s4": (16, 64, 256, 4, 4),
     "wide_m16_n64_k512s2": (16, 64, 512, 2, 4),
@@ -957,8 +957,9 @@ GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
     "wide_m64_n32_k256s2": (64, 32, 256, 2, 4),
     "wide_m64_n32_k256s2w8": (64, 32, 256, 2, 8),
     "wide_m64_n64_k256s3w8": (64, 64, 256, 3, 8),
-    "wide_m128_n64_k128s4w8": (128, 64, 128, 4, 8),
     "wide_m128_n32_k256s2w8": (128, 32, 256, 2, 8),
+    "wide_m128_n64_k128s4w8": (128, 64, 128, 4, 8),
+    "wide_m128_n64_k128s4w16": (128, 64, 128, 4, 16),
 }
 
 
@@ -990,11 +991,15 @@ def gemm_tile(M: int, N: int, K: int) -> str:
 def gemm_choice(M: int, N: int, K: int, tensor_maps: bool = True) -> str:
     """The kernel ``gemm`` uses for an ``M x N x K`` product -- a speed choice only, every kernel computes the
     canonical order. From the H200's figures (docs/performance.md, "The wide kernel of the batch-invariant GEMM"):
-    for up to 128 rows with K a multiple of 64 the wide kernel (up to 16 rows only for N >= 4096: below that its
-    64-row tiles leave most multiprocessors idle), the build by rows and N; else the staged kernel for up to 8
-    rows over K > 1024 and for up to 16 (32) rows of small weights (``GEMM_STAGED_MAX_ELEMS``); else
-    ``gemm_tile``. ``tensor_maps=False`` (no driver launch path, which the wide kernel's tensor maps need): the
-    rule without the wide kernel."""
+
+    * up to 128 rows with K a multiple of 64: the wide kernel (up to 16 rows only for N >= 4096; below that its
+      64-row tiles leave most multiprocessors idle), the build by rows and N; at 65-128 rows of N >= 6144, sixteen
+      consumer warps up to 96 rows and for weights of 2^28 elements or more (the 8B LM head);
+    * else the staged kernel for up to 8 rows over K > 1024 and for up to 16 (32) rows of small weights
+      (``GEMM_STAGED_MAX_ELEMS``); else ``gemm_tile``.
+
+    ``tensor_maps=False`` (no driver launch path, which the wide kernel's tensor maps need): the rule without the
+    wide kernel."""
     if tensor_maps and K % 64 == 0 and M <= 128 and (M > 16 or N >= 4096):
         if M <= 16:
             return "wide_m16_n64_k256s4"
@@ -1002,7 +1007,9 @@ def gemm_choice(M: int, N: int, K: int, tensor_maps: bool = True) -> str:
             return "wide_m32_n32_k256s3" if N < 8448 else "wide_m32_n64_k256s4"
         if M <= 64:
             return "wide_m64_n32_k256s2w8" if N < 6144 else "wide_m64_n64_k256s3w8"
-        return "wide_m128_n32_k256s2w8" if N < 6144 else "wide_m128_n64_k128s4w8"
+        if N < 6144:
+            return "wide_m128_n32_k256s2w8"
+        return "wide_m128_n64_k128s4w16" if M <= 96 or N * K >= 1 << 28 else "wide_m128_n64_k128s4w8"
     if M == 1 or (M <= 8 and K > 2 * GEMM_CHUNK):
         return "staged_m8_s4c2"
     if M <= 16 and N * K <= GEMM_STAGED_MAX_ELEMS[16]:

@@ -105,8 +105,9 @@ def test_gemm_choice_is_a_speed_choice_only():
     assert ops.gemm_choice(32, 6152, 1032) == "staged_m32_s2c1x2"  # K % 64 != 0, small weights
     assert ops.gemm_choice(33, 4096, 12288) == ops.gemm_choice(64, 1024, 3072) == "wide_m64_n32_k256s2w8"
     assert ops.gemm_choice(64, 6144, 4096) == ops.gemm_choice(64, 151936, 4096) == "wide_m64_n64_k256s3w8"
-    assert ops.gemm_choice(65, 4096, 4096) == "wide_m128_n32_k256s2w8"
-    assert ops.gemm_choice(128, 24576, 4096) == "wide_m128_n64_k128s4w8"
+    assert ops.gemm_choice(65, 4096, 4096) == ops.gemm_choice(128, 1024, 3072) == "wide_m128_n32_k256s2w8"
+    assert ops.gemm_choice(96, 6144, 1024) == ops.gemm_choice(128, 151936, 4096) == "wide_m128_n64_k128s4w16"
+    assert ops.gemm_choice(97, 24576, 4096) == ops.gemm_choice(128, 151936, 1024) == "wide_m128_n64_k128s4w8"
     assert ops.gemm_choice(32, 4096, 4104) == ops.gemm_choice(64, 4096, 12296) == "split_64x64"
     assert ops.gemm_choice(33, 4096, 456) == "64x64"              # one chunk: nothing to split
     assert ops.gemm_choice(64, 151936, 4104) == "64x64"           # the workspace would be too big
@@ -123,17 +124,17 @@ def test_gemm_choice_is_a_speed_choice_only():
 
 def test_gemm_wide_kernels_match_their_instantiations():
     """Every ``GEMM_WIDE`` entry is instantiated with its rows, tile, columns a stage, stages and consumer warps
-    (``TK_GEMM_WIDE`` four, ``TK_GEMM_WIDE_W8`` eight), and its name says so; its warp grid has whole pairs of n8
-    tiles (the static_assert of gemm.cu, by the same formula), and its shared memory fits (two CTAs where ops
-    asks for room for two)."""
+    (``TK_GEMM_WIDE`` four, ``TK_GEMM_WIDE_W8`` eight, ``TK_GEMM_WIDE_W16`` sixteen), and its name says so; its warp
+    grid gives each warp whole pairs of n8 tiles (the static_assert of gemm.cu, by the same formula), and its shared
+    memory fits."""
     src = (kernels.KERNEL_DIR / "gemm.cu").read_text()
-    built = {(*map(int, m[1:]), 8 if m[0] else 4)
-             for m in re.findall(r"^TK_GEMM_WIDE(_W8)?\((\d+), (\d+), (\d+), (\d+)\)", src, re.M)}
+    built = {(*map(int, m[1:]), int(m[0][2:]) if m[0] else 4)
+             for m in re.findall(r"^TK_GEMM_WIDE(_W8|_W16)?\((\d+), (\d+), (\d+), (\d+)\)", src, re.M)}
     assert built == set(ops.GEMM_WIDE.values())
-    assert "WM = R >= 16 * CW / 2 ? CW / 2 : (R >= 32 ? 2 : 1), WN = CW / WM;" in src
+    assert "WM = R / 16 < CW / 2 ? R / 16 : CW / 2, WN = CW / WM;" in src
     for name, (rows, tw, ks, stages, warps) in ops.GEMM_WIDE.items():
-        assert name == f"wide_m{rows}_n{tw}_k{ks}s{stages}" + ("w8" if warps == 8 else ""), name
-        wm = warps // 2 if rows >= 16 * warps // 2 else (2 if rows >= 32 else 1)
+        assert name == f"wide_m{rows}_n{tw}_k{ks}s{stages}" + (f"w{warps}" if warps > 4 else ""), name
+        wm = min(rows // 16, warps // 2)
         nt = tw // 8 // (warps // wm)
         assert rows // 16 // wm >= 1 and nt >= 2 and nt % 2 == 0 and ops.GEMM_CHUNK % ks == 0 and ks % 64 == 0, name
         smem = ops.gemm_wide_smem(rows, tw, ks, stages)

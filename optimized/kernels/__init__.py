@@ -48,7 +48,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"gemm_wide_{tile}_{out}" for tile in ("m16_n64_k256s4", "m16_n64_k512s2", "m32_n32_k256s3",
                                                    "m32_n64_k256s4", "m32_n64_k512s2", "m64_n32_k256s2",
                                                    "m64_n32_k256s2w8", "m64_n64_k256s3w8", "m128_n64_k128s4w8",
-                                                   "m128_n32_k256s2w8")
+                                                   "m128_n32_k256s2w8", "m128_n64_k128s4w16")
             for out in ("bf16", "f32")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
                          for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}"))

@@ -466,11 +466,12 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 template <int R, int TW, int KS, int S, int CW, bool F32>
 __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
                                                int M, int N, int K) {
-  constexpr int NB = KS / 64;                          // 64-column blocks a stage
-  constexpr int WM = R >= 16 * CW / 2 ? CW / 2 : (R >= 32 ? 2 : 1), WN = CW / WM;  // the consumer warps' grid
-  constexpr int MT = R / 16 / WM, NT = TW / 8 / WN;    // 16-row A tiles and n8 B tiles a warp
+  constexpr int NB = KS / 64;                                     // 64-column blocks a stage
+  constexpr int WM = R / 16 < CW / 2 ? R / 16 : CW / 2, WN = CW / WM;  // the consumer warps' grid
+  constexpr int MT = R / 16 / WM, NT = TW / 8 / WN;               // 16-row A tiles and n8 B tiles a warp
   constexpr int kW = NB * TW * 128, kStage = kW + NB * R * 128, SPC = KC / KS;  // bytes; stages a chunk
-  static_assert(KC % KS == 0 && KS % 64 == 0 && MT >= 1 && NT >= 2 && NT % 2 == 0 && S >= 2 && (CW == 4 || CW == 8),
+  static_assert(KC % KS == 0 && KS % 64 == 0 && MT >= 1 && NT >= 2 && NT % 2 == 0 && S >= 2 && WM * WN == CW &&
+                    (CW == 4 || CW == 8 || CW == 16),
                 "wide gemm");
   static_assert(kW % 1024 == 0 && kStage % 1024 == 0, "every box 1024-byte aligned (the swizzle's period)");
   extern __shared__ __align__(128) unsigned char gw_smem[];  // up to 1 KB of slack (aligned below), then S stages
@@ -585,7 +586,6 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
       }
   }
 }
-
 }  // namespace
 
 // Instantiations. ops.py (GEMM_TILES) picks one by M and computes the same shared memory
@@ -635,9 +635,9 @@ TK_GEMM_STAGED(16, 3, 2)
 TK_GEMM_STAGED(32, 2, 1)   // M <= 32
 TK_GEMM_STAGED(32, 4, 1)
 
-// gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8}: ops.py (GEMM_WIDE) launches 32 * (CW + 1) threads (CW = 4 consumer warps, 8
-// with "w8") and 1024 + S * (TW + R) * KS * 2 bytes of dynamic shared memory, with tensor maps of W (boxes of TW
-// rows) and x (R rows) by KS columns
+// gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8,w16}: ops.py (GEMM_WIDE) launches 32 * (CW + 1) threads (CW = 4 consumer warps,
+// 8 or 16 with "w8", "w16") and 1024 + S * (TW + R) * KS * 2 bytes of dynamic shared memory, with tensor maps of W
+// (boxes of TW rows) and x (R rows) by KS columns
 #define TK_GEMM_WIDE_CW(R, TW, KS, S, CW, SFX)                                                                     \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_bf16( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, __nv_bfloat16* __restrict__ y, \
@@ -651,13 +651,15 @@ TK_GEMM_STAGED(32, 4, 1)
   }
 #define TK_GEMM_WIDE(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 4, )
 #define TK_GEMM_WIDE_W8(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 8, w8)
-TK_GEMM_WIDE(16, 64, 256, 4)   // up to 16 rows
+#define TK_GEMM_WIDE_W16(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 16, w16)
+TK_GEMM_WIDE(16, 64, 256, 4)       // up to 16 rows
 TK_GEMM_WIDE(16, 64, 512, 2)
-TK_GEMM_WIDE(32, 32, 256, 3)   // 17-32 rows; two CTAs a multiprocessor
+TK_GEMM_WIDE(32, 32, 256, 3)       // 17-32 rows; two CTAs a multiprocessor
 TK_GEMM_WIDE(32, 64, 256, 4)
 TK_GEMM_WIDE(32, 64, 512, 2)
-TK_GEMM_WIDE(64, 32, 256, 2)   // 33-64 rows; two CTAs a multiprocessor
-TK_GEMM_WIDE_W8(64, 32, 256, 2)   // eight consumer warps
+TK_GEMM_WIDE(64, 32, 256, 2)       // 33-64 rows; two CTAs a multiprocessor
+TK_GEMM_WIDE_W8(64, 32, 256, 2)    // eight consumer warps
 TK_GEMM_WIDE_W8(64, 64, 256, 3)
+TK_GEMM_WIDE_W8(128, 32, 256, 2)   // 65-128 rows
 TK_GEMM_WIDE_W8(128, 64, 128, 4)
-TK_GEMM_WIDE_W8(128, 32, 256, 2)
+TK_GEMM_WIDE_W16(128, 64, 128, 4)  // sixteen
