@@ -993,8 +993,8 @@ def gemm_choice(M: int, N: int, K: int, tensor_maps: bool = True) -> str:
     canonical order. From the H200's figures (docs/performance.md, "The wide kernel of the batch-invariant GEMM"):
 
     * up to 128 rows with K a multiple of 64: the wide kernel (up to 16 rows only for N >= 4096; below that its
-      64-row tiles leave most multiprocessors idle), the build by rows and N; at 65-128 rows of N >= 6144, sixteen
-      consumer warps up to 96 rows and for weights of 2^28 elements or more (the 8B LM head);
+      64-row tiles leave most multiprocessors idle), the build by rows and N; at 65-96 rows of N >= 6144, sixteen
+      consumer warps;
     * else the staged kernel for up to 8 rows over K > 1024 and for up to 16 (32) rows of small weights
       (``GEMM_STAGED_MAX_ELEMS``); else ``gemm_tile``.
 
@@ -1009,7 +1009,7 @@ def gemm_choice(M: int, N: int, K: int, tensor_maps: bool = True) -> str:
             return "wide_m64_n32_k256s2w8" if N < 6144 else "wide_m64_n64_k256s3w8"
         if N < 6144:
             return "wide_m128_n32_k256s2w8"
-        return "wide_m128_n64_k128s4w16" if M <= 96 or N * K >= 1 << 28 else "wide_m128_n64_k128s4w8"
+        return "wide_m128_n64_k128s4w16" if M <= 96 else "wide_m128_n64_k128s4w8"
     if M == 1 or (M <= 8 and K > 2 * GEMM_CHUNK):
         return "staged_m8_s4c2"
     if M <= 16 and N * K <= GEMM_STAGED_MAX_ELEMS[16]:

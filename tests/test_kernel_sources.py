@@ -106,8 +106,8 @@ def test_gemm_choice_is_a_speed_choice_only():
     assert ops.gemm_choice(33, 4096, 12288) == ops.gemm_choice(64, 1024, 3072) == "wide_m64_n32_k256s2w8"
     assert ops.gemm_choice(64, 6144, 4096) == ops.gemm_choice(64, 151936, 4096) == "wide_m64_n64_k256s3w8"
     assert ops.gemm_choice(65, 4096, 4096) == ops.gemm_choice(128, 1024, 3072) == "wide_m128_n32_k256s2w8"
-    assert ops.gemm_choice(96, 6144, 1024) == ops.gemm_choice(128, 151936, 4096) == "wide_m128_n64_k128s4w16"
-    assert ops.gemm_choice(97, 24576, 4096) == ops.gemm_choice(128, 151936, 1024) == "wide_m128_n64_k128s4w8"
+    assert ops.gemm_choice(65, 6144, 1024) == ops.gemm_choice(96, 151936, 4096) == "wide_m128_n64_k128s4w16"
+    assert ops.gemm_choice(97, 24576, 4096) == ops.gemm_choice(128, 151936, 4096) == "wide_m128_n64_k128s4w8"
     assert ops.gemm_choice(32, 4096, 4104) == ops.gemm_choice(64, 4096, 12296) == "split_64x64"
     assert ops.gemm_choice(33, 4096, 456) == "64x64"              # one chunk: nothing to split
     assert ops.gemm_choice(64, 151936, 4104) == "64x64"           # the workspace would be too big

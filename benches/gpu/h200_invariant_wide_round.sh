@@ -3,6 +3,7 @@
 # "The wide kernel of the batch-invariant GEMM"). Device calls, from the repository root:
 #   PART=check bash benches/gpu/h200_invariant_wide_round.sh   # checks, smoke, then the probe
 #   PART=bench bash benches/gpu/h200_invariant_wide_round.sh   # conformance clauses, then the engine benches
+#   PART=all bash benches/gpu/h200_invariant_wide_round.sh     # both, in one call (the final one)
 # check: side by side and untimed, check_kernels.py's gemm and invariant sections (every GEMM kernel bitwise
 # against every other) and the engine smoke test; then, alone on the GPU, probe_gemm_staged.py at M = ROWS
 # (default 8 16 32 64 128) on the decode GEMMs of qwen3-8b and qwen3-0.6b. bench: the GPU-scale conformance
@@ -12,7 +13,8 @@ source benches/gpu/_env.sh
 tag=${TAG:-_wide}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
-if [ "${PART:-check}" = check ]; then
+part=${PART:-check}
+if [ "$part" = check ] || [ "$part" = all ]; then
   ( checks 300 check_kernels_gemm$tag.log gemm invariant ) > "$OUT/checks.summary" &
   ( smoke 240 ) > "$OUT/smoke.summary" &
   wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
@@ -20,7 +22,8 @@ if [ "${PART:-check}" = check ]; then
   timeout "${PROBE_SECS:-280}" python3 benches/gpu/probe_gemm_staged.py --rows ${ROWS:-8 16 32 64 128} \
     --json "$OUT/probe_gemm_wide$tag.json" > "$OUT/probe_gemm_wide$tag.log" 2>&1
   echo "probe_gemm_staged rc=$?"; grep -E "DIFFER|Error|error|bitwise" "$OUT/probe_gemm_wide$tag.log" | head
-else
+fi
+if [ "$part" = bench ] || [ "$part" = all ]; then
   [ "${CONF:-1}" = 1 ] && conformance_gpu 200 "qwen3-0.6b and (invariant or turn or sample)" \
     "conformance_gpu_qwen3-0.6b$tag.log"
   bench_packed 330 "invariant_overhead or kernel_gemm" "run_gpu_invariant$tag.log"

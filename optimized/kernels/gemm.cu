@@ -26,11 +26,14 @@
 //                                 tile to finish (an atomic ticket per tile) folds p_0, p_1, ... in
 //                                 chunk order and writes y, then resets the ticket for the next launch.
 // There are no atomics on data and no dependence on which CTA finishes last.
-// A third kernel, for the few rows of a decode step, streams the weights through shared memory:
-//   gemm_staged_m{R}_s{S}c{CPS}_{bf16,f32}  a persistent grid; a producer warp bulk-copies CPS chunks of a
-//                                 tile's 16 weight rows and of the (at most R) x rows into one of S
-//                                 stages, and consumer warp i % 4 walks stage i in canonical order
-//                                 (below, "The staged kernel").
+// Two more, for the rows of a decode step, stream the weights through shared memory over a persistent grid:
+//   gemm_staged_m{R}_s{S}c{CPS}_{bf16,f32}  a producer warp bulk-copies CPS chunks of a tile's 16 weight rows
+//                                 and of the (at most R) x rows into one of S stages, and consumer warp
+//                                 i % 4 walks stage i in canonical order (below, "The staged kernel");
+//   gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8,w16}_{bf16,f32}  a producer lane fills each stage -- a KS-column slice
+//                                 of a TW-row weight tile and of R x rows -- by two tensor copies, and each
+//                                 consumer warp walks its own outputs through every stage in canonical
+//                                 order (below, "The wide kernel").
 //
 // Structure: 32*WM*WN threads; warps in a WM x WN grid, each owning (BM/WM) x (BN/WN) outputs as
 // MT x NT tiles of 16 x 8; STAGES-deep cp.async pipeline of BK-wide tiles of x and W in shared
@@ -441,28 +444,30 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
   }
 }
 
-// ---- The wide kernel (gemm_wide_*): 17-128 decode rows, wide weight tiles by tensor copies ----
+// ---- The wide kernel (gemm_wide_*): decode rows up to 128, wide weight tiles by tensor copies ----
 //
-// Why: above 16 rows the staged kernel's producer copies every x row of a stage beside 16 weight rows, one bulk
-// copy a row (~45 ns each, whatever its size: skinny_gemm.cu's cluster kernel), and at the 8B shapes it lost to
-// the split tiles, which themselves stream the weights at 1.2-1.7 TB/s there. This kernel copies a stage by two
-// tensor copies and shares each copy of x among TW weight rows:
+// Why: the staged kernel's producer copies every x row of a stage beside 16 weight rows, one bulk copy a row (~45 ns
+// each, whatever its size: skinny_gemm.cu's cluster kernel); above 8 rows at the 8B shapes it lost to the split
+// tiles, which themselves stream the weights at 1.2-1.7 TB/s at 17-64 rows. This kernel copies a stage by two tensor
+// copies and shares each copy of x among TW weight rows (docs/performance.md, "The wide kernel of the
+// batch-invariant GEMM": from 1 row on, level with cuBLAS or faster up to 32 rows of the qwen3 GEMMs):
 //   * work: the TW-row tiles of W (TW = 32 or 64), whole; CTA b takes tiles b, b + G, .. (G CTAs). A tile's
 //     stages are its KS-column slices in order (KS = 128, 256 or 512, so a chunk is KC / KS stages); stage i holds
 //     the slice of the tile's TW weight rows, then of the first R rows of x, each as ops.py's "block" tensor maps
 //     land them: block after 64-column block, a block's rows 128 bytes apart, 128-byte swizzled (swz128). Rows
 //     past N or M arrive as zeros and are never stored; K % 64 == 0 (ops.py checks it), so a stage is whole
 //     blocks and blocks past K are not multiplied;
-//   * warp 4's lane 0 produces: waits for a stage to be empty, announces its bytes, issues the two copies
+//   * warp CW's lane 0 produces: waits for a stage to be empty, announces its bytes, issues the two copies
 //     (weights at L2 evict-first priority);
-//   * the four consumer warps, a WM x WN grid over the stage's R x TW outputs (WM = 2 from 32 rows on), all take
-//     every stage: each computes its own outputs' p_c over the stage's blocks with mma.m16n8k16 -- x as the A
-//     operand (ldmatrix.x4), the weight rows as pairs of n8 B tiles (ldmatrix.x4), the operands in the roles of
-//     gemm_mainloop -- accumulating in increasing k from zero at each chunk's first stage, and at each chunk's
+//   * the CW consumer warps (4, 8 or 16), a WM x WN grid over the stage's R x TW outputs (WM = min(R / 16,
+//     CW / 2)), all take every stage: each computes its own outputs' p_c over the stage's blocks with
+//     mma.m16n8k16 -- x as the A operand (ldmatrix.x4), the weight rows as pairs of n8 B tiles (ldmatrix.x4), the
+//     operands in the roles of gemm_mainloop -- accumulating in increasing k from zero at each chunk's first stage, and at each chunk's
 //     last stage folds t = t + p_c in registers (t = 0 at the tile's start), storing t after the tile's last.
 //     The fold needs no other warp: an element's chunks all pass through one warp, in order.
 // So every element is the canonical order's, bit for bit (check_kernels.py, "gemm"). A warp whose rows are all
-// past M skips the multiplies and only releases the stages.
+// past M skips the multiplies and only releases the stages. (Measured and dropped: thread-block clusters whose CTAs
+// each copy a slice of x into all of them by multicast, slower at 45 of 50 probe points.)
 template <int R, int TW, int KS, int S, int CW, bool F32>
 __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
                                                int M, int N, int K) {
