@@ -3,7 +3,8 @@
 # "The wide kernel of the batch-invariant GEMM"). Device calls, from the repository root:
 #   PART=check bash benches/gpu/h200_invariant_wide_round.sh   # checks, smoke, then the probe
 #   PART=bench bash benches/gpu/h200_invariant_wide_round.sh   # conformance clauses, then the engine benches
-#   PART=all bash benches/gpu/h200_invariant_wide_round.sh     # both, in one call (the final one)
+#   PART=all bash benches/gpu/h200_invariant_wide_round.sh     # both in one call (the final one; its timeouts add up
+#                                                              # past a 600 s call: CONF=0 or separate calls fit)
 # check: side by side and untimed, check_kernels.py's gemm and invariant sections (every GEMM kernel bitwise
 # against every other) and the engine smoke test; then, alone on the GPU, probe_gemm_staged.py at M = ROWS
 # (default 8 16 32 64 128) on the decode GEMMs of qwen3-8b and qwen3-0.6b. bench: the GPU-scale conformance
@@ -24,7 +25,7 @@ if [ "$part" = check ] || [ "$part" = all ]; then
   echo "probe_gemm_staged rc=$?"; grep -E "DIFFER|Error|error|bitwise" "$OUT/probe_gemm_wide$tag.log" | head
 fi
 if [ "$part" = bench ] || [ "$part" = all ]; then
-  [ "${CONF:-1}" = 1 ] && conformance_gpu 200 "qwen3-0.6b and (invariant or turn or sample)" \
+  [ "${CONF:-1}" = 1 ] && conformance_gpu 330 "qwen3-0.6b and (invariant or turn or sample)" \
     "conformance_gpu_qwen3-0.6b$tag.log"
   bench_packed 330 "invariant_overhead or kernel_gemm" "run_gpu_invariant$tag.log"
   mv "$OUT/bench.tgz" "$OUT/bench_invariant.tgz"
