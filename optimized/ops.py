@@ -1079,7 +1079,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     M, N, K = _linear_shape(x, w)
     _need(N % 2 == 0, f"N = {N} must be even")
     _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
-    name = gemm_choice(M, N, K, tensor_maps=_clusters_ok(x)) if tile is None else tile
+    maps_ok = _clusters_ok(x)   # the wide kernel's tensor maps need the driver's launch path
+    name = gemm_choice(M, N, K, tensor_maps=maps_ok) if tile is None else tile
     _need(name in GEMM_TILES or name in GEMM_STAGED or name in GEMM_WIDE,
           f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED) + sorted(GEMM_WIDE)}")
     if name in GEMM_STAGED:
@@ -1087,7 +1088,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     if name in GEMM_WIDE:
         _need(M <= GEMM_WIDE[name][0], f"gemm tile {name!r} takes at most {GEMM_WIDE[name][0]} rows, got {M}")
         _need(K % 64 == 0, f"gemm tile {name!r} needs K a multiple of 64 (its tensor maps), got {K}")
-        _need(_clusters_ok(x), f"gemm tile {name!r} needs the driver's launch path (PDL on, sm_90+): tensor maps")
+        _need(maps_ok, f"gemm tile {name!r} needs the driver's launch path (PDL on, sm_90+): tensor maps")
     out, ldx = _linear_out(x, w, out_dtype, out)
     if M == 0:
         return out

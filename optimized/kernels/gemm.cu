@@ -87,6 +87,15 @@ __device__ __forceinline__ void load_stage(__nv_bfloat16* sA, __nv_bfloat16* sB,
 
 constexpr int KC = 512;  // chunk of the canonical order (ops.py: GEMM_CHUNK); every BK divides it
 
+// y[off], y[off + 1] = a, b: fp32, or rounded to bf16 (off even: one 8- or 4-byte store)
+template <bool F32>
+__device__ __forceinline__ void store_pair(void* __restrict__ y, long long off, float a, float b) {
+  if constexpr (F32)
+    *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(a, b);
+  else
+    *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) = __floats2bfloat162_rn(a, b);
+}
+
 // Stores the fp32 values v (c0..c3 layout) of this warp's tiles: to y (bf16 or fp32) or to a workspace.
 template <int BM, int BN, int WM, int WN, int MT, int NT, bool F32>
 __device__ __forceinline__ void store_tiles(const float (&v)[MT][NT][4], void* __restrict__ y, int M, int N, int m0,
@@ -102,13 +111,7 @@ __device__ __forceinline__ void store_tiles(const float (&v)[MT][NT][4], void* _
       for (int h = 0; h < 2; ++h) {
         const int m = m0 + wm * (BM / WM) + i * 16 + g + 8 * h;
         if (m >= M) continue;
-        const long long off = (long long)m * N + n;
-        if constexpr (F32) {
-          *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(v[i][j][2 * h], v[i][j][2 * h + 1]);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
-              __floats2bfloat162_rn(v[i][j][2 * h], v[i][j][2 * h + 1]);
-        }
+        store_pair<F32>(y, (long long)m * N + n, v[i][j][2 * h], v[i][j][2 * h + 1]);
       }
     }
   }
@@ -256,11 +259,7 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
       t0 = __fadd_rn(t0, p.x);
       t1 = __fadd_rn(t1, p.y);
     }
-    if constexpr (F32) {
-      *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(t0, t1);
-    } else {
-      *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) = __floats2bfloat162_rn(t0, t1);
-    }
+    store_pair<F32>(y, off, t0, t1);
   }
   if (tid == 0) tickets[tile] = 0;  // ready for the next launch (kernels on one stream run in order)
 }
@@ -313,13 +312,9 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
   const int tiles = (N + 15) >> 4, kst = (K + CPS * KC - 1) / (CPS * KC);  // stages of a tile
   const u32 base = smem_u32(gs_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, kGsCW);
-    }
+    mbar_init_stages<S>(bar_full, bar_empty, kGsCW);
     done = 0;
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -425,13 +420,7 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
             for (int h = 0; h < 2; ++h) {
               const int m = mt * 16 + g + 8 * h;
               if (m >= M || n >= N) continue;  // N even: a pair is entirely inside or outside
-              const long long off = (long long)m * N + n;
-              if constexpr (F32) {
-                *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) = make_float2(v[2 * h], v[2 * h + 1]);
-              } else {
-                *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
-                    __floats2bfloat162_rn(v[2 * h], v[2 * h + 1]);
-              }
+              store_pair<F32>(y, (long long)m * N + n, v[2 * h], v[2 * h + 1]);
             }
           }
         }
@@ -462,8 +451,9 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 //   * the CW consumer warps (4, 8 or 16), a WM x WN grid over the stage's R x TW outputs (WM = min(R / 16,
 //     CW / 2)), all take every stage: each computes its own outputs' p_c over the stage's blocks with
 //     mma.m16n8k16 -- x as the A operand (ldmatrix.x4), the weight rows as pairs of n8 B tiles (ldmatrix.x4), the
-//     operands in the roles of gemm_mainloop -- accumulating in increasing k from zero at each chunk's first stage, and at each chunk's
-//     last stage folds t = t + p_c in registers (t = 0 at the tile's start), storing t after the tile's last.
+//     operands in the roles of gemm_mainloop -- accumulating in increasing k from zero at each chunk's first
+//     stage, and at each chunk's last stage folds t = t + p_c in registers (t = 0 at the tile's start), storing t
+//     after the tile's last.
 //     The fold needs no other warp: an element's chunks all pass through one warp, in order.
 // So every element is the canonical order's, bit for bit (check_kernels.py, "gemm"). A warp whose rows are all
 // past M skips the multiplies and only releases the stages. (Measured and dropped: thread-block clusters whose CTAs
@@ -486,12 +476,8 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
   const u32 base = (smem_u32(gw_smem) + 1023u) & ~1023u;
   const u32 bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, CW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_stages<S>(bar_full, bar_empty, CW);
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -579,14 +565,7 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
         for (int h = 0; h < 2; ++h) {
           const int m = m_base + mt * 16 + g + 8 * h;
           if (m >= M) continue;
-          const long long off = (long long)m * N + n;
-          if constexpr (F32) {
-            *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + off) =
-                make_float2(tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
-          } else {
-            *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) =
-                __floats2bfloat162_rn(tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
-          }
+          store_pair<F32>(y, (long long)m * N + n, tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
         }
       }
   }

@@ -8,6 +8,18 @@ namespace {
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// S stage pairs 8 bytes apart: full[s] at full + 8 s (one arrival: the producer's, with the stage's bytes) and
+// empty[s] at empty + 8 s (`consumers` arrivals). The caller fences them (mbar_fence_init) after its other inits.
+template <int S>
+__device__ __forceinline__ void mbar_init_stages(u32 full, u32 empty, int consumers) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    mbar_init(full + 8 * s, 1);
+    mbar_init(empty + 8 * s, consumers);
+  }
+}
+// the barriers' initialisation made visible to the async proxy (the copies) and the cluster
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }

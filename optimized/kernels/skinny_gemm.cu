@@ -320,12 +320,8 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
   const u32 base = smem_u32(st_smem), bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
   TK_ST_MARK(0);
   if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, kStCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_stages<S>(bar_full, bar_empty, kStCW);
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -585,12 +581,8 @@ __device__ __forceinline__ void skinny_cluster_impl(const TensorMap* wmap, const
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(xmap)) : "memory");
   }
   if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, C * kCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_stages<S>(bar_full, bar_empty, C * kCW);
+    mbar_fence_init();
   }
   cluster_sync_all();  // every CTA's barriers exist before any copy or arrival reaches them
   TK_CL_MARK(1);

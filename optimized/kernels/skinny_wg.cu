@@ -94,14 +94,10 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(xmap)) : "memory");
   }
   if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, 4);
-    }
+    mbar_init_stages<S>(bar_full, bar_empty, 4);
     mbar_init(bar_red, 1);
     mbar_init(bar_free, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   if constexpr (KP > 1)
     cluster_sync_all();  // the peers' barriers exist before any st.async or arrival reaches them
