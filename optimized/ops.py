@@ -963,6 +963,11 @@ GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
+#: stages whose weights a wide gemm tile's CTA copies before its PDL wait when ``gemm`` is not told (``None``: all
+#: of them; a lab switch, read at launch: a CUDA graph keeps what it was captured with; the bits do not depend on it)
+GEMM_WIDE_PRE: int | None = None
+
+
 def gemm_wide_smem(rows: int, tw: int, ks: int, stages: int) -> int:
     """Dynamic shared memory of a wide gemm launch: 1 KB to align the stages to 1024 bytes (the copies' swizzle),
     then ``stages`` x (``tw`` weight rows + ``rows`` x rows) of ``ks`` bf16."""
@@ -1066,19 +1071,29 @@ def _linear_out(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-         tile: str | None = None) -> torch.Tensor:
+         tile: str | None = None, swiglu: bool = False, pre: int | None = None) -> torch.Tensor:
     """``y = x @ w.T`` in a fixed reduction order (twin: ``reference.model.linear(..., batch_invariant=True)``).
 
     ``x [M, K]`` bf16 (row stride allowed), ``w [N, K]`` bf16 contiguous, ``K % 8 == 0``, ``N`` even;
     fp32 accumulation, output bf16 or fp32 ``[M, N]``. Row ``m`` of the result depends on row ``m``
     of ``x`` and on ``w`` only -- bitwise, whatever ``M`` is and whichever kernel runs (``tile`` forces
-    one of ``GEMM_TILES`` or ``GEMM_STAGED``; the default is ``gemm_choice``). Split tiles take an fp32
-    workspace (``torch.empty``, capturable in a CUDA graph) and a per-device ticket array; launches that share
+    one of ``GEMM_TILES``, ``GEMM_STAGED`` or ``GEMM_WIDE``; the default is ``gemm_choice``). Split tiles take an
+    fp32 workspace (``torch.empty``, capturable in a CUDA graph) and a per-device ticket array; launches that share
     a device must be ordered (one stream), as they are in the engine.
+
+    ``swiglu``: ``w = [gate | up]`` ``[2I, K]`` (``I % 8 == 0``) and the result is ``silu_mul(gemm(x, w))`` ``[M, I]``
+    bf16, bit for bit: on a wide tile in one launch (the SwiGLU epilogue), elsewhere by the two launches.
+    ``pre``: stages whose weights a wide tile's CTA copies before its programmatic-dependent-launch wait (default:
+    ``GEMM_WIDE_PRE``, all its stages; 0: none; the bits do not depend on it).
     """
     M, N, K = _linear_shape(x, w)
     _need(N % 2 == 0, f"N = {N} must be even")
     _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
+    _need(pre is None or (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0),
+          f"pre must be a non-negative int, got {pre!r}")
+    if swiglu:
+        _need(N % 16 == 0, f"swiglu: w's rows {N} must be 2*I with I a multiple of 8")
+        _need(out_dtype == torch.bfloat16, f"swiglu: the output is bf16, got out_dtype {out_dtype}")
     maps_ok = _clusters_ok(x)   # the wide kernel's tensor maps need the driver's launch path
     name = gemm_choice(M, N, K, tensor_maps=maps_ok) if tile is None else tile
     _need(name in GEMM_TILES or name in GEMM_STAGED or name in GEMM_WIDE,
@@ -1089,19 +1104,30 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         _need(M <= GEMM_WIDE[name][0], f"gemm tile {name!r} takes at most {GEMM_WIDE[name][0]} rows, got {M}")
         _need(K % 64 == 0, f"gemm tile {name!r} needs K a multiple of 64 (its tensor maps), got {K}")
         _need(maps_ok, f"gemm tile {name!r} needs the driver's launch path (PDL on, sm_90+): tensor maps")
-    out, ldx = _linear_out(x, w, out_dtype, out)
+    if swiglu and name not in GEMM_WIDE:   # no epilogue on the other kernels: the very bits by two launches
+        if out is not None:
+            _linear_out(x, w, out_dtype, out, N // 2)   # (its checks before any launch)
+        return silu_mul(gemm(x, w, tile=tile), out=out)
+    out, ldx = _linear_out(x, w, out_dtype, out, N // 2 if swiglu else None)
     if M == 0:
         return out
-    suffix = "f32" if out_dtype == torch.float32 else "bf16"
+    suffix = "swiglu" if swiglu else "f32" if out_dtype == torch.float32 else "bf16"
     if name in GEMM_WIDE:
         rows, tw, ks, stages, warps = GEMM_WIDE[name]
         smem = gemm_wide_smem(rows, tw, ks, stages)
         per_sm = 2 if smem <= GEMM_STAGED_TWO_CTAS else 1
-        grid = skinny_staged_grid(-(-N // tw), per_sm, _num_sms(_device_index(x)))   # persistent, <= the tiles
-        wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw)
+        outs = N // 2 if swiglu else N                  # output columns; a tile holds tw (swiglu: tw / 2) of them
+        grid = skinny_staged_grid(-(-outs // (tw // 2 if swiglu else tw)), per_sm,
+                                  _num_sms(_device_index(x)))   # persistent, <= the tiles
+        if swiglu:
+            wmap = _tensor_map("swiglu", w.data_ptr(), N // 2, K, ks, tw)
+        else:
+            wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw)
         xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, ks, rows)
         _launch(x, "gemm", f"gemm_{name}_{suffix}", (grid, 1, 1), (32 * (warps + 1), 1, 1),
-                (wmap, xmap, _p(out), _i(M), _i(N), _i(K)), smem, ctas_per_sm=per_sm)
+                (wmap, xmap, _p(out), _i(M), _i(outs), _i(K),
+                 _i(pre if pre is not None else stages if GEMM_WIDE_PRE is None else GEMM_WIDE_PRE)), smem,
+                ctas_per_sm=per_sm)
         return out
     if name in GEMM_STAGED:
         rows, stages, cps, per_sm = GEMM_STAGED[name]

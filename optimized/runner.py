@@ -11,7 +11,8 @@ is launched one step ahead, its input ids read on the device where the step befo
 
 Batch-invariant mode (``batch_invariant=True``, twin: the reference runner's) changes two things:
 every GEMM runs through ``ops.gemm`` (``gemm.cu``: one fixed k-step order per output element,
-whatever the number of rows), and every prefill token is attended as its own split-KV row
+whatever the number of rows; the gate/up GEMM with its SwiGLU epilogue where ``fuse_swiglu`` is on, the bits of
+``silu_mul`` after it), and every prefill token is attended as its own split-KV row
 (``split_kv_partials`` with ``row_seq``: block-table row ``q_seq_idx[t]``, length ``q_pos[t] + 1``),
 the very computation a decode step makes for that position. Norms, RoPE, the KV store, the
 activation and sampling are per row already. Fused RoPE (``rope_in_attention=True``) caches
@@ -552,7 +553,12 @@ class CudaRunner:
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
-        (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on."""
+        (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on; in
+        batch-invariant mode ``ops.gemm(..., swiglu=True)`` (one launch on its wide kernel, the same bits)."""
+        if self.invariant:
+            if self.fuse_swiglu:
+                return ops.gemm(h, wgu, swiglu=True)
+            return ops.silu_mul(self._mm(h, wgu, role="gate_up"))
         wg = self._wg_cfg(h, wgu, "gate_up", swiglu=True)
         if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1])

@@ -103,9 +103,10 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         o, lse = attention.split_kv_partials(q, kc, vc, rows, lens.long(), split, scale, max_splits)
         return attention.reduce_splits(o, lse)[0].to(q.dtype)
 
-    def gemm(x, w, *, out_dtype=torch.bfloat16):
-        log.append(("gemm", x.shape[0]))
-        return linear(x, w, batch_invariant=True).to(out_dtype)
+    def gemm(x, w, *, out_dtype=torch.bfloat16, swiglu=False):
+        log.append(("gemm_swiglu" if swiglu else "gemm", x.shape[0]))
+        y = linear(x, w, batch_invariant=True)
+        return silu_mul(y) if swiglu else y.to(out_dtype)
 
     def skinny_gemm(x, w, *, out_dtype=torch.bfloat16, prefetch=True):
         log.append(("skinny_gemm", (x.shape[0], out_dtype)))

@@ -31,7 +31,7 @@ def test_ops_launch_only_inventoried_kernels():
     for tile, (rows, stages, cps, _) in ops.GEMM_STAGED.items():
         assert {f"gemm_staged_m{rows}_s{stages}c{cps}_{out}" for out in ("bf16", "f32")} <= gemm_names, tile
     for tile in ops.GEMM_WIDE:
-        assert {f"gemm_{tile}_bf16", f"gemm_{tile}_f32"} <= gemm_names, tile
+        assert {f"gemm_{tile}_bf16", f"gemm_{tile}_f32", f"gemm_{tile}_swiglu"} <= gemm_names, tile
     attn = set(kernels.SOURCES["attention"])
     for D in ops.ATTN_HEAD_DIMS:
         assert f"split_kv_partials_d{D}" in attn
@@ -294,7 +294,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
     is ``pdl_entry()`` -- except skinny_gemm's, which first prefetches its weights (written by no kernel)
     into L2 when its ``prefetch`` argument asks, and then waits, and its staged kernels, whose producer
     may copy the first ``pre`` stages of weights before its wait and whose consumers wait before anything
-    else -- and nothing of a kernel touches global memory before it."""
+    else (so do the warpgroup kernel's, the cluster kernel's and gemm.cu's wide kernel's) -- and nothing of a
+    kernel touches global memory before it."""
     header = (kernels.KERNEL_DIR / "pdl.cuh").read_text()
     assert "griddepcontrol.wait" in header and "griddepcontrol.launch_dependents" in header
     seen = 0
@@ -311,6 +312,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
                 assert stmts[0].startswith("skinny_cluster_impl<"), (kname, stmts)
             elif name == "skinny_wg":
                 assert stmts[0].startswith("skinny_wg_impl<"), (kname, stmts)
+            elif kname.startswith("gemm_wide"):
+                assert stmts[0].startswith("gemm_wide_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
             elif name == "skinny_gemm":
@@ -350,6 +353,16 @@ def test_every_kernel_waits_for_its_predecessor_first():
     assert "tensor_copy(" in code and "wmap" in code and not re.search(r"(?<!\.)\b(xmap|y)\b", code), \
         "before the wait: the weights only"
     assert "tensor_copy_multicast(" in after and "xmap" in after and "tensor_copy_multicast(" not in before
+    # gemm.cu's wide kernel: the same split as the warpgroup kernel's
+    impl = kernels.source("gemm").split("void gemm_wide_impl(")[1].split("\n}\n")[0]
+    producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]
+    consumers = impl.split("// ---- consumers")[1]
+    assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
+    before, after = producer.split("\n", 1)[1].split("pdl_wait();", 1)
+    code = re.sub(r"//[^\n]*", "", before)
+    assert "tensor_copy(" in code and "tensor_copy5(" in code and "wmap" in code and \
+        not re.search(r"(?<!\.)\b(xmap|y)\b", code), "before the wait: the weights only"
+    assert "xmap" in after and "for (int i = 0; i < early; ++i) weights(i);" in before
     # the warpgroup kernel: the same split (its x copies are plain tensor copies after the wait)
     impl = kernels.source("skinny_wg").split("void skinny_wg_impl(")[1].split("\n}\n")[0]
     producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]

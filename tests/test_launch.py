@@ -199,6 +199,24 @@ def test_gemm_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert len(log) == n
 
 
+def _fake_wide_launch(monkeypatch, launch_log: list, encoder: str, encode) -> list[bool]:
+    """``ops`` on the CPU as on a 132-multiprocessor device: launches recorded into ``launch_log``, ``launch.<encoder>``
+    replaced by ``encode``, an empty tensor-map cache; the driver's launch path present while ``clusters[0]`` (returned)."""
+    import torch
+
+    from optimized import launch, ops
+    clusters = [True]
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: clusters[0])
+    monkeypatch.setattr(ops, "_tensor_maps", {})
+    monkeypatch.setattr(launch, encoder, encode)
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
+                        launch_log.append((module, name, grid, block, args, smem, ctas_per_sm)))
+    return clusters
+
+
 def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.gemm`` on the CPU with ``_launch`` recorded and the driver's path faked: the wide kernel (its rows,
     tile, columns a stage, stages and warps in the name), block tensor maps of W (boxes of the tile's rows) and
@@ -218,15 +236,7 @@ def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
         launch.check_matrix_map(*key)
         maps.append(key)
         return launch.TensorMap(struct.pack("<Q", len(maps)) + bytes(120))
-    clusters = [True]
-    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
-    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
-    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: clusters[0])
-    monkeypatch.setattr(ops, "_tensor_maps", {})
-    monkeypatch.setattr(launch, "encode_block_map", encode)
-    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
-    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None:
-                        launch_log.append((module, name, grid, block, args, smem, ctas_per_sm)))
+    clusters = _fake_wide_launch(monkeypatch, launch_log, "encode_block_map", encode)
     log = launch_log
     bf = torch.bfloat16
     x = torch.randn(32, 4096 + 64).to(bf)[:, :4096]                   # rows 4160 elements apart
@@ -238,7 +248,7 @@ def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert smem == 1024 + 3 * (32 + 32) * 256 * 2 == ops.gemm_wide_smem(32, 32, 256, 3)
     assert maps == [(w.data_ptr(), 6144, 4096, 8192, 256, 32), (x.data_ptr(), 32, 4096, 8320, 256, 32)]
     assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
-    assert int(args[2]) == y.data_ptr() and [int(a) for a in args[3:]] == [32, 6144, 4096]   # M N K
+    assert int(args[2]) == y.data_ptr() and [int(a) for a in args[3:]] == [32, 6144, 4096, 3]   # M N K pre
     y = ops.gemm(torch.randn(64, 1024).to(bf), torch.randn(151936, 1024).to(bf), out_dtype=torch.float32)
     assert y.dtype == torch.float32 and log[-1][1:4] == ("gemm_wide_m64_n64_k256s3w8_f32", (132, 1, 1), (288, 1, 1))
     assert log[-1][5:] == (ops.gemm_wide_smem(64, 64, 256, 3), 1) and maps[-1][1] == 64 and maps[-2][-1] == 64
@@ -261,6 +271,60 @@ def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert log[-1][1] == "gemm_split_64x64_bf16" and len(maps) == m
     ops.gemm(torch.randn(3, 2048).to(bf), torch.randn(6144, 2048).to(bf))
     assert log[-1][1] == "gemm_staged_m8_s4c2_bf16" and len(maps) == m
+
+
+def test_gemm_swiglu_launch_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.gemm(..., swiglu=True)`` on the CPU with ``_launch`` recorded and the tensor maps' encoding faked: on a
+    wide tile, the ``_swiglu`` kernel with ``launch.encode_swiglu_map``'s 5-D map of ``[gate | up]`` (boxes of the
+    tile's rows: 8 gate rows, 8 up rows, ..), I output columns, tiles of half the tile's rows, and ``pre`` (default:
+    the build's stages); elsewhere (more than 128 rows, no driver path) the GEMM and ``silu_mul``, two launches.
+    An fp32 output, w's rows not 2 I with I % 8 == 0, a negative ``pre``, or more rows than a forced tile takes is a
+    ValueError that launches nothing and encodes no map."""
+    import struct
+
+    import torch
+
+    from optimized import launch, ops
+
+    maps = []
+
+    def encode(addr, dims, strides, box):
+        maps.append((addr, dims, strides, box))
+        return launch.TensorMap(struct.pack("<Q", len(maps)) + bytes(120))
+    clusters = _fake_wide_launch(monkeypatch, launch_log, "encode_tiled_map", encode)
+    log = launch_log
+    bf = torch.bfloat16
+    x = torch.randn(32, 4096).to(bf)
+    w = torch.randn(2 * 12288, 4096).to(bf)                           # the 8B gate/up weight
+    y = ops.gemm(x, w, swiglu=True)
+    mod, name, grid, block, args, smem, per_sm = log[-1]
+    assert y.shape == (32, 12288) and y.dtype == bf and int(args[2]) == y.data_ptr()
+    assert ops.gemm_choice(32, 24576, 4096) == "wide_m32_n64_k256s4"
+    assert (mod, name, grid, block, per_sm) == ("gemm", "gemm_wide_m32_n64_k256s4_swiglu", (132, 1, 1), (160, 1, 1), 1)
+    assert smem == ops.gemm_wide_smem(32, 64, 256, 4) and [int(a) for a in args[3:]] == [32, 12288, 4096, 4]
+    row = 2 * 4096                                                     # (64 columns, 8 rows, gate | up, groups, blocks)
+    assert maps[0] == (w.data_ptr(), (64, 8, 2, 12288 // 8, 64), (row, 12288 * row, 8 * row, 128), (64, 8, 2, 4, 4))
+    assert maps[1] == (x.data_ptr(), (64, 32, 64), (row, 128), (64, 32, 4))
+    ops.gemm(torch.randn(5, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True, pre=0)   # 0.6B, 5 rows
+    assert log[-1][1:4] == ("gemm_wide_m16_n64_k256s4_swiglu", (96, 1, 1), (160, 1, 1))         # 3072 / 32 tiles
+    assert [int(a) for a in log[-1][4][3:]] == [5, 3072, 1024, 0] and maps[-2][3] == (64, 8, 2, 4, 4)
+    n = len(log)
+    y = ops.gemm(torch.randn(200, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True)   # > 128 rows
+    assert y.shape == (200, 3072) and [r[1] for r in log[n:]] == ["gemm_64x64_bf16", "silu_mul"]
+    n, m = len(log), len(maps)
+    for bad in (dict(x=x, w=w, swiglu=True, out_dtype=torch.float32),
+                dict(x=x, w=torch.randn(24, 4096).to(bf), swiglu=True),             # I = 12
+                dict(x=x, w=w, swiglu=True, pre=-1),
+                dict(x=x, w=w, pre=True),
+                dict(x=torch.randn(33, 4096).to(bf), w=w, swiglu=True, tile="wide_m32_n64_k256s4"),
+                dict(x=x, w=w, swiglu=True, out=torch.empty(32, 24576, dtype=bf))):     # out: [M, I]
+        with pytest.raises(ValueError):
+            ops.gemm(bad.pop("x"), bad.pop("w"), **bad)
+    assert len(log) == n and len(maps) == m
+    clusters[0] = False                                               # no driver path: the two launches
+    out = torch.empty(32, 12288, dtype=bf)
+    assert ops.gemm(x, w, swiglu=True, out=out) is out and len(maps) == m
+    assert [r[1] for r in log[n:]] == ["gemm_split_64x64_bf16", "silu_mul"]
 
 
 def test_skinny_staged_launch_and_rejects_bad_input(launch_log, monkeypatch):

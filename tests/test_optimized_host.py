@@ -100,6 +100,17 @@ def test_invariant_mode_plumbing_and_bitwise_rows(opt_engine, launches, split_kv
     alone, toks, ctx = target_logits(opt_engine(batch_invariant=True, split_kv=split_kv), target, [], obs)
     kinds = {k for k, _ in launches}
     assert "paged_prefill" not in kinds and "gemm" in kinds and "skinny_gemm" not in kinds, kinds
+    # per layer qkv, o_proj and down through ops.gemm, gate/up through its SwiGLU epilogue; + the LM head
+    n_gemm = sum(k == "gemm" for k, _ in launches)
+    n_swiglu = sum(k == "gemm_swiglu" for k, _ in launches)
+    layers = TINY.num_hidden_layers
+    assert n_swiglu > 0 and (n_gemm - n_swiglu * 3) * layers == n_swiglu, (n_gemm, n_swiglu)
+    unfused = opt_engine(batch_invariant=True, split_kv=split_kv)
+    unfused.runner.fuse_swiglu = False
+    launches.clear()
+    off, toks_off, _ = target_logits(unfused, target, [], obs)
+    assert "gemm_swiglu" not in {k for k, _ in launches}
+    assert toks_off == toks and torch.equal(off, alone), "fuse_swiglu changed the invariant engine's logits"
     prefill_rows = [d for k, d in launches if k == "split_kv_decode" and d[0]]
     assert prefill_rows, "no prefill token went through the split-KV path"
     split = 3 if split_kv == "fixed:3" else 128                      # disabled: one split of max_model_len

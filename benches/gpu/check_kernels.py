@@ -830,11 +830,43 @@ def check_gemm(C: Checks, dev, gen) -> None:
                                  ops.gemm(x, w, out_dtype=torch.float32, tile=tile), y32)
             for tile in tiles[len(ops.GEMM_TILES):]:   # and the staged and wide kernels' bf16 out
                 res += exact(f"tile {tile} bf16 == round(fp32)", ops.gemm(x, w, tile=tile), y32.to(torch.bfloat16))
+            for tile in (t for t in tiles if t in ops.GEMM_WIDE):   # no weights copied before the PDL wait, or one
+                for pre in (0, 1):
+                    res += exact(f"tile {tile} pre={pre} == default", ops.gemm(x, w, out_dtype=torch.float32, tile=tile,
+                                                                             pre=pre), y32)
             # a row's result does not depend on its neighbours: shuffle the rows and compare
             perm = torch.randperm(M, generator=gen).to(dev)
             res += exact("rows permuted", ops.gemm(x[perm].contiguous(), w, out_dtype=torch.float32), y32[perm])
             return res
         C.run("gemm", f"M={M} N={N} K={K}" + (" wide" if kind else ""), run)
+
+
+def check_gemm_swiglu(C: Checks, dev, gen) -> None:
+    """``ops.gemm(..., swiglu=True)``: bitwise ``silu_mul(gemm(x, w))`` on every wide tile that takes M rows (launched
+    twice, and with no or one stage's weights copied before the PDL wait) and by the default choice, a row alone as
+    inside M rows; I not a multiple of a tile's outputs; over 128 rows, the two launches. x scaled by 2^[-12, 12]
+    as in the gemm section's "wide" shapes, so that a change of summation order would change bits."""
+    for M, I, K in [(1, 3072, 1024), (5, 3072, 1024), (16, 12288, 4096), (29, 3072, 1024), (32, 12288, 4096),
+                    (64, 3072, 1024), (64, 12288, 4096), (100, 1000, 2048), (128, 3072, 1024), (200, 3072, 1024)]:
+        def run(M=M, I=I, K=K):
+            x = torch.randn(M, K, generator=gen) * 0.5 * torch.exp2(torch.randint(-12, 13, (M, K), generator=gen).float())
+            x = x.to(torch.bfloat16).to(dev)
+            w = (torch.randn(2 * I, K, generator=gen) * K ** -0.5).to(torch.bfloat16).to(dev)
+            ref = ops.silu_mul(ops.gemm(x, w))
+            y = ops.gemm(x, w, swiglu=True)
+            print(f"    default kernel: {ops.gemm_choice(M, 2 * I, K)}")
+            res = exact("default == silu_mul(gemm)", y, ref)
+            for r in sorted({0, M // 2, M - 1}):
+                res += exact(f"row {r} alone", ops.gemm(x[r:r + 1].clone(), w, swiglu=True), ref[r:r + 1])
+            for tile, (rows, *_) in ops.GEMM_WIDE.items():
+                if M > rows:
+                    continue
+                for rep in range(2):
+                    res += exact(f"tile {tile} (launch {rep})", ops.gemm(x, w, swiglu=True, tile=tile), ref)
+                for pre in (0, 1):
+                    res += exact(f"tile {tile} pre={pre}", ops.gemm(x, w, swiglu=True, tile=tile, pre=pre), ref)
+            return res
+        C.run("gemm_swiglu", f"M={M} I={I} K={K}", run)
 
 
 def check_invariant_attention(C: Checks, dev, gen) -> None:
@@ -1324,7 +1356,7 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
 SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
-    "gemm": check_gemm, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
+    "gemm": check_gemm, "gemm_swiglu": check_gemm_swiglu, "invariant": check_invariant_attention, "fused_rope": check_fused_rope,
     "skinny": check_skinny, "epilogue": check_skinny_epilogues, "fused": check_fused_decode,
     "staged": check_skinny_staged, "staged_wide": check_skinny_staged_wide, "qk": check_qk_attention,
     "cluster": check_skinny_cluster,

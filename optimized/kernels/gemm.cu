@@ -45,6 +45,7 @@
 #include "pdl.cuh"
 
 #include "mma.cuh"
+#include "swiglu.cuh"
 #include "tma.cuh"
 
 namespace {
@@ -458,23 +459,28 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 // So every element is the canonical order's, bit for bit (check_kernels.py, "gemm"). A warp whose rows are all
 // past M skips the multiplies and only releases the stages. (Measured and dropped: thread-block clusters whose CTAs
 // each copy a slice of x into all of them by multicast, slower at 45 of 50 probe points.)
-template <int R, int TW, int KS, int S, int CW, bool F32>
+template <int R, int TW, int KS, int S, int CW, bool F32, bool SW>
 __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
-                                               int M, int N, int K) {
+                                               int M, int N, int K, int pre) {
   constexpr int NB = KS / 64;                                     // 64-column blocks a stage
   constexpr int WM = R / 16 < CW / 2 ? R / 16 : CW / 2, WN = CW / WM;  // the consumer warps' grid
   constexpr int MT = R / 16 / WM, NT = TW / 8 / WN;               // 16-row A tiles and n8 B tiles a warp
   constexpr int kW = NB * TW * 128, kStage = kW + NB * R * 128, SPC = KC / KS;  // bytes; stages a chunk
   static_assert(KC % KS == 0 && KS % 64 == 0 && MT >= 1 && NT >= 2 && NT % 2 == 0 && S >= 2 && WM * WN == CW &&
-                    (CW == 4 || CW == 8 || CW == 16),
+                    (CW == 4 || CW == 8 || CW == 16) && !(SW && F32),
                 "wide gemm");
   static_assert(kW % 1024 == 0 && kStage % 1024 == 0, "every box 1024-byte aligned (the swizzle's period)");
   extern __shared__ __align__(128) unsigned char gw_smem[];  // up to 1 KB of slack (aligned below), then S stages
   __shared__ __align__(8) u64 bars[2 * S];                   // full[s], then empty[s]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int tiles = (N + TW - 1) / TW, kst = (K + KS - 1) / KS;  // stages of a tile
+  const int outs = SW ? TW / 2 : TW;                              // output columns of a tile
+  const int tiles = (N + outs - 1) / outs, kst = (K + KS - 1) / KS;  // stages of a tile
   const u32 base = (smem_u32(gw_smem) + 1023u) & ~1023u;
   const u32 bar_full = smem_u32(bars), bar_empty = bar_full + 8 * S;
+  if (warp == CW && lane == 0) {  // the maps are kernel parameters: no kernel writes them
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(wmap)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(xmap)) : "memory");
+  }
   if (tid == 0) {
     mbar_init_stages<S>(bar_full, bar_empty, CW);
     mbar_fence_init();
@@ -484,21 +490,34 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
   if (warp == CW) {  // ---- producer: lane 0
     if (lane == 0) {
       const u64 policy = l2_evict_first();
-      int i = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x)
-        for (int ks = 0; ks < kst; ++ks, ++i) {
-          const int s = i % S;
+      const int total = ((tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * kst;  // this CTA's stages (host: grid <= tiles)
+      const int early = min(min(pre, S), total);
+      auto weights = [&](int i) {  // stage i's weight box, and the bytes the stage expects (x's included)
+        const int s = i % S, t = (int)blockIdx.x + i / kst * (int)gridDim.x, ks = i % kst;
+        mbar_expect_tx(bar_full + 8 * s, (u32)kStage);  // whole boxes: zeros past the edges count too
+        if constexpr (SW)
+          tensor_copy5(base + s * kStage, wmap, 0, 0, 0, t * (TW / 16), ks * NB, bar_full + 8 * s, policy, 1);
+        else
+          tensor_copy(base + s * kStage, wmap, 0, t * TW, ks * NB, bar_full + 8 * s, policy, 1);
+      };
+      for (int i = 0; i < early; ++i) weights(i);  // the weights are written by no kernel
+      pdl_wait();                                   // x is the kernel before's output
+      pdl_launch_dependents();
+      for (int i = 0; i < total; ++i) {
+        const int s = i % S;
+        if (i >= early) {
           if (i >= S) mbar_wait(bar_empty + 8 * s, (u32)((i / S) + 1) & 1u);  // its previous use consumed
-          mbar_expect_tx(bar_full + 8 * s, (u32)kStage);  // whole boxes: zeros past the edges count too
-          const u32 st = base + s * kStage;
-          tensor_copy(st, wmap, 0, t * TW, ks * NB, bar_full + 8 * s, policy, 1);
-          tensor_copy(st + kW, xmap, 0, 0, ks * NB, bar_full + 8 * s, policy, 0);
+          weights(i);
         }
+        tensor_copy(base + s * kStage + kW, xmap, 0, 0, i % kst * NB, bar_full + 8 * s, policy, 0);
+      }
     }
     return;
   }
 
   // ---- consumers
+  pdl_wait();
+  pdl_launch_dependents();
   const int wm = warp / WN, wn = warp - wm * WN, mi = lane >> 3, g = lane >> 2, t4 = lane & 3;
   const int m_base = wm * MT * 16, n_base = wn * NT * 8;
   float acc[MT][NT][4], tot[MT][NT][4];
@@ -555,19 +574,40 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
             }
       }
     }
+    if constexpr (SW) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {  // c0, c1: x row g, weight rows n, n + 1; c2, c3: x row g + 8
-        const int n = t * TW + n_base + j * 8 + 2 * t4;
-        if (n >= N) continue;  // N even: a pair is entirely inside or outside
+        for (int j = 0; j < NT; j += 2) {  // tiles j, j + 1: gate and up rows of output columns n .. n + 7
+          const int n = t * (TW / 2) + (n_base + j * 8) / 2 + 2 * t4;  // c0, c1: output columns n, n + 1
+          if (n >= N) continue;  // N % 8 == 0: a pair is entirely inside or outside
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int m = m_base + mt * 16 + g + 8 * h;
-          if (m >= M) continue;
-          store_pair<F32>(y, (long long)m * N + n, tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
+          for (int h = 0; h < 2; ++h) {
+            const int m = m_base + mt * 16 + g + 8 * h;
+            if (m >= M) continue;
+            float v[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c)  // silu_mul's bits: of the bf16 gate and up (activation.cu)
+              v[c] = silu_mul1(__bfloat162float(__float2bfloat16_rn(tot[mt][j][2 * h + c])),
+                               __bfloat162float(__float2bfloat16_rn(tot[mt][j + 1][2 * h + c])));
+            store_pair<false>(y, (long long)m * N + n, v[0], v[1]);
+          }
         }
-      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {  // c0, c1: x row g, weight rows n, n + 1; c2, c3: x row g + 8
+          const int n = t * TW + n_base + j * 8 + 2 * t4;
+          if (n >= N) continue;  // N even: a pair is entirely inside or outside
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int m = m_base + mt * 16 + g + 8 * h;
+            if (m >= M) continue;
+            store_pair<F32>(y, (long long)m * N + n, tot[mt][j][2 * h], tot[mt][j][2 * h + 1]);
+          }
+        }
+    }
   }
 }
 }  // namespace
@@ -619,19 +659,28 @@ TK_GEMM_STAGED(16, 3, 2)
 TK_GEMM_STAGED(32, 2, 1)   // M <= 32
 TK_GEMM_STAGED(32, 4, 1)
 
-// gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8,w16}: ops.py (GEMM_WIDE) launches 32 * (CW + 1) threads (CW = 4 consumer warps,
-// 8 or 16 with "w8", "w16") and 1024 + S * (TW + R) * KS * 2 bytes of dynamic shared memory, with tensor maps of W
-// (boxes of TW rows) and x (R rows) by KS columns
+// gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8,w16}_{bf16,f32,swiglu}: ops.py (GEMM_WIDE) launches 32 * (CW + 1) threads (CW = 4
+// consumer warps, 8 or 16 with "w8", "w16") and 1024 + S * (TW + R) * KS * 2 bytes of dynamic shared memory, with
+// tensor maps of W (boxes of TW rows; "swiglu": launch.encode_swiglu_map's, TW / 16 groups of 8 gate and 8 up rows)
+// and x (R rows) by KS columns. Its first statement is the impl: the producer copies the weights of its first `pre`
+// stages before its PDL wait, and the consumers wait before anything else.
 #define TK_GEMM_WIDE_CW(R, TW, KS, S, CW, SFX)                                                                     \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_bf16( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, __nv_bfloat16* __restrict__ y, \
-      int M, int N, int K) { pdl_entry();                                                                          \
-    gemm_wide_impl<R, TW, KS, S, CW, false>(&wmap, &xmap, y, M, N, K);                                           \
+      int M, int N, int K, int pre) {                                                                              \
+    gemm_wide_impl<R, TW, KS, S, CW, false, false>(&wmap, &xmap, y, M, N, K, pre);                               \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_f32(  \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, float* __restrict__ y,       \
-      int M, int N, int K) { pdl_entry();                                                                          \
-    gemm_wide_impl<R, TW, KS, S, CW, true>(&wmap, &xmap, y, M, N, K);                                            \
+      int M, int N, int K, int pre) {                                                                              \
+    gemm_wide_impl<R, TW, KS, S, CW, true, false>(&wmap, &xmap, y, M, N, K, pre);                                \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1)                                                   \
+      gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_swiglu(const __grid_constant__ TensorMap wmap,                   \
+                                                         const __grid_constant__ TensorMap xmap,                   \
+                                                         __nv_bfloat16* __restrict__ y, int M, int N, int K,       \
+                                                         int pre) {                                                \
+    gemm_wide_impl<R, TW, KS, S, CW, false, true>(&wmap, &xmap, y, M, N, K, pre);                                \
   }
 #define TK_GEMM_WIDE(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 4, )
 #define TK_GEMM_WIDE_W8(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 8, w8)
