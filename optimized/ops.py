@@ -966,6 +966,10 @@ GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
 #: stages whose weights a wide gemm tile's CTA copies before its PDL wait when ``gemm`` is not told (``None``: all
 #: of them; a lab switch, read at launch: a CUDA graph keeps what it was captured with; the bits do not depend on it)
 GEMM_WIDE_PRE: int | None = None
+#: the SwiGLU epilogue's weight copies (a lab switch, read at launch): ``False``, one box of
+#: ``launch.encode_swiglu_map`` (8 gate rows, 8 up rows, ..); ``True``, two boxes of the block map (the tile's gate
+#: rows, then its up rows: the ``_swiglu_h`` kernels). The same bits either way.
+GEMM_SWIGLU_HALVES = False
 
 
 def gemm_wide_smem(rows: int, tw: int, ks: int, stages: int) -> int:
@@ -1111,7 +1115,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     out, ldx = _linear_out(x, w, out_dtype, out, N // 2 if swiglu else None)
     if M == 0:
         return out
-    suffix = "swiglu" if swiglu else "f32" if out_dtype == torch.float32 else "bf16"
+    halves = swiglu and GEMM_SWIGLU_HALVES
+    suffix = ("swiglu_h" if halves else "swiglu") if swiglu else "f32" if out_dtype == torch.float32 else "bf16"
     if name in GEMM_WIDE:
         rows, tw, ks, stages, warps = GEMM_WIDE[name]
         smem = gemm_wide_smem(rows, tw, ks, stages)
@@ -1119,7 +1124,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         outs = N // 2 if swiglu else N                  # output columns; a tile holds tw (swiglu: tw / 2) of them
         grid = skinny_staged_grid(-(-outs // (tw // 2 if swiglu else tw)), per_sm,
                                   _num_sms(_device_index(x)))   # persistent, <= the tiles
-        if swiglu:
+        if halves:
+            wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw // 2)
+        elif swiglu:
             wmap = _tensor_map("swiglu", w.data_ptr(), N // 2, K, ks, tw)
         else:
             wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw)

@@ -9,7 +9,9 @@
   wait, ``ops.GEMM_WIDE_PRE = None``; the gate/up GEMM with its SwiGLU epilogue, ``fuse_swiglu``);
 * ``inv-pre0``: no weights before the wait (``GEMM_WIDE_PRE = 0``);
 * ``inv-apart``: the gate/up GEMM and ``silu_mul`` as two launches;
-* ``inv-old``: both (the thirty-fifth session's invariant step).
+* ``inv-old``: both (the thirty-fifth session's invariant step);
+* ``inv-halves``, ``inv-h-pre0``: the SwiGLU epilogue's weights as two boxes of the block map, the tile's gate rows
+  and then its up rows (``ops.GEMM_SWIGLU_HALVES``), with and without the weights before the wait.
 
 Diagnostic, not a benchmark of record (that is ``invariant_overhead``): random bf16 weights, a ``--prompt``-token
 prompt a sequence, greedy; the median wall time of a decode step (graph replay, host included) per variant, each
@@ -35,16 +37,18 @@ import optimized  # noqa: E402
 from optimized import ops  # noqa: E402
 from _bench import StepRecorder, decode_pool  # noqa: E402
 from conformance.cases import draw_weights  # noqa: E402
-from profile_decode import GPU, _params, kernel_table  # noqa: E402
+from profile_decode import GPU, _params, graph_timeline, kernel_table  # noqa: E402
 from reference.config import named_config  # noqa: E402
 
-#: variant -> (engine, ops.GEMM_WIDE_PRE, fuse_swiglu)
-VARIANTS: dict[str, tuple[str, int | None, bool]] = {
-    "default": ("default", None, True),
-    "inv": ("invariant", None, True),
-    "inv-pre0": ("invariant", 0, True),
-    "inv-apart": ("invariant", None, False),
-    "inv-old": ("invariant", 0, False),
+#: variant -> (engine, ops.GEMM_WIDE_PRE, fuse_swiglu, ops.GEMM_SWIGLU_HALVES)
+VARIANTS: dict[str, tuple[str, int | None, bool, bool]] = {
+    "default": ("default", None, True, False),
+    "inv": ("invariant", None, True, False),
+    "inv-pre0": ("invariant", 0, True, False),
+    "inv-apart": ("invariant", None, False, False),
+    "inv-old": ("invariant", 0, False, False),
+    "inv-halves": ("invariant", None, True, True),
+    "inv-h-pre0": ("invariant", 0, True, True),
 }
 
 
@@ -63,6 +67,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--profile-batches", nargs="*", type=int, default=[64])
+    ap.add_argument("--timeline-batches", nargs="*", type=int, default=[64])
+    ap.add_argument("--timeline-variants", nargs="*", choices=tuple(VARIANTS), default=["default", "inv", "inv-apart"])
     ap.add_argument("--variants", nargs="*", choices=tuple(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -85,9 +91,10 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, graphs=graphs, pools=pools, engines=engines):
-                mode, pre, fuse = VARIANTS[variant]
+                mode, pre, fuse, halves = VARIANTS[variant]
                 eng = engines[mode]
                 ops.GEMM_WIDE_PRE = pre                        # read at capture (each variant its own graphs)
+                ops.GEMM_SWIGLU_HALVES = halves
                 eng.runner.fuse_swiglu = fuse
                 eng.runner.graphs = graphs.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
@@ -115,9 +122,19 @@ def main() -> int:
                       + ("" if same else "   TOKENS DIFFER from inv"))
                 report["runs"].append(dict(model=name, batch=batch, variant=variant, step_ms=med,
                                            round_ms=times[variant], same_tokens_as_inv=same))
+            if batch in args.timeline_batches:
+                for variant in (v for v in args.timeline_variants if v in args.variants):
+                    rows, span, gap = graph_timeline(use(variant), prompts)
+                    print(f"   graph timeline, {variant}, batch {batch}: {span:.1f} us from the first kernel's start to "
+                          f"the last one's end; per kernel: launches, summed duration, summed increment of the end")
+                    for k, n, dur, inc in rows[:10]:
+                        print(f"     {n:4d}x {dur:9.1f} us {inc:9.1f} us  {k}")
+                    report["runs"].append(dict(model=name, batch=batch, variant=variant + " timeline", span_us=span,
+                                               kernels=[dict(name=k, launches=n, dur_us=d, inc_us=i)
+                                                        for k, n, d, i in rows]))
             for eng in engines.values():
                 eng.runner.graphs, eng.runner.pool = {}, None
-            ops.GEMM_WIDE_PRE = None
+            ops.GEMM_WIDE_PRE, ops.GEMM_SWIGLU_HALVES = None, False
             for eng in engines.values():
                 eng.runner.fuse_swiglu = True
             graphs.clear()

@@ -858,13 +858,20 @@ def check_gemm_swiglu(C: Checks, dev, gen) -> None:
             res = exact("default == silu_mul(gemm)", y, ref)
             for r in sorted({0, M // 2, M - 1}):
                 res += exact(f"row {r} alone", ops.gemm(x[r:r + 1].clone(), w, swiglu=True), ref[r:r + 1])
-            for tile, (rows, *_) in ops.GEMM_WIDE.items():
-                if M > rows:
-                    continue
-                for rep in range(2):
-                    res += exact(f"tile {tile} (launch {rep})", ops.gemm(x, w, swiglu=True, tile=tile), ref)
-                for pre in (0, 1):
-                    res += exact(f"tile {tile} pre={pre}", ops.gemm(x, w, swiglu=True, tile=tile, pre=pre), ref)
+            for halves in (False, True):                    # ops.GEMM_SWIGLU_HALVES: the weights' two layouts
+                ops.GEMM_SWIGLU_HALVES = halves
+                try:
+                    for tile, (rows, *_) in ops.GEMM_WIDE.items():
+                        if M > rows:
+                            continue
+                        for rep in range(2):
+                            res += exact(f"tile {tile} halves={halves} (launch {rep})",
+                                         ops.gemm(x, w, swiglu=True, tile=tile), ref)
+                        for pre in (0, 1):
+                            res += exact(f"tile {tile} halves={halves} pre={pre}",
+                                         ops.gemm(x, w, swiglu=True, tile=tile, pre=pre), ref)
+                finally:
+                    ops.GEMM_SWIGLU_HALVES = False
             return res
         C.run("gemm_swiglu", f"M={M} I={I} K={K}", run)
 

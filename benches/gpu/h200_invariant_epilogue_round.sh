@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 build_kernels
 part=${PART:-check}
 if [ "$part" = check ]; then
-  ( checks "${CHECK_SECS:-240}" check_kernels_gemm$tag.log gemm gemm_swiglu invariant ) > "$OUT/checks.summary" &
+  ( checks "${CHECK_SECS:-240}" check_kernels_gemm$tag.log ${SECTIONS:-gemm gemm_swiglu invariant} ) > "$OUT/checks.summary" &
   ( smoke 200 ) > "$OUT/smoke.summary" &
   wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
   mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
