@@ -50,6 +50,7 @@ PREFILL_ROWS = 64
 _I32_MAX = 2**31 - 1
 _lock = threading.Lock()
 _functions: dict[tuple[int, str, str], tuple[object, int]] = {}   # (RawKernel, its CUfunction handle)
+_function_smem: dict[tuple[int, str, str], int] = {}   # the dynamic shared memory a kernel is opted in to (> 48 KB)
 _streams: dict[tuple[int, int], object] = {}
 
 
@@ -156,10 +157,16 @@ def _function(dev: int, module: str, name: str, smem: int, ctas_per_sm: int | No
             if entry is None:
                 fn = kernels.load(module).get_function(name)
                 if smem > 48 * 1024:
-                    fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default, once
+                    fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default
+                    _function_smem[key] = smem
                 if ctas_per_sm is not None:
                     fn.preferred_shared_memory_carveout = _carveout_percent(dev, fn, smem, ctas_per_sm)
                 entry = _functions[key] = (fn, fn.kernel.ptr)
+    if smem > _function_smem.get(key, 48 * 1024):   # a launch that asks more than any before it (gemm's wide tiles)
+        with _lock:
+            if smem > _function_smem.get(key, 48 * 1024):
+                entry[0].max_dynamic_shared_size_bytes = smem
+                _function_smem[key] = smem
     return entry
 
 
@@ -970,6 +977,11 @@ GEMM_WIDE_PRE: int | None = None
 #: ``launch.encode_swiglu_map`` (8 gate rows, 8 up rows, ..); ``True``, two boxes of the block map (the tile's gate
 #: rows, then its up rows: the ``_swiglu_h`` kernels). The same bits either way.
 GEMM_SWIGLU_HALVES = False
+#: a wide gemm launch of at most one CTA a multiprocessor asks at least this much shared memory, so that no two of its
+#: CTAs share a multiprocessor: with programmatic dependent launch its CTAs are placed while the kernel before still
+#: runs, on the multiprocessors that kernel frees first, which would take two each where two fit
+#: (docs/performance.md, "Batch-invariant mode: weights before the wait, the SwiGLU epilogue"). 0: off (a lab switch)
+GEMM_WIDE_ONE_CTA_SMEM = 120 * 1024
 
 
 def gemm_wide_smem(rows: int, tw: int, ks: int, stages: int) -> int:
@@ -1122,8 +1134,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         smem = gemm_wide_smem(rows, tw, ks, stages)
         per_sm = 2 if smem <= GEMM_STAGED_TWO_CTAS else 1
         outs = N // 2 if swiglu else N                  # output columns; a tile holds tw (swiglu: tw / 2) of them
-        grid = skinny_staged_grid(-(-outs // (tw // 2 if swiglu else tw)), per_sm,
-                                  _num_sms(_device_index(x)))   # persistent, <= the tiles
+        sms = _num_sms(_device_index(x))
+        grid = skinny_staged_grid(-(-outs // (tw // 2 if swiglu else tw)), per_sm, sms)   # persistent, <= the tiles
+        launch_smem = max(smem, GEMM_WIDE_ONE_CTA_SMEM) if grid <= sms else smem    # (no two CTAs on one SM)
         if halves:
             wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw // 2)
         elif swiglu:
@@ -1133,7 +1146,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, ks, rows)
         _launch(x, "gemm", f"gemm_{name}_{suffix}", (grid, 1, 1), (32 * (warps + 1), 1, 1),
                 (wmap, xmap, _p(out), _i(M), _i(outs), _i(K),
-                 _i(pre if pre is not None else stages if GEMM_WIDE_PRE is None else GEMM_WIDE_PRE)), smem,
+                 _i(pre if pre is not None else stages if GEMM_WIDE_PRE is None else GEMM_WIDE_PRE)), launch_smem,
                 ctas_per_sm=per_sm)
         return out
     if name in GEMM_STAGED:

@@ -252,6 +252,9 @@ def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
     y = ops.gemm(torch.randn(64, 1024).to(bf), torch.randn(151936, 1024).to(bf), out_dtype=torch.float32)
     assert y.dtype == torch.float32 and log[-1][1:4] == ("gemm_wide_m64_n64_k256s3w8_f32", (132, 1, 1), (288, 1, 1))
     assert log[-1][5:] == (ops.gemm_wide_smem(64, 64, 256, 3), 1) and maps[-1][1] == 64 and maps[-2][-1] == 64
+    ops.gemm(torch.randn(64, 2048).to(bf), torch.randn(1024, 2048).to(bf))   # 32 tiles: one CTA an SM, asked for
+    assert log[-1][1:4] == ("gemm_wide_m64_n32_k256s2w8_bf16", (32, 1, 1), (288, 1, 1))
+    assert ops.gemm_wide_smem(64, 32, 256, 2) < log[-1][5] == ops.GEMM_WIDE_ONE_CTA_SMEM and log[-1][6] == 2
     ops.gemm(torch.randn(80, 1024).to(bf), torch.randn(6144, 1024).to(bf))
     assert log[-1][1:4] == ("gemm_wide_m128_n64_k128s4w16_bf16", (96, 1, 1), (544, 1, 1)) and maps[-1][-2:] == (128, 128)
     ops.gemm(torch.randn(3, 1024).to(bf), torch.randn(256, 1024).to(bf), tile="wide_m16_n64_k512s2")

@@ -9,7 +9,10 @@
   wait, ``ops.GEMM_WIDE_PRE = None``; the gate/up GEMM with its SwiGLU epilogue, ``fuse_swiglu``);
 * ``inv-pre0``: no weights before the wait (``GEMM_WIDE_PRE = 0``);
 * ``inv-apart``: the gate/up GEMM and ``silu_mul`` as two launches;
-* ``inv-old``: both (the thirty-fifth session's invariant step);
+* ``inv-old``: both, and two CTAs of a wide tile on one multiprocessor where they fit (the thirty-fifth session's
+  invariant step);
+* ``inv-packed``, ``inv-apart-packed``: ``inv`` and ``inv-apart`` with two CTAs of a wide tile on one multiprocessor
+  where they fit, even in a grid of at most one a multiprocessor (``ops.GEMM_WIDE_ONE_CTA_SMEM = 0``);
 * ``inv-halves``, ``inv-h-pre0``: the SwiGLU epilogue's weights as two boxes of the block map, the tile's gate rows
   and then its up rows (``ops.GEMM_SWIGLU_HALVES``), with and without the weights before the wait.
 
@@ -40,15 +43,18 @@ from conformance.cases import draw_weights  # noqa: E402
 from profile_decode import GPU, _params, graph_timeline, kernel_table  # noqa: E402
 from reference.config import named_config  # noqa: E402
 
-#: variant -> (engine, ops.GEMM_WIDE_PRE, fuse_swiglu, ops.GEMM_SWIGLU_HALVES)
-VARIANTS: dict[str, tuple[str, int | None, bool, bool]] = {
-    "default": ("default", None, True, False),
-    "inv": ("invariant", None, True, False),
-    "inv-pre0": ("invariant", 0, True, False),
-    "inv-apart": ("invariant", None, False, False),
-    "inv-old": ("invariant", 0, False, False),
-    "inv-halves": ("invariant", None, True, True),
-    "inv-h-pre0": ("invariant", 0, True, True),
+#: variant -> (engine, ops.GEMM_WIDE_PRE, fuse_swiglu, ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM)
+ONE = ops.GEMM_WIDE_ONE_CTA_SMEM
+VARIANTS: dict[str, tuple[str, int | None, bool, bool, int]] = {
+    "default": ("default", None, True, False, ONE),
+    "inv": ("invariant", None, True, False, ONE),
+    "inv-pre0": ("invariant", 0, True, False, ONE),
+    "inv-apart": ("invariant", None, False, False, ONE),
+    "inv-old": ("invariant", 0, False, False, 0),
+    "inv-halves": ("invariant", None, True, True, ONE),
+    "inv-h-pre0": ("invariant", 0, True, True, ONE),
+    "inv-packed": ("invariant", None, True, False, 0),
+    "inv-apart-packed": ("invariant", None, False, False, 0),
 }
 
 
@@ -91,10 +97,10 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, graphs=graphs, pools=pools, engines=engines):
-                mode, pre, fuse, halves = VARIANTS[variant]
+                mode, pre, fuse, halves, one = VARIANTS[variant]
                 eng = engines[mode]
                 ops.GEMM_WIDE_PRE = pre                        # read at capture (each variant its own graphs)
-                ops.GEMM_SWIGLU_HALVES = halves
+                ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM = halves, one
                 eng.runner.fuse_swiglu = fuse
                 eng.runner.graphs = graphs.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
@@ -134,7 +140,7 @@ def main() -> int:
                                                         for k, n, d, i in rows]))
             for eng in engines.values():
                 eng.runner.graphs, eng.runner.pool = {}, None
-            ops.GEMM_WIDE_PRE, ops.GEMM_SWIGLU_HALVES = None, False
+            ops.GEMM_WIDE_PRE, ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM = None, False, ONE
             for eng in engines.values():
                 eng.runner.fuse_swiglu = True
             graphs.clear()

@@ -5,7 +5,8 @@
 #   PART=check bash benches/gpu/h200_invariant_epilogue_round.sh   # checks and smoke, the A/B, the overhead bench
 #   PART=conf bash benches/gpu/h200_invariant_epilogue_round.sh    # the GPU-scale conformance clauses
 # check: side by side and untimed, check_kernels.py's gemm, gemm_swiglu and invariant sections and the engine smoke
-# test; then, alone on the GPU, ab_invariant.py (the variants in one process, tokens compared; MODELS, BATCHES) and
+# test; then, alone on the GPU, ab_invariant.py (the variants in one process, tokens compared; MODELS, BATCHES,
+# AB_ARGS: more of its arguments) and
 # the invariant_overhead bench (reports in bench_invariant.tgz). conf: the GPU-scale clauses of batch-invariant mode
 # (INVARIANT, TURN, SAMPLE) at the qwen3-0.6b shape (FILTER overrides the -k expression). TAG: the logs' suffix.
 source benches/gpu/_env.sh
@@ -19,7 +20,7 @@ if [ "$part" = check ]; then
   wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
   mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
   timeout "${AB_SECS:-200}" python3 benches/gpu/ab_invariant.py --models ${MODELS:-qwen3-0.6b qwen3-8b} \
-    --batches ${BATCHES:-1 8 32 64} --steps 32 --rounds 3 --out "$OUT" > "$OUT/ab_invariant$tag.log" 2>&1
+    --batches ${BATCHES:-1 8 32 64} --steps 32 --rounds 3 --out "$OUT" ${AB_ARGS:-} > "$OUT/ab_invariant$tag.log" 2>&1
   echo "ab_invariant rc=$?"; grep -vE "^\s+[0-9.]+ us" "$OUT/ab_invariant$tag.log" | tail -40
   mv "$OUT/ab_invariant.json" "$OUT/ab_invariant$tag.json" 2>/dev/null
   [ "${BENCH:-1}" = 1 ] && bench_packed 150 "invariant_overhead" "run_gpu_invariant$tag.log" && \
