@@ -982,6 +982,10 @@ GEMM_SWIGLU_HALVES = False
 #: runs, on the multiprocessors that kernel frees first, which would take two each where two fit
 #: (docs/performance.md, "Batch-invariant mode: weights before the wait, the SwiGLU epilogue"). 0: off (a lab switch)
 GEMM_WIDE_ONE_CTA_SMEM = 120 * 1024
+#: whether a SwiGLU launch of the wide gemm lets the next kernel be scheduled as soon as each CTA has passed its PDL
+#: wait (as every other launch does), or only as its CTAs exit (``False``): its successor is the down GEMM, whose CTAs
+#: would otherwise be placed on the multiprocessors this launch frees first (a lab switch, read at launch)
+GEMM_SWIGLU_EARLY_TRIGGER = False
 
 
 def gemm_wide_smem(rows: int, tw: int, ks: int, stages: int) -> int:
@@ -1146,8 +1150,8 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, ks, rows)
         _launch(x, "gemm", f"gemm_{name}_{suffix}", (grid, 1, 1), (32 * (warps + 1), 1, 1),
                 (wmap, xmap, _p(out), _i(M), _i(outs), _i(K),
-                 _i(pre if pre is not None else stages if GEMM_WIDE_PRE is None else GEMM_WIDE_PRE)), launch_smem,
-                ctas_per_sm=per_sm)
+                 _i(pre if pre is not None else stages if GEMM_WIDE_PRE is None else GEMM_WIDE_PRE),
+                 _i(1 if not swiglu or GEMM_SWIGLU_EARLY_TRIGGER else 0)), launch_smem, ctas_per_sm=per_sm)
         return out
     if name in GEMM_STAGED:
         rows, stages, cps, per_sm = GEMM_STAGED[name]

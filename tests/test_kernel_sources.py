@@ -354,10 +354,13 @@ def test_every_kernel_waits_for_its_predecessor_first():
         "before the wait: the weights only"
     assert "tensor_copy_multicast(" in after and "xmap" in after and "tensor_copy_multicast(" not in before
     # gemm.cu's wide kernel: the same split as the warpgroup kernel's
+    # (the trigger where its `trigger` argument asks: the SwiGLU launches let their successor be scheduled as they exit)
     impl = kernels.source("gemm").split("void gemm_wide_impl(")[1].split("\n}\n")[0]
     producer = impl.split("// ---- producer")[1].split("// ---- consumers")[0]
     consumers = impl.split("// ---- consumers")[1]
-    assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();", "pdl_launch_dependents();"]
+    assert [ln.strip() for ln in consumers.strip().splitlines()[:2]] == ["pdl_wait();",
+                                                                          "if (trigger) pdl_launch_dependents();"]
+    assert impl.count("pdl_launch_dependents()") == 2 and "if (trigger) pdl_launch_dependents();" in producer
     before, after = producer.split("\n", 1)[1].split("pdl_wait();", 1)
     code = re.sub(r"//[^\n]*", "", before)
     assert "tensor_copy(" in code and "tensor_copy5(" in code and "wmap" in code and \

@@ -248,7 +248,7 @@ def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert smem == 1024 + 3 * (32 + 32) * 256 * 2 == ops.gemm_wide_smem(32, 32, 256, 3)
     assert maps == [(w.data_ptr(), 6144, 4096, 8192, 256, 32), (x.data_ptr(), 32, 4096, 8320, 256, 32)]
     assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
-    assert int(args[2]) == y.data_ptr() and [int(a) for a in args[3:]] == [32, 6144, 4096, 3]   # M N K pre
+    assert int(args[2]) == y.data_ptr() and [int(a) for a in args[3:]] == [32, 6144, 4096, 3, 1]   # M N K pre trigger
     y = ops.gemm(torch.randn(64, 1024).to(bf), torch.randn(151936, 1024).to(bf), out_dtype=torch.float32)
     assert y.dtype == torch.float32 and log[-1][1:4] == ("gemm_wide_m64_n64_k256s3w8_f32", (132, 1, 1), (288, 1, 1))
     assert log[-1][5:] == (ops.gemm_wide_smem(64, 64, 256, 3), 1) and maps[-1][1] == 64 and maps[-2][-1] == 64
@@ -304,13 +304,13 @@ def test_gemm_swiglu_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert y.shape == (32, 12288) and y.dtype == bf and int(args[2]) == y.data_ptr()
     assert ops.gemm_choice(32, 24576, 4096) == "wide_m32_n64_k256s4"
     assert (mod, name, grid, block, per_sm) == ("gemm", "gemm_wide_m32_n64_k256s4_swiglu", (132, 1, 1), (160, 1, 1), 1)
-    assert smem == ops.gemm_wide_smem(32, 64, 256, 4) and [int(a) for a in args[3:]] == [32, 12288, 4096, 4]
+    assert smem == ops.gemm_wide_smem(32, 64, 256, 4) and [int(a) for a in args[3:]] == [32, 12288, 4096, 4, 0]
     row = 2 * 4096                                                     # (64 columns, 8 rows, gate | up, groups, blocks)
     assert maps[0] == (w.data_ptr(), (64, 8, 2, 12288 // 8, 64), (row, 12288 * row, 8 * row, 128), (64, 8, 2, 4, 4))
     assert maps[1] == (x.data_ptr(), (64, 32, 64), (row, 128), (64, 32, 4))
     ops.gemm(torch.randn(5, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True, pre=0)   # 0.6B, 5 rows
     assert log[-1][1:4] == ("gemm_wide_m16_n64_k256s4_swiglu", (96, 1, 1), (160, 1, 1))         # 3072 / 32 tiles
-    assert [int(a) for a in log[-1][4][3:]] == [5, 3072, 1024, 0] and maps[-2][3] == (64, 8, 2, 4, 4)
+    assert [int(a) for a in log[-1][4][3:]] == [5, 3072, 1024, 0, 0] and maps[-2][3] == (64, 8, 2, 4, 4)
     n = len(log)
     y = ops.gemm(torch.randn(200, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True)   # > 128 rows
     assert y.shape == (200, 3072) and [r[1] for r in log[n:]] == ["gemm_64x64_bf16", "silu_mul"]

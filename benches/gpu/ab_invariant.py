@@ -6,7 +6,10 @@
 
 * ``default``: the default engine;
 * ``inv``: the invariant engine as shipped (the wide gemm tiles copy their first stages' weights before the PDL
-  wait, ``ops.GEMM_WIDE_PRE = None``; the gate/up GEMM with its SwiGLU epilogue, ``fuse_swiglu``);
+  wait, ``ops.GEMM_WIDE_PRE = None``; the gate/up GEMM with its SwiGLU epilogue, ``fuse_swiglu``, whose CTAs let
+  the down GEMM be scheduled only as they exit; one CTA a multiprocessor where the grid asks no more);
+* ``inv-early``: the SwiGLU launches let the down GEMM be scheduled right after their PDL wait
+  (``ops.GEMM_SWIGLU_EARLY_TRIGGER``; so do ``inv-pre0``, ``inv-halves``, ``inv-h-pre0`` and ``inv-packed``);
 * ``inv-pre0``: no weights before the wait (``GEMM_WIDE_PRE = 0``);
 * ``inv-apart``: the gate/up GEMM and ``silu_mul`` as two launches;
 * ``inv-old``: both, and two CTAs of a wide tile on one multiprocessor where they fit (the thirty-fifth session's
@@ -55,7 +58,10 @@ VARIANTS: dict[str, tuple[str, int | None, bool, bool, int]] = {
     "inv-h-pre0": ("invariant", 0, True, True, ONE),
     "inv-packed": ("invariant", None, True, False, 0),
     "inv-apart-packed": ("invariant", None, False, False, 0),
+    "inv-early": ("invariant", None, True, False, ONE),
 }
+#: the variants whose SwiGLU launches let the next kernel be scheduled right after their PDL wait
+EARLY = {"inv-pre0", "inv-halves", "inv-h-pre0", "inv-packed", "inv-early"}
 
 
 def run(eng, prompts, steps: int) -> tuple[list[float], list[list[int]]]:
@@ -101,6 +107,7 @@ def main() -> int:
                 eng = engines[mode]
                 ops.GEMM_WIDE_PRE = pre                        # read at capture (each variant its own graphs)
                 ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM = halves, one
+                ops.GEMM_SWIGLU_EARLY_TRIGGER = variant in EARLY
                 eng.runner.fuse_swiglu = fuse
                 eng.runner.graphs = graphs.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
@@ -141,6 +148,7 @@ def main() -> int:
             for eng in engines.values():
                 eng.runner.graphs, eng.runner.pool = {}, None
             ops.GEMM_WIDE_PRE, ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM = None, False, ONE
+            ops.GEMM_SWIGLU_EARLY_TRIGGER = False
             for eng in engines.values():
                 eng.runner.fuse_swiglu = True
             graphs.clear()

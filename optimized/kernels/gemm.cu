@@ -461,7 +461,7 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 // each copy a slice of x into all of them by multicast, slower at 45 of 50 probe points.)
 template <int R, int TW, int KS, int S, int CW, bool F32, int SW>
 __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
-                                               int M, int N, int K, int pre) {
+                                               int M, int N, int K, int pre, int trigger) {
   constexpr int NB = KS / 64;                                     // 64-column blocks a stage
   constexpr int WM = R / 16 < CW / 2 ? R / 16 : CW / 2, WN = CW / WM;  // the consumer warps' grid
   constexpr int MT = R / 16 / WM, NT = TW / 8 / WN;               // 16-row A tiles and n8 B tiles a warp
@@ -506,7 +506,7 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
       };
       for (int i = 0; i < early; ++i) weights(i);  // the weights are written by no kernel
       pdl_wait();                                   // x is the kernel before's output
-      pdl_launch_dependents();
+      if (trigger) pdl_launch_dependents();
       for (int i = 0; i < total; ++i) {
         const int s = i % S;
         if (i >= early) {
@@ -521,7 +521,7 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
 
   // ---- consumers
   pdl_wait();
-  pdl_launch_dependents();
+  if (trigger) pdl_launch_dependents();
   const int wm = warp / WN, wn = warp - wm * WN, mi = lane >> 3, g = lane >> 2, t4 = lane & 3;
   const int m_base = wm * MT * 16, n_base = wn * NT * 8;
   float acc[MT][NT][4], tot[MT][NT][4];
@@ -677,27 +677,27 @@ TK_GEMM_STAGED(32, 4, 1)
 #define TK_GEMM_WIDE_CW(R, TW, KS, S, CW, SFX)                                                                     \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_bf16( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, __nv_bfloat16* __restrict__ y, \
-      int M, int N, int K, int pre) {                                                                              \
-    gemm_wide_impl<R, TW, KS, S, CW, false, 0>(&wmap, &xmap, y, M, N, K, pre);                               \
+      int M, int N, int K, int pre, int trigger) {                                                                 \
+    gemm_wide_impl<R, TW, KS, S, CW, false, 0>(&wmap, &xmap, y, M, N, K, pre, trigger);                               \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_f32(  \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, float* __restrict__ y,       \
-      int M, int N, int K, int pre) {                                                                              \
-    gemm_wide_impl<R, TW, KS, S, CW, true, 0>(&wmap, &xmap, y, M, N, K, pre);                                \
+      int M, int N, int K, int pre, int trigger) {                                                                 \
+    gemm_wide_impl<R, TW, KS, S, CW, true, 0>(&wmap, &xmap, y, M, N, K, pre, trigger);                                \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1)                                                   \
       gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_swiglu(const __grid_constant__ TensorMap wmap,                   \
                                                          const __grid_constant__ TensorMap xmap,                   \
                                                          __nv_bfloat16* __restrict__ y, int M, int N, int K,       \
-                                                         int pre) {                                                \
-    gemm_wide_impl<R, TW, KS, S, CW, false, 1>(&wmap, &xmap, y, M, N, K, pre);                                   \
+                                                         int pre, int trigger) {                                   \
+    gemm_wide_impl<R, TW, KS, S, CW, false, 1>(&wmap, &xmap, y, M, N, K, pre, trigger);                                   \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1)                                                   \
       gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_swiglu_h(const __grid_constant__ TensorMap wmap,                 \
                                                            const __grid_constant__ TensorMap xmap,                 \
                                                            __nv_bfloat16* __restrict__ y, int M, int N, int K,     \
-                                                           int pre) {                                              \
-    gemm_wide_impl<R, TW, KS, S, CW, false, 2>(&wmap, &xmap, y, M, N, K, pre);                                   \
+                                                           int pre, int trigger) {                                 \
+    gemm_wide_impl<R, TW, KS, S, CW, false, 2>(&wmap, &xmap, y, M, N, K, pre, trigger);                                   \
   }
 #define TK_GEMM_WIDE(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 4, )
 #define TK_GEMM_WIDE_W8(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 8, w8)
