@@ -970,22 +970,31 @@ GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
-#: stages whose weights a wide gemm tile's CTA copies before its PDL wait when ``gemm`` is not told (``None``: all
-#: of them; a lab switch, read at launch: a CUDA graph keeps what it was captured with; the bits do not depend on it)
+#: a wide gemm launch copies its first stages' weights before its PDL wait (all of its stages) where the weight has at
+#: least this many elements, none below (the H200: 1-2% faster qwen3-8b steps at 1-8 rows, 4-6% slower qwen3-0.6b
+#: steps with it on every GEMM; docs/performance.md, "Batch-invariant mode: the wide kernel's launches")
+GEMM_WIDE_PRE_MIN_ELEMS = 16 << 20
+#: stages copied before the wait when ``gemm`` is not told, whatever the weight's size (``None``: the rule above; a lab
+#: switch, read at launch: a CUDA graph keeps what it was captured with). The bits do not depend on it.
 GEMM_WIDE_PRE: int | None = None
-#: the SwiGLU epilogue's weight copies (a lab switch, read at launch): ``False``, one box of
-#: ``launch.encode_swiglu_map`` (8 gate rows, 8 up rows, ..); ``True``, two boxes of the block map (the tile's gate
-#: rows, then its up rows: the ``_swiglu_h`` kernels). The same bits either way.
-GEMM_SWIGLU_HALVES = False
 #: a wide gemm launch of at most one CTA a multiprocessor asks at least this much shared memory, so that no two of its
 #: CTAs share a multiprocessor: with programmatic dependent launch its CTAs are placed while the kernel before still
-#: runs, on the multiprocessors that kernel frees first, which would take two each where two fit
-#: (docs/performance.md, "Batch-invariant mode: weights before the wait, the SwiGLU epilogue"). 0: off (a lab switch)
+#: runs, on the multiprocessors that kernel frees first, which would take two each where two fit. 0: off (a lab switch)
 GEMM_WIDE_ONE_CTA_SMEM = 120 * 1024
-#: whether a SwiGLU launch of the wide gemm lets the next kernel be scheduled as soon as each CTA has passed its PDL
-#: wait (as every other launch does), or only as its CTAs exit (``False``): its successor is the down GEMM, whose CTAs
-#: would otherwise be placed on the multiprocessors this launch frees first (a lab switch, read at launch)
-GEMM_SWIGLU_EARLY_TRIGGER = False
+#: a SwiGLU launch of the wide gemm of at most this many rows lets the next kernel (the down GEMM) be scheduled only as
+#: its CTAs exit, not as soon as each has passed its PDL wait as every other launch does: the down GEMM's CTAs would
+#: otherwise be placed on the multiprocessors this launch frees first (a lab switch, read at launch; 0: never)
+GEMM_SWIGLU_LATE_MAX_M = 16
+
+
+def _wide_pre(pre: int | None, stages: int, elems: int) -> int:
+    """The stages a wide gemm launch copies before its PDL wait: ``pre`` if given, else ``GEMM_WIDE_PRE`` if set,
+    else all ``stages`` for a weight of ``GEMM_WIDE_PRE_MIN_ELEMS`` elements or more and none below."""
+    if pre is not None:
+        return pre
+    if GEMM_WIDE_PRE is not None:
+        return GEMM_WIDE_PRE
+    return stages if elems >= GEMM_WIDE_PRE_MIN_ELEMS else 0
 
 
 def gemm_wide_smem(rows: int, tw: int, ks: int, stages: int) -> int:
@@ -1104,7 +1113,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     ``swiglu``: ``w = [gate | up]`` ``[2I, K]`` (``I % 8 == 0``) and the result is ``silu_mul(gemm(x, w))`` ``[M, I]``
     bf16, bit for bit: on a wide tile in one launch (the SwiGLU epilogue), elsewhere by the two launches.
     ``pre``: stages whose weights a wide tile's CTA copies before its programmatic-dependent-launch wait (default:
-    ``GEMM_WIDE_PRE``, all its stages; 0: none; the bits do not depend on it).
+    ``_wide_pre``'s rule; 0: none; the bits do not depend on it).
     """
     M, N, K = _linear_shape(x, w)
     _need(N % 2 == 0, f"N = {N} must be even")
@@ -1131,8 +1140,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     out, ldx = _linear_out(x, w, out_dtype, out, N // 2 if swiglu else None)
     if M == 0:
         return out
-    halves = swiglu and GEMM_SWIGLU_HALVES
-    suffix = ("swiglu_h" if halves else "swiglu") if swiglu else "f32" if out_dtype == torch.float32 else "bf16"
+    suffix = "swiglu" if swiglu else "f32" if out_dtype == torch.float32 else "bf16"
     if name in GEMM_WIDE:
         rows, tw, ks, stages, warps = GEMM_WIDE[name]
         smem = gemm_wide_smem(rows, tw, ks, stages)
@@ -1141,17 +1149,15 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
         sms = _num_sms(_device_index(x))
         grid = skinny_staged_grid(-(-outs // (tw // 2 if swiglu else tw)), per_sm, sms)   # persistent, <= the tiles
         launch_smem = max(smem, GEMM_WIDE_ONE_CTA_SMEM) if grid <= sms else smem    # (no two CTAs on one SM)
-        if halves:
-            wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw // 2)
-        elif swiglu:
+        if swiglu:
             wmap = _tensor_map("swiglu", w.data_ptr(), N // 2, K, ks, tw)
         else:
             wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, ks, tw)
         xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, ks, rows)
         _launch(x, "gemm", f"gemm_{name}_{suffix}", (grid, 1, 1), (32 * (warps + 1), 1, 1),
                 (wmap, xmap, _p(out), _i(M), _i(outs), _i(K),
-                 _i(pre if pre is not None else stages if GEMM_WIDE_PRE is None else GEMM_WIDE_PRE),
-                 _i(1 if not swiglu or GEMM_SWIGLU_EARLY_TRIGGER else 0)), launch_smem, ctas_per_sm=per_sm)
+                 _i(_wide_pre(pre, stages, N * K)), _i(0 if swiglu and M <= GEMM_SWIGLU_LATE_MAX_M else 1)),
+                launch_smem, ctas_per_sm=per_sm)
         return out
     if name in GEMM_STAGED:
         rows, stages, cps, per_sm = GEMM_STAGED[name]

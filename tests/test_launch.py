@@ -279,10 +279,11 @@ def test_gemm_wide_launch_and_rejects_bad_input(launch_log, monkeypatch):
 def test_gemm_swiglu_launch_and_rejects_bad_input(launch_log, monkeypatch):
     """``ops.gemm(..., swiglu=True)`` on the CPU with ``_launch`` recorded and the tensor maps' encoding faked: on a
     wide tile, the ``_swiglu`` kernel with ``launch.encode_swiglu_map``'s 5-D map of ``[gate | up]`` (boxes of the
-    tile's rows: 8 gate rows, 8 up rows, ..), I output columns, tiles of half the tile's rows, and ``pre`` (default:
-    the build's stages); elsewhere (more than 128 rows, no driver path) the GEMM and ``silu_mul``, two launches.
-    An fp32 output, w's rows not 2 I with I % 8 == 0, a negative ``pre``, or more rows than a forced tile takes is a
-    ValueError that launches nothing and encodes no map."""
+    tile's rows: 8 gate rows, 8 up rows, ..), I output columns, tiles of half the tile's rows, ``pre`` (by default the
+    build's stages for a weight of ``GEMM_WIDE_PRE_MIN_ELEMS`` or more, none below) and ``trigger`` (0, the next
+    kernel scheduled as the CTAs exit, up to ``GEMM_SWIGLU_LATE_MAX_M`` rows); elsewhere (more than 128 rows, no driver
+    path) the GEMM and ``silu_mul``, two launches. An fp32 output, w's rows not 2 I with I % 8 == 0, a negative
+    ``pre``, or more rows than a forced tile takes is a ValueError that launches nothing and encodes no map."""
     import struct
 
     import torch
@@ -304,10 +305,14 @@ def test_gemm_swiglu_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert y.shape == (32, 12288) and y.dtype == bf and int(args[2]) == y.data_ptr()
     assert ops.gemm_choice(32, 24576, 4096) == "wide_m32_n64_k256s4"
     assert (mod, name, grid, block, per_sm) == ("gemm", "gemm_wide_m32_n64_k256s4_swiglu", (132, 1, 1), (160, 1, 1), 1)
-    assert smem == ops.gemm_wide_smem(32, 64, 256, 4) and [int(a) for a in args[3:]] == [32, 12288, 4096, 4, 0]
+    assert smem == ops.gemm_wide_smem(32, 64, 256, 4) and [int(a) for a in args[3:]] == [32, 12288, 4096, 4, 1]
     row = 2 * 4096                                                     # (64 columns, 8 rows, gate | up, groups, blocks)
     assert maps[0] == (w.data_ptr(), (64, 8, 2, 12288 // 8, 64), (row, 12288 * row, 8 * row, 128), (64, 8, 2, 4, 4))
     assert maps[1] == (x.data_ptr(), (64, 32, 64), (row, 128), (64, 32, 4))
+    ops.gemm(torch.randn(5, 4096).to(bf), w, swiglu=True)                    # 5 rows: the down GEMM waits for the exit
+    assert [int(a) for a in log[-1][4][3:]] == [5, 12288, 4096, 4, 0]
+    ops.gemm(torch.randn(5, 1024).to(bf), torch.randn(6144, 1024).to(bf))    # 6.3M elements: no weights before the wait
+    assert log[-1][1] == "gemm_wide_m16_n64_k256s4_bf16" and [int(a) for a in log[-1][4][3:]] == [5, 6144, 1024, 0, 1]
     ops.gemm(torch.randn(5, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True, pre=0)   # 0.6B, 5 rows
     assert log[-1][1:4] == ("gemm_wide_m16_n64_k256s4_swiglu", (96, 1, 1), (160, 1, 1))         # 3072 / 32 tiles
     assert [int(a) for a in log[-1][4][3:]] == [5, 3072, 1024, 0, 0] and maps[-2][3] == (64, 8, 2, 4, 4)

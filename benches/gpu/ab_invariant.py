@@ -2,28 +2,29 @@
 (split-KV ``fixed:256`` for both, as ``benches/test_invariant_overhead.py``), the invariant engine in variants:
 
     python benches/gpu/ab_invariant.py [--models qwen3-0.6b qwen3-8b] [--batches 1 8 32 64] [--steps 48]
-                                       [--rounds 3] [--profile-batches 64] [--out DIR]
+                                       [--rounds 3] [--variants ...] [--profile-batches 64] [--timeline-batches 64]
+                                       [--out DIR]
 
 * ``default``: the default engine;
-* ``inv``: the invariant engine as shipped (the wide gemm tiles copy their first stages' weights before the PDL
-  wait, ``ops.GEMM_WIDE_PRE = None``; the gate/up GEMM with its SwiGLU epilogue, ``fuse_swiglu``, whose CTAs let
-  the down GEMM be scheduled only as they exit; one CTA a multiprocessor where the grid asks no more);
-* ``inv-early``: the SwiGLU launches let the down GEMM be scheduled right after their PDL wait
-  (``ops.GEMM_SWIGLU_EARLY_TRIGGER``; so do ``inv-pre0``, ``inv-halves``, ``inv-h-pre0`` and ``inv-packed``);
-* ``inv-pre0``: no weights before the wait (``GEMM_WIDE_PRE = 0``);
+* ``inv``: the invariant engine as shipped: ``ops.gemm``'s wide launches copy their first stages' weights before the
+  PDL wait for weights of ``ops.GEMM_WIDE_PRE_MIN_ELEMS`` or more, ask one CTA a multiprocessor where the grid asks
+  no more (``ops.GEMM_WIDE_ONE_CTA_SMEM``); the gate/up GEMM has its SwiGLU epilogue (``fuse_swiglu``), and up to
+  ``ops.GEMM_SWIGLU_LATE_MAX_M`` rows lets the down GEMM be scheduled only as its CTAs exit;
+* ``inv-pre-all``, ``inv-pre0``: the weights before the wait in every wide launch, in none (``ops.GEMM_WIDE_PRE``);
+* ``inv-early``: every SwiGLU launch lets the down GEMM be scheduled right after its wait;
+* ``inv-late``: every SwiGLU launch lets it be scheduled only as its CTAs exit;
 * ``inv-apart``: the gate/up GEMM and ``silu_mul`` as two launches;
-* ``inv-old``: both, and two CTAs of a wide tile on one multiprocessor where they fit (the thirty-fifth session's
-  invariant step);
-* ``inv-packed``, ``inv-apart-packed``: ``inv`` and ``inv-apart`` with two CTAs of a wide tile on one multiprocessor
-  where they fit, even in a grid of at most one a multiprocessor (``ops.GEMM_WIDE_ONE_CTA_SMEM = 0``);
-* ``inv-halves``, ``inv-h-pre0``: the SwiGLU epilogue's weights as two boxes of the block map, the tile's gate rows
-  and then its up rows (``ops.GEMM_SWIGLU_HALVES``), with and without the weights before the wait.
+* ``inv-packed``, ``inv-apart-packed``: ``inv-early`` and ``inv-apart`` with two CTAs of a wide launch on one
+  multiprocessor where they fit, even in a grid of at most one a multiprocessor (``GEMM_WIDE_ONE_CTA_SMEM = 0``);
+* ``inv-old``: the thirty-fifth session's invariant step (no weights before the wait, two launches, two CTAs a
+  multiprocessor where they fit).
 
 Diagnostic, not a benchmark of record (that is ``invariant_overhead``): random bf16 weights, a ``--prompt``-token
 prompt a sequence, greedy; the median wall time of a decode step (graph replay, host included) per variant, each
 variant with its own captured graphs, the variants alternated over ``--rounds`` rounds. Every variant's tokens must
 equal ``inv``'s (the variants change no bit), else the script says so and exits 1. At ``--profile-batches``, one
-eagerly launched step of ``default`` and of ``inv`` under ``torch.profiler``: GPU time per kernel name.
+eagerly launched step of ``default`` and of ``inv`` under ``torch.profiler`` (GPU time per kernel name); at
+``--timeline-batches``, one replayed step of the ``--timeline-variants`` (``profile_decode.graph_timeline``).
 """
 
 from __future__ import annotations
@@ -46,22 +47,20 @@ from conformance.cases import draw_weights  # noqa: E402
 from profile_decode import GPU, _params, graph_timeline, kernel_table  # noqa: E402
 from reference.config import named_config  # noqa: E402
 
-#: variant -> (engine, ops.GEMM_WIDE_PRE, fuse_swiglu, ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM)
-ONE = ops.GEMM_WIDE_ONE_CTA_SMEM
-VARIANTS: dict[str, tuple[str, int | None, bool, bool, int]] = {
-    "default": ("default", None, True, False, ONE),
-    "inv": ("invariant", None, True, False, ONE),
-    "inv-pre0": ("invariant", 0, True, False, ONE),
-    "inv-apart": ("invariant", None, False, False, ONE),
-    "inv-old": ("invariant", 0, False, False, 0),
-    "inv-halves": ("invariant", None, True, True, ONE),
-    "inv-h-pre0": ("invariant", 0, True, True, ONE),
-    "inv-packed": ("invariant", None, True, False, 0),
-    "inv-apart-packed": ("invariant", None, False, False, 0),
-    "inv-early": ("invariant", None, True, False, ONE),
+#: variant -> (engine, fuse_swiglu, the ops attributes it sets; the others keep their defaults)
+VARIANTS: dict[str, tuple[str, bool, dict]] = {
+    "default": ("default", True, {}),
+    "inv": ("invariant", True, {}),
+    "inv-pre-all": ("invariant", True, {"GEMM_WIDE_PRE": 1 << 20}),
+    "inv-pre0": ("invariant", True, {"GEMM_WIDE_PRE": 0}),
+    "inv-early": ("invariant", True, {"GEMM_SWIGLU_LATE_MAX_M": 0}),
+    "inv-late": ("invariant", True, {"GEMM_SWIGLU_LATE_MAX_M": 1 << 20}),
+    "inv-apart": ("invariant", False, {}),
+    "inv-packed": ("invariant", True, {"GEMM_SWIGLU_LATE_MAX_M": 0, "GEMM_WIDE_ONE_CTA_SMEM": 0}),
+    "inv-apart-packed": ("invariant", False, {"GEMM_WIDE_ONE_CTA_SMEM": 0}),
+    "inv-old": ("invariant", False, {"GEMM_WIDE_PRE": 0, "GEMM_WIDE_ONE_CTA_SMEM": 0}),
 }
-#: the variants whose SwiGLU launches let the next kernel be scheduled right after their PDL wait
-EARLY = {"inv-pre0", "inv-halves", "inv-h-pre0", "inv-packed", "inv-early"}
+OPS_DEFAULTS = {k: getattr(ops, k) for _, _, kw in VARIANTS.values() for k in kw}
 
 
 def run(eng, prompts, steps: int) -> tuple[list[float], list[list[int]]]:
@@ -103,11 +102,10 @@ def main() -> int:
             pools: dict[str, object] = {}
 
             def use(variant: str, graphs=graphs, pools=pools, engines=engines):
-                mode, pre, fuse, halves, one = VARIANTS[variant]
+                mode, fuse, settings = VARIANTS[variant]
                 eng = engines[mode]
-                ops.GEMM_WIDE_PRE = pre                        # read at capture (each variant its own graphs)
-                ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM = halves, one
-                ops.GEMM_SWIGLU_EARLY_TRIGGER = variant in EARLY
+                for k, v in {**OPS_DEFAULTS, **settings}.items():   # read at capture (each variant its own graphs)
+                    setattr(ops, k, v)
                 eng.runner.fuse_swiglu = fuse
                 eng.runner.graphs = graphs.setdefault(variant, {})
                 eng.runner.pool = pools.get(variant)
@@ -147,8 +145,8 @@ def main() -> int:
                                                         for k, n, d, i in rows]))
             for eng in engines.values():
                 eng.runner.graphs, eng.runner.pool = {}, None
-            ops.GEMM_WIDE_PRE, ops.GEMM_SWIGLU_HALVES, ops.GEMM_WIDE_ONE_CTA_SMEM = None, False, ONE
-            ops.GEMM_SWIGLU_EARLY_TRIGGER = False
+            for k, v in OPS_DEFAULTS.items():
+                setattr(ops, k, v)
             for eng in engines.values():
                 eng.runner.fuse_swiglu = True
             graphs.clear()

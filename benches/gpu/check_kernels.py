@@ -831,7 +831,7 @@ def check_gemm(C: Checks, dev, gen) -> None:
             for tile in tiles[len(ops.GEMM_TILES):]:   # and the staged and wide kernels' bf16 out
                 res += exact(f"tile {tile} bf16 == round(fp32)", ops.gemm(x, w, tile=tile), y32.to(torch.bfloat16))
             for tile in (t for t in tiles if t in ops.GEMM_WIDE):   # no weights copied before the PDL wait, or one
-                for pre in (0, 1):
+                for pre in (0, 1, 8):
                     res += exact(f"tile {tile} pre={pre} == default", ops.gemm(x, w, out_dtype=torch.float32, tile=tile,
                                                                              pre=pre), y32)
             # a row's result does not depend on its neighbours: shuffle the rows and compare
@@ -858,20 +858,13 @@ def check_gemm_swiglu(C: Checks, dev, gen) -> None:
             res = exact("default == silu_mul(gemm)", y, ref)
             for r in sorted({0, M // 2, M - 1}):
                 res += exact(f"row {r} alone", ops.gemm(x[r:r + 1].clone(), w, swiglu=True), ref[r:r + 1])
-            for halves in (False, True):                    # ops.GEMM_SWIGLU_HALVES: the weights' two layouts
-                ops.GEMM_SWIGLU_HALVES = halves
-                try:
-                    for tile, (rows, *_) in ops.GEMM_WIDE.items():
-                        if M > rows:
-                            continue
-                        for rep in range(2):
-                            res += exact(f"tile {tile} halves={halves} (launch {rep})",
-                                         ops.gemm(x, w, swiglu=True, tile=tile), ref)
-                        for pre in (0, 1):
-                            res += exact(f"tile {tile} halves={halves} pre={pre}",
-                                         ops.gemm(x, w, swiglu=True, tile=tile, pre=pre), ref)
-                finally:
-                    ops.GEMM_SWIGLU_HALVES = False
+            for tile, (rows, *_) in ops.GEMM_WIDE.items():
+                if M > rows:
+                    continue
+                for rep in range(2):
+                    res += exact(f"tile {tile} (launch {rep})", ops.gemm(x, w, swiglu=True, tile=tile), ref)
+                for pre in (0, 1, 8):
+                    res += exact(f"tile {tile} pre={pre}", ops.gemm(x, w, swiglu=True, tile=tile, pre=pre), ref)
             return res
         C.run("gemm_swiglu", f"M={M} I={I} K={K}", run)
 

@@ -49,7 +49,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
                                                    "m32_n64_k256s4", "m32_n64_k512s2", "m64_n32_k256s2",
                                                    "m64_n32_k256s2w8", "m64_n64_k256s3w8", "m128_n64_k128s4w8",
                                                    "m128_n32_k256s2w8", "m128_n64_k128s4w16")
-            for out in ("bf16", "f32", "swiglu", "swiglu_h")),
+            for out in ("bf16", "f32", "swiglu")),
     "skinny_gemm": tuple(f"skinny_{kind}" for m in (8, 16) for w in (4, 8, 16)
                          for kind in (f"m{m}_w{w}_bf16", f"m{m}_w{w}_f32", f"swiglu_m{m}_w{w}"))
     + tuple(f"skinny_staged_k{kc}s{s}p{pl}_{kind}" for kc, s, pl in ((512, 2, 16), (512, 3, 16), (512, 4, 16),

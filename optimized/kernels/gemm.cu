@@ -459,7 +459,7 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 // So every element is the canonical order's, bit for bit (check_kernels.py, "gemm"). A warp whose rows are all
 // past M skips the multiplies and only releases the stages. (Measured and dropped: thread-block clusters whose CTAs
 // each copy a slice of x into all of them by multicast, slower at 45 of 50 probe points.)
-template <int R, int TW, int KS, int S, int CW, bool F32, int SW>
+template <int R, int TW, int KS, int S, int CW, bool F32, bool SW>
 __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
                                                int M, int N, int K, int pre, int trigger) {
   constexpr int NB = KS / 64;                                     // 64-column blocks a stage
@@ -495,11 +495,8 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
       auto weights = [&](int i) {  // stage i's weight box, and the bytes the stage expects (x's included)
         const int s = i % S, t = (int)blockIdx.x + i / kst * (int)gridDim.x, ks = i % kst;
         mbar_expect_tx(bar_full + 8 * s, (u32)kStage);  // whole boxes: zeros past the edges count too
-        if constexpr (SW == 1) {
+        if constexpr (SW) {
           tensor_copy5(base + s * kStage, wmap, 0, 0, 0, t * (TW / 16), ks * NB, bar_full + 8 * s, policy, 1);
-        } else if constexpr (SW == 2) {  // the gate half, then the up half (rows N on)
-          tensor_copy(base + s * kStage, wmap, 0, t * (TW / 2), ks * NB, bar_full + 8 * s, policy, 1);
-          tensor_copy(base + s * kStage + kW / 2, wmap, 0, N + t * (TW / 2), ks * NB, bar_full + 8 * s, policy, 1);
         } else {
           tensor_copy(base + s * kStage, wmap, 0, t * TW, ks * NB, bar_full + 8 * s, policy, 1);
         }
@@ -551,15 +548,9 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
             }
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {  // matrices: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8)
+              const int n = n_base + j * 8 + ((mi >> 1) << 3) + (lane & 7);
               u32 b0, b1, b2, b3;
-              if constexpr (SW == 2) {  // gate rows from the first half, up rows from the second
-                const int n = (n_base + j * 8) / 2 + (lane & 7);
-                ldsm_x4(b0, b1, b2, b3, sw + (mi >> 1) * (kW / 2) +
-                                            swz128((u32)((b * (TW / 2) + n) * 128 + (kk * 16 + ((mi & 1) << 3)) * 2)));
-              } else {
-                const int n = n_base + j * 8 + ((mi >> 1) << 3) + (lane & 7);
-                ldsm_x4(b0, b1, b2, b3, sw + swz128((u32)((b * TW + n) * 128 + (kk * 16 + ((mi & 1) << 3)) * 2)));
-              }
+              ldsm_x4(b0, b1, b2, b3, sw + swz128((u32)((b * TW + n) * 128 + (kk * 16 + ((mi & 1) << 3)) * 2)));
 #pragma unroll
               for (int mt = 0; mt < MT; ++mt) {
                 if (m_base + mt * 16 >= M) continue;  // rows all past M: nothing of theirs is stored
@@ -678,26 +669,19 @@ TK_GEMM_STAGED(32, 4, 1)
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_bf16( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, __nv_bfloat16* __restrict__ y, \
       int M, int N, int K, int pre, int trigger) {                                                                 \
-    gemm_wide_impl<R, TW, KS, S, CW, false, 0>(&wmap, &xmap, y, M, N, K, pre, trigger);                               \
+    gemm_wide_impl<R, TW, KS, S, CW, false, false>(&wmap, &xmap, y, M, N, K, pre, trigger);                      \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1) gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_f32(  \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, float* __restrict__ y,       \
       int M, int N, int K, int pre, int trigger) {                                                                 \
-    gemm_wide_impl<R, TW, KS, S, CW, true, 0>(&wmap, &xmap, y, M, N, K, pre, trigger);                                \
+    gemm_wide_impl<R, TW, KS, S, CW, true, false>(&wmap, &xmap, y, M, N, K, pre, trigger);                       \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1)                                                   \
       gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_swiglu(const __grid_constant__ TensorMap wmap,                   \
                                                          const __grid_constant__ TensorMap xmap,                   \
                                                          __nv_bfloat16* __restrict__ y, int M, int N, int K,       \
                                                          int pre, int trigger) {                                   \
-    gemm_wide_impl<R, TW, KS, S, CW, false, 1>(&wmap, &xmap, y, M, N, K, pre, trigger);                                   \
-  }                                                                                                                \
-  extern "C" __global__ void __launch_bounds__(32 * (CW + 1), 1)                                                   \
-      gemm_wide_m##R##_n##TW##_k##KS##s##S##SFX##_swiglu_h(const __grid_constant__ TensorMap wmap,                 \
-                                                           const __grid_constant__ TensorMap xmap,                 \
-                                                           __nv_bfloat16* __restrict__ y, int M, int N, int K,     \
-                                                           int pre, int trigger) {                                 \
-    gemm_wide_impl<R, TW, KS, S, CW, false, 2>(&wmap, &xmap, y, M, N, K, pre, trigger);                                   \
+    gemm_wide_impl<R, TW, KS, S, CW, false, true>(&wmap, &xmap, y, M, N, K, pre, trigger);                       \
   }
 #define TK_GEMM_WIDE(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 4, )
 #define TK_GEMM_WIDE_W8(R, TW, KS, S) TK_GEMM_WIDE_CW(R, TW, KS, S, 8, w8)
