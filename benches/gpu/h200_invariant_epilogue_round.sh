@@ -4,6 +4,8 @@
 # before the wait and the SwiGLU epilogue"). Device calls, from the repository root:
 #   PART=check bash benches/gpu/h200_invariant_epilogue_round.sh   # checks and smoke, the A/B, the overhead bench
 #   PART=conf bash benches/gpu/h200_invariant_epilogue_round.sh    # the GPU-scale conformance clauses
+#   PART=final bash benches/gpu/h200_invariant_epilogue_round.sh   # the clauses beside the checks and smoke, then check's
+#                                                                   # timed part
 # check: side by side and untimed, check_kernels.py's gemm, gemm_swiglu and invariant sections and the engine smoke
 # test; then, alone on the GPU, ab_invariant.py (the variants in one process, tokens compared; MODELS, BATCHES,
 # AB_ARGS: more of its arguments) and
@@ -14,10 +16,12 @@ tag=${TAG:-_epi}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
 part=${PART:-check}
-if [ "$part" = check ]; then
+if [ "$part" = check ] || [ "$part" = final ]; then
   ( checks "${CHECK_SECS:-240}" check_kernels_gemm$tag.log ${SECTIONS:-gemm gemm_swiglu invariant} ) > "$OUT/checks.summary" &
   ( smoke 200 ) > "$OUT/smoke.summary" &
-  wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
+  [ "$part" = final ] && ( conformance_gpu "${CONF_SECS:-200}" "${FILTER:-invariant}" "conformance_gpu$tag.log" ) \
+    > "$OUT/conf.summary" &
+  wait; cat "$OUT"/*.summary; rm -f "$OUT"/*.summary
   mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
   timeout "${AB_SECS:-200}" python3 benches/gpu/ab_invariant.py --models ${MODELS:-qwen3-0.6b qwen3-8b} \
     --batches ${BATCHES:-1 8 32 64} --steps 32 --rounds 3 --out "$OUT" ${AB_ARGS:-} > "$OUT/ab_invariant$tag.log" 2>&1
