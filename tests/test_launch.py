@@ -313,9 +313,11 @@ def test_gemm_swiglu_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert [int(a) for a in log[-1][4][3:]] == [5, 12288, 4096, 4, 0]
     ops.gemm(torch.randn(5, 1024).to(bf), torch.randn(6144, 1024).to(bf))    # 6.3M elements: no weights before the wait
     assert log[-1][1] == "gemm_wide_m16_n64_k256s4_bf16" and [int(a) for a in log[-1][4][3:]] == [5, 6144, 1024, 0, 1]
-    ops.gemm(torch.randn(5, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True, pre=0)   # 0.6B, 5 rows
+    w06, m0 = torch.randn(6144, 1024).to(bf), len(maps)
+    ops.gemm(torch.randn(5, 1024).to(bf), w06, swiglu=True, pre=0)                   # 0.6B, 5 rows
     assert log[-1][1:4] == ("gemm_wide_m16_n64_k256s4_swiglu", (96, 1, 1), (160, 1, 1))         # 3072 / 32 tiles
-    assert [int(a) for a in log[-1][4][3:]] == [5, 3072, 1024, 0, 0] and maps[-2][3] == (64, 8, 2, 4, 4)
+    assert [int(a) for a in log[-1][4][3:]] == [5, 3072, 1024, 0, 0]
+    assert (w06.data_ptr(), (64, 8, 2, 4, 4)) in [(m[0], m[3]) for m in maps[m0:]]   # (x's map may be a cached one)
     n = len(log)
     y = ops.gemm(torch.randn(200, 1024).to(bf), torch.randn(6144, 1024).to(bf), swiglu=True)   # > 128 rows
     assert y.shape == (200, 3072) and [r[1] for r in log[n:]] == ["gemm_64x64_bf16", "silu_mul"]

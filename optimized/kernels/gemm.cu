@@ -30,7 +30,7 @@
 //   gemm_staged_m{R}_s{S}c{CPS}_{bf16,f32}  a producer warp bulk-copies CPS chunks of a tile's 16 weight rows
 //                                 and of the (at most R) x rows into one of S stages, and consumer warp
 //                                 i % 4 walks stage i in canonical order (below, "The staged kernel");
-//   gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8,w16}_{bf16,f32}  a producer lane fills each stage -- a KS-column slice
+//   gemm_wide_m{R}_n{TW}_k{KS}s{S}{,w8,w16}_{bf16,f32,swiglu}  a producer lane fills each stage -- a KS-column slice
 //                                 of a TW-row weight tile and of R x rows -- by two tensor copies, and each
 //                                 consumer warp walks its own outputs through every stage in canonical
 //                                 order (below, "The wide kernel").
@@ -448,7 +448,10 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 //     past N or M arrive as zeros and are never stored; K % 64 == 0 (ops.py checks it), so a stage is whole
 //     blocks and blocks past K are not multiplied;
 //   * warp CW's lane 0 produces: waits for a stage to be empty, announces its bytes, issues the two copies
-//     (weights at L2 evict-first priority);
+//     (weights at L2 evict-first priority). The weight copies of its first `pre` stages go out before its PDL wait
+//     (weights are written by no kernel), their x copies after it; the consumers wait before anything else. With
+//     `trigger` == 0 no thread calls griddepcontrol.launch_dependents, so the next kernel is scheduled only as
+//     this grid's CTAs exit (ops.py: the SwiGLU launches of few rows, whose successor is the down GEMM);
 //   * the CW consumer warps (4, 8 or 16), a WM x WN grid over the stage's R x TW outputs (WM = min(R / 16,
 //     CW / 2)), all take every stage: each computes its own outputs' p_c over the stage's blocks with
 //     mma.m16n8k16 -- x as the A operand (ldmatrix.x4), the weight rows as pairs of n8 B tiles (ldmatrix.x4), the
@@ -456,6 +459,11 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 //     stage, and at each chunk's last stage folds t = t + p_c in registers (t = 0 at the tile's start), storing t
 //     after the tile's last.
 //     The fold needs no other warp: an element's chunks all pass through one warp, in order.
+// The SwiGLU build (SW, bf16 out [M, N = I]) takes W = [gate | up] [2I, K] through launch.encode_swiglu_map's 5-D
+// map: a TW-row box lands each block's rows as 8 gate rows, the 8 up rows of the same outputs, and so on, so a
+// warp's n8 tiles j, j + 1 (j even) are gate and up of the same 8 output columns, and the consumers above are
+// unchanged. A tile covers TW / 2 outputs; its store is silu_mul1(bf16(gate), bf16(up)) rounded to bf16, the very
+// bits of silu_mul after the plain GEMM (check_kernels.py, "gemm_swiglu").
 // So every element is the canonical order's, bit for bit (check_kernels.py, "gemm"). A warp whose rows are all
 // past M skips the multiplies and only releases the stages. (Measured and dropped: thread-block clusters whose CTAs
 // each copy a slice of x into all of them by multicast, slower at 45 of 50 probe points.)
