@@ -285,6 +285,11 @@ class CudaRunner:
                 torch.empty(0, device=self.dev)) else {})
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
+        #: default-mode steps of at most this many rows run every GEMM through ``ops.gemm`` -- the batch-invariant
+        #: mode's kernels, the wide one with its SwiGLU epilogue and its weights before the PDL wait -- ahead of every
+        #: rule above. Default 0 (off): a lab switch for the A/B of ``benches/gpu/profile_decode.py`` (``canon8``,
+        #: ``canon16``), not yet run on a GPU (docs/performance.md, "The wide kernel's launches")
+        self.canonical_gemm_max_m = 0
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
         self.staged_evict_first = STAGED_EVICT_FIRST
         #: a decode step's qk_norm_rope (and its KV store) runs inside the attention launch
@@ -424,7 +429,7 @@ class CudaRunner:
         """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step (``prefetch``: its
         L2 prefetch of the first weights before it waits for the kernel before it), the staged skinny
         kernel where ``staged`` names the GEMM's ``role``, or our fixed-order GEMM in batch-invariant mode."""
-        if self.invariant:
+        if self.invariant or x.shape[0] <= self.canonical_gemm_max_m:
             return ops.gemm(x, w)
         wg = self._wg_cfg(x, w, role)
         if wg is not None:
@@ -501,7 +506,7 @@ class CudaRunner:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
-        if self.invariant:
+        if self.invariant or hidden.shape[0] <= self.canonical_gemm_max_m:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
         wg = self._wg_cfg(hidden, self.lm_head, "lm_head")
         if wg is not None:
@@ -555,7 +560,7 @@ class CudaRunner:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on; in
         batch-invariant mode ``ops.gemm(..., swiglu=True)`` (one launch on its wide kernel, the same bits)."""
-        if self.invariant:
+        if self.invariant or h.shape[0] <= self.canonical_gemm_max_m:
             if self.fuse_swiglu:
                 return ops.gemm(h, wgu, swiglu=True)
             return ops.silu_mul(self._mm(h, wgu, role="gate_up"))

@@ -618,3 +618,25 @@ def test_optimized_defaults_auto_split_but_fixed_under_batch_invariance():
     assert engine_config(batch_invariant=True, split_kv="disabled").split_kv == "disabled"
     with pytest.raises(reference.ConfigError):
         engine_config(batch_invariant=True, split_kv="auto")
+
+
+def test_canonical_gemm_max_m_routes_small_default_steps_to_ops_gemm(opt_engine, launches):
+    """``canonical_gemm_max_m`` (0, off, by default): in default mode the steps of at most that many rows run every
+    GEMM through ``ops.gemm`` -- gate/up with its SwiGLU epilogue (``fuse_swiglu``), the LM head in fp32 -- ahead of
+    the skinny kernels; larger steps keep the rules. The stand-ins' products are the reference's, so the rollout's
+    tokens are the engine's without it."""
+    prompts = [[(3 * i + j) % 512 for j in range(2 + i % 4)] for i in range(6)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 6
+    eng = opt_engine()
+    assert eng.runner.canonical_gemm_max_m == 0
+    want = _rollout(eng, prompts, sps, turns=2)
+    assert not {"gemm", "gemm_swiglu"} & {k for k, _ in launches}, "off by default"
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.canonical_gemm_max_m = 8
+    assert _rollout(eng, prompts, sps, turns=2) == want
+    rows = {k: sorted({m for kk, m in launches if kk == k}) for k in ("gemm", "gemm_swiglu")}
+    assert rows["gemm"] and rows["gemm_swiglu"] and max(rows["gemm"] + rows["gemm_swiglu"]) <= 8, rows
+    assert 8 in rows["gemm_swiglu"], "the decode steps (6 sequences, padded to the 8-row bucket)"
+    skinny = [d if isinstance(d, int) else d[0] for k, d in launches if k.startswith("skinny")]
+    assert all(m > 8 for m in skinny), ("no skinny kernel takes a step the switch covers", skinny)
