@@ -971,8 +971,9 @@ GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
 
 
 #: a wide gemm launch copies its first stages' weights before its PDL wait (all of its stages) where the weight has at
-#: least this many elements, none below (the H200: 1-2% faster qwen3-8b steps at 1-8 rows, 4-6% slower qwen3-0.6b
-#: steps with it on every GEMM; docs/performance.md, "The wide kernel's launches")
+#: least this many elements, none below (the H200, with it on every GEMM: qwen3-0.6b steps of 1-8 rows 3-6% slower;
+#: qwen3-8b's 0.5-1.7% faster with the SwiGLU launch's early trigger, level with the late one; docs/performance.md,
+#: "The wide kernel's launches")
 GEMM_WIDE_PRE_MIN_ELEMS = 16 << 20
 #: stages copied before the wait when ``gemm`` is not told, whatever the weight's size (``None``: the rule above; a lab
 #: switch, read at launch: a CUDA graph keeps what it was captured with). The bits do not depend on it.

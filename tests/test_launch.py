@@ -86,6 +86,7 @@ def test_ops_launch_dispatch(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setattr(kernels, "load", lambda module: types.SimpleNamespace(get_function=FakeKernel))
     monkeypatch.setattr(ops, "_functions", {})
+    monkeypatch.setattr(ops, "_function_smem", {})
     monkeypatch.setattr(ops, "_device_index", lambda t: 0)
     monkeypatch.setattr(ops, "_cc_major", lambda dev: 9)
     monkeypatch.setattr(ops, "_stream", lambda dev: contextlib.nullcontext())
@@ -117,6 +118,10 @@ def test_ops_launch_dispatch(monkeypatch):
     # the driver's attributes: PDL always, the cluster's dimensions (x, 1, 1) only when asked for
     assert launch.launch_attrs() == ((launch.ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)),)
     assert launch.launch_attrs(3) == ((6, (1,)), (4, (3, 1, 1)))
+    # a later launch that asks more shared memory opts the loaded kernel in again (gemm's wide tiles); less leaves it
+    assert ops._function(0, "rmsnorm", "rmsnorm", 120 * 1024)[0] is fn and fn.max_dynamic_shared_size_bytes == 120 * 1024
+    assert ops._function(0, "rmsnorm", "rmsnorm", 80 * 1024)[0] is fn and fn.max_dynamic_shared_size_bytes == 120 * 1024
+    assert [c[0] for c in calls].count("load") == 1
 
 
 @pytest.fixture
