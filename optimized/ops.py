@@ -156,13 +156,11 @@ def _function(dev: int, module: str, name: str, smem: int, ctas_per_sm: int | No
             entry = _functions.get(key)
             if entry is None:
                 fn = kernels.load(module).get_function(name)
-                if smem > 48 * 1024:
-                    fn.max_dynamic_shared_size_bytes = smem  # opt in above the 48 KB default
-                    _function_smem[key] = smem
                 if ctas_per_sm is not None:
                     fn.preferred_shared_memory_carveout = _carveout_percent(dev, fn, smem, ctas_per_sm)
                 entry = _functions[key] = (fn, fn.kernel.ptr)
-    if smem > _function_smem.get(key, 48 * 1024):   # a launch that asks more than any before it (gemm's wide tiles)
+    # opt in above the 48 KB default, and again for a launch that asks more than any before it (gemm's wide tiles)
+    if smem > _function_smem.get(key, 48 * 1024):
         with _lock:
             if smem > _function_smem.get(key, 48 * 1024):
                 entry[0].max_dynamic_shared_size_bytes = smem

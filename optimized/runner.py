@@ -425,11 +425,16 @@ class CudaRunner:
         """The slots this rank writes each token's K/V to (``-1``: none); context-parallel hook."""
         return slots
 
+    def _canonical(self, rows: int) -> bool:
+        """Whether a GEMM of ``rows`` rows runs through ``ops.gemm``: always in batch-invariant mode, else up to
+        ``canonical_gemm_max_m`` rows."""
+        return self.invariant or rows <= self.canonical_gemm_max_m
+
     def _mm(self, x: torch.Tensor, w: torch.Tensor, prefetch: bool = True, role: str = "") -> torch.Tensor:
         """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step (``prefetch``: its
         L2 prefetch of the first weights before it waits for the kernel before it), the staged skinny
         kernel where ``staged`` names the GEMM's ``role``, or our fixed-order GEMM in batch-invariant mode."""
-        if self.invariant or x.shape[0] <= self.canonical_gemm_max_m:
+        if self._canonical(x.shape[0]):
             return ops.gemm(x, w)
         wg = self._wg_cfg(x, w, role)
         if wg is not None:
@@ -506,7 +511,7 @@ class CudaRunner:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
-        if self.invariant or hidden.shape[0] <= self.canonical_gemm_max_m:
+        if self._canonical(hidden.shape[0]):
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
         wg = self._wg_cfg(hidden, self.lm_head, "lm_head")
         if wg is not None:
@@ -560,7 +565,7 @@ class CudaRunner:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
         (``ops.skinny_swiglu``, the same bits) where the GEMM is a skinny one and ``fuse_swiglu`` is on; in
         batch-invariant mode ``ops.gemm(..., swiglu=True)`` (one launch on its wide kernel, the same bits)."""
-        if self.invariant or h.shape[0] <= self.canonical_gemm_max_m:
+        if self._canonical(h.shape[0]):
             if self.fuse_swiglu:
                 return ops.gemm(h, wgu, swiglu=True)
             return ops.silu_mul(self._mm(h, wgu, role="gate_up"))

@@ -50,6 +50,17 @@ smoke() {
   grep -E "^\[(ok|FAIL)|FAILED|Error|lookahead steps" "$OUT"/engine_smoke.log | head -20
 }
 
+# checks_beside_smoke CHECK_SECS SMOKE_SECS TAG SECTIONS...: check_kernels.py's SECTIONS (into
+# $OUT/check_kernels_gemm$TAG.log) beside the engine smoke test (its log kept as $OUT/engine_smoke$TAG.log), untimed,
+# then both summaries. The caller may start a third untimed step in the background first: the wait here takes it too
+checks_beside_smoke() {
+  local csecs=$1 ssecs=$2 tag=$3; shift 3
+  ( checks "$csecs" "check_kernels_gemm$tag.log" "$@" ) > "$OUT/checks.summary" &
+  ( smoke "$ssecs" ) > "$OUT/smoke.summary" &
+  wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
+  mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
+}
+
 # conformance_ci SECONDS: the conformance suite at CI scale on the optimized engine
 conformance_ci() {
   timeout "$1" python3 -m pytest conformance -q -rs -p no:cacheprovider --engine optimized --durations=5 \

@@ -17,12 +17,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 build_kernels
 part=${PART:-check}
 if [ "$part" = check ] || [ "$part" = final ]; then
-  ( checks "${CHECK_SECS:-240}" check_kernels_gemm$tag.log ${SECTIONS:-gemm gemm_swiglu invariant} ) > "$OUT/checks.summary" &
-  ( smoke 200 ) > "$OUT/smoke.summary" &
   [ "$part" = final ] && ( conformance_gpu "${CONF_SECS:-200}" "${FILTER:-invariant}" "conformance_gpu$tag.log" ) \
     > "$OUT/conf.summary" &
-  wait; cat "$OUT"/*.summary; rm -f "$OUT"/*.summary
-  mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
+  checks_beside_smoke "${CHECK_SECS:-240}" 200 "$tag" ${SECTIONS:-gemm gemm_swiglu invariant}
+  [ -f "$OUT/conf.summary" ] && cat "$OUT/conf.summary" && rm -f "$OUT/conf.summary"
   timeout "${AB_SECS:-200}" python3 benches/gpu/ab_invariant.py --models ${MODELS:-qwen3-0.6b qwen3-8b} \
     --batches ${BATCHES:-1 8 32 64} --steps 32 --rounds 3 --out "$OUT" ${AB_ARGS:-} > "$OUT/ab_invariant$tag.log" 2>&1
   echo "ab_invariant rc=$?"; grep -vE "^\s+[0-9.]+ us" "$OUT/ab_invariant$tag.log" | tail -40

@@ -16,10 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 build_kernels
 part=${PART:-check}
 if [ "$part" = check ] || [ "$part" = all ]; then
-  ( checks 300 check_kernels_gemm$tag.log gemm invariant ) > "$OUT/checks.summary" &
-  ( smoke 240 ) > "$OUT/smoke.summary" &
-  wait; cat "$OUT/checks.summary" "$OUT/smoke.summary"; rm -f "$OUT/checks.summary" "$OUT/smoke.summary"
-  mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
+  checks_beside_smoke 300 240 "$tag" gemm invariant
   timeout "${PROBE_SECS:-280}" python3 benches/gpu/probe_gemm_staged.py --rows ${ROWS:-8 16 32 64 128} \
     --json "$OUT/probe_gemm_wide$tag.json" > "$OUT/probe_gemm_wide$tag.log" 2>&1
   echo "probe_gemm_staged rc=$?"; grep -E "DIFFER|Error|error|bitwise" "$OUT/probe_gemm_wide$tag.log" | head

@@ -97,6 +97,30 @@ __device__ __forceinline__ void store_pair(void* __restrict__ y, long long off, 
     *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + off) = __floats2bfloat162_rn(a, b);
 }
 
+// A warp's MT x NT C fragments: p_c = t = 0 at a tile's start, and the canonical order's fold at a chunk's end,
+// t = t + p_c (one rounding, no contraction) and p_c = 0.
+template <int MT, int NT>
+__device__ __forceinline__ void frags_zero(float (&acc)[MT][NT][4], float (&tot)[MT][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = tot[i][j][e] = 0.f;
+}
+template <int MT, int NT>
+__device__ __forceinline__ void frags_fold(float (&tot)[MT][NT][4], float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        tot[i][j][e] = __fadd_rn(tot[i][j][e], acc[i][j][e]);
+        acc[i][j][e] = 0.f;
+      }
+}
+
 // Stores the fp32 values v (c0..c3 layout) of this warp's tiles: to y (bf16 or fp32) or to a workspace.
 template <int BM, int BN, int WM, int WN, int MT, int NT, bool F32>
 __device__ __forceinline__ void store_tiles(const float (&v)[MT][NT][4], void* __restrict__ y, int M, int N, int m0,
@@ -137,12 +161,7 @@ __device__ __forceinline__ void gemm_mainloop(const __nv_bfloat16* __restrict__ 
   const int wm = warp / WN, wn = warp - wm * WN;
   const int KT = (k_end - k_begin + BK - 1) / BK;
 
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = total[i][j][e] = 0.f;
+  frags_zero(acc, total);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -193,17 +212,7 @@ __device__ __forceinline__ void gemm_mainloop(const __nv_bfloat16* __restrict__ 
       }
     }
     if constexpr (FOLD) {
-      if ((kbase + BK) % KC == 0 || kt == KT - 1) {  // chunk end: total += p_c, p_c = 0
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              total[i][j][e] = __fadd_rn(total[i][j][e], acc[i][j][e]);
-              acc[i][j][e] = 0.f;
-            }
-      }
+      if ((kbase + BK) % KC == 0 || kt == KT - 1) frags_fold(total, acc);  // chunk end: total += p_c, p_c = 0
     }
   }
   cp_async_wait<0>();
@@ -532,12 +541,7 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
   float acc[MT][NT][4], tot[MT][NT][4];
   int i = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][j][e] = tot[mt][j][e] = 0.f;
+    frags_zero(acc, tot);
     for (int ks = 0; ks < kst; ++ks, ++i) {
       const int s = i % S;
       mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
@@ -571,17 +575,7 @@ __device__ __forceinline__ void gemm_wide_impl(const TensorMap* wmap, const Tens
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // the stage may be refilled
-      if ((ks + 1) % SPC == 0 || ks == kst - 1) {      // a chunk's end: t = t + p_c, p_c = 0
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              tot[mt][j][e] = __fadd_rn(tot[mt][j][e], acc[mt][j][e]);
-              acc[mt][j][e] = 0.f;
-            }
-      }
+      if ((ks + 1) % SPC == 0 || ks == kst - 1) frags_fold(tot, acc);  // a chunk's end: t = t + p_c, p_c = 0
     }
     if constexpr (SW) {
 #pragma unroll
