@@ -1,0 +1,242 @@
+"""Where the agentic workload's time goes, turn by turn: the GPU's busy and idle time, the prefill and the
+decode steps, against the decode steps' memory floor.
+
+    python benches/gpu/profile_agentic.py [--turns 8] [--out DIR]
+
+Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_agentic.py``). The
+workload is that bench's (``test_agentic.Workload``: qwen3-0.6b, 64 sequences, prompt 1024, turns of
+observation 256 and generation 128, greedy, random weights), the engine resuming. It runs once to warm
+up (two short turns, as the bench does), once timed (the bench's per-turn wall clock), and once under
+``torch.profiler``. In the profiled run every turn and every engine step is a host range
+(``record_function``); each kernel belongs to the step whose host range launched it (the launch's
+correlation id: a graph replay's kernels belong to the ``cudaGraphLaunch``). Per turn it prints:
+
+* the host wall time of the turn, the GPU's busy time (the union of the kernels' intervals) and idle time,
+  split into before the first kernel, after the last kernel, and the gaps between kernels;
+* the prefill steps (count, tokens, GPU span: first kernel start to last kernel end) and the decode
+  steps (count, summed and median span, the median gap between two decode steps);
+* the decode steps' floor: weights + the batch's K/V bytes over the copy ceiling measured here, at the
+  turn's mean context, and the % of it the median decode span reaches.
+
+A lookahead step that the engine drops is launched inside the step before it, so its kernels count in
+that step's span; the decode steps' count is the host's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benches")]
+
+from _bench import Scale, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from _ceilings import measure_ceilings  # noqa: E402
+import test_agentic as ag  # noqa: E402
+
+
+
+def _instrument(eng) -> list[dict]:
+    """Wrap the engine's step in a host range named by its kind and size; returns the step log."""
+    from torch.profiler import record_function
+    log: list[dict] = []
+    schedule = eng.scheduler.schedule
+    step = eng._step
+
+    def logged_schedule():
+        batch = schedule()
+        if batch is not None:
+            log.append({"kind": batch.kind, "tokens": batch.num_tokens, "rows": len(batch.seqs),
+                        "ctx": float(batch.seq_lens.mean())})
+        return batch
+
+    def ranged_step():
+        n = len(log)
+        with record_function(f"turnkv_step {n}"):
+            step()
+
+    eng.scheduler.schedule = logged_schedule
+    eng._step = ranged_step
+    return log
+
+
+def _trace(prof) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return json.loads(Path(f.name).read_text())
+
+
+def _union(iv: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(iv):
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    return busy
+
+
+def analyse(trace: dict, log: list[dict], floor_ms, turns: int) -> list[dict]:
+    ev = trace["traceEvents"]
+    ranges = {}                          # name -> (start, end) of the host ranges
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation":
+            n = e["name"]
+            if n.startswith(("turnkv_step ", "turnkv_turn ")):
+                ranges[n] = (e["ts"], e["ts"] + e["dur"])
+    launches = {}                        # correlation -> host timestamp of the launch
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e["ts"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e["args"].get("correlation")) for e in ev
+                     if e.get("ph") == "X" and e.get("cat") == "kernel")
+    steps = sorted((r[0], r[1], int(n.split()[1])) for n, r in ranges.items() if n.startswith("turnkv_step "))
+    starts = [s[0] for s in steps]
+    by_step: dict[int, list] = {}
+    for k in kernels:
+        t = launches.get(k[3])
+        if t is None:
+            continue
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and t <= steps[i][1]:
+            by_step.setdefault(steps[i][2], []).append(k)
+    out = []
+    for k in range(turns):
+        t0, t1 = ranges[f"turnkv_turn {k + 1}"]
+        ks = [x for x in kernels if x[0] >= t0 and x[1] <= t1 + 1]
+        busy = _union([(a, b) for a, b, *_ in ks])
+        first, last = (ks[0][0], max(b for _, b, *_ in ks)) if ks else (t0, t0)
+        idx = [s[2] for s in steps if t0 <= s[0] <= t1]
+        pre = [i for i in idx if log[i]["kind"] == "prefill"]
+        dec = [i for i in idx if log[i]["kind"] == "decode"]
+
+        def span(i):
+            kk = by_step.get(i, [])
+            return (max(b for _, b, *_ in kk) - min(a for a, *_ in kk)) if kk else 0.0
+
+        dec_spans = [span(i) for i in dec if by_step.get(i)]
+        dec_gaps = []
+        for a, b in zip(dec, dec[1:]):
+            ka, kb = by_step.get(a), by_step.get(b)
+            if ka and kb:
+                dec_gaps.append(min(x[0] for x in kb) - max(x[1] for x in ka))
+        ctx = statistics.mean(log[i]["ctx"] for i in dec) if dec else 0.0
+        rows = statistics.mean(log[i]["rows"] for i in dec) if dec else 0.0
+        fl = floor_ms(rows, ctx) if dec else 0.0
+        med = statistics.median(dec_spans) / 1e3 if dec_spans else 0.0
+        out.append(dict(turn=k + 1, wall_ms=(t1 - t0) / 1e3, busy_ms=busy / 1e3, idle_ms=(t1 - t0 - busy) / 1e3,
+                        head_ms=(first - t0) / 1e3, tail_ms=(t1 - last) / 1e3,
+                        gaps_ms=((last - first) - busy) / 1e3, kernels=len(ks),
+                        prefill_steps=len(pre), prefill_tokens=sum(log[i]["tokens"] for i in pre),
+                        prefill_ms=sum(span(i) for i in pre) / 1e3,
+                        decode_steps=len(dec), decode_rows=rows, decode_ctx=ctx,
+                        decode_ms=sum(dec_spans) / 1e3, decode_median_ms=med,
+                        decode_gap_median_us=statistics.median(dec_gaps) if dec_gaps else 0.0,
+                        decode_gap_sum_ms=sum(dec_gaps) / 1e3, decode_floor_ms=fl,
+                        decode_pct_floor=100 * fl / med if med else 0.0,
+                        decode_kernels=_increments([by_step[i] for i in dec if by_step.get(i)]),
+                        prefill_kernels=_increments([by_step[i] for i in pre if by_step.get(i)])))
+    return out
+
+
+def _increments(steps: list[list]) -> list[tuple[str, int, float]]:
+    """Per kernel name over these steps: launches and the summed increment (its end less the previous
+    kernel's end, within a step; PDL overlaps the durations, the increments sum to the spans), in us."""
+    agg: dict[str, list] = {}
+    for ks in steps:
+        ks = sorted(ks)
+        prev = ks[0][0]
+        for _start, b, name, _ in ks:
+            e = agg.setdefault(name[:70], [0, 0.0])
+            e[0] += 1
+            e[1] += max(0.0, b - prev)
+            prev = max(prev, b)
+    return sorted(((n, c, t) for n, (c, t) in agg.items()), key=lambda x: -x[2])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--turns", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
+    args = ap.parse_args()
+    scale = Scale(args.scale)
+    ceiling = measure_ceilings(scale)["copy_GBps"]
+    print(f"device {torch.cuda.get_device_name() if scale.gpu else 'cpu'}, copy ceiling {ceiling:.0f} GB/s")
+    w = ag.Workload(scale)
+    cfg = w.cfg
+    wbytes, kv_tok = weight_bytes_per_step(cfg), kv_bytes_per_token(cfg)
+
+    def floor_ms(rows: float, ctx: float) -> float:
+        return (wbytes + rows * ctx * kv_tok) / (ceiling * 1e9) * 1e3
+
+    args.turns = args.turns or ag.TURNS[args.scale]
+    warm = w.warm_up("resume")
+    assert all(len(t) == ag.WARM_GEN for seq in warm["tokens"] for t in seq), "warm-up: wrong lengths"
+    timed = w.run("resume")
+    print("timed run (the bench's clock): " + "  ".join(f"{t:.3f}" for t in timed["turn_s"][:args.turns])
+          + f"  total {sum(timed['turn_s']):.3f} s")
+
+    eng = w.engine()
+    log = _instrument(eng)
+    from torch.profiler import ProfilerActivity, profile, record_function
+    turn_s = []
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if scale.gpu else [])
+    with profile(activities=acts) as prof:
+        n = len(w.prompts)
+        sids = [eng.rollout_add(p + o[0], w.sp) for p, o in zip(w.prompts, w.obs)]
+        for k in range(args.turns):
+            scale.sync()
+            t = time.perf_counter()
+            with record_function(f"turnkv_turn {k + 1}"):
+                if k:
+                    for sid, o in zip(sids, w.obs):
+                        eng.rollout_continue(sid, o[k])
+                outs = eng.rollout_run_turns()
+                scale.sync()
+            turn_s.append(time.perf_counter() - t)
+            assert all(len(outs[s].token_ids) == ag.GEN[args.scale] for s in sids), f"turn {k + 1}: wrong lengths"
+        for sid in sids:
+            eng.rollout_finish(sid)
+    assert len(sids) == n
+    rows = analyse(_trace(prof), log, floor_ms, args.turns)
+    print("profiled run's turns (s): " + "  ".join(f"{t:.3f}" for t in turn_s))
+    hdr = ("turn", "wall", "busy", "idle", "head", "tail", "gaps", "pf#", "pf tok", "pf ms", "dec#", "ctx",
+           "dec ms", "med", "floor", "%fl", "gap us", "gaps ms")
+    print(" ".join(f"{h:>7}" for h in hdr))
+    for r in rows:
+        vals = (r["turn"], r["wall_ms"], r["busy_ms"], r["idle_ms"], r["head_ms"], r["tail_ms"], r["gaps_ms"],
+                r["prefill_steps"], r["prefill_tokens"], r["prefill_ms"], r["decode_steps"], r["decode_ctx"],
+                r["decode_ms"], r["decode_median_ms"], r["decode_floor_ms"], r["decode_pct_floor"],
+                r["decode_gap_median_us"], r["decode_gap_sum_ms"])
+        print(" ".join(f"{v:>7.1f}" if isinstance(v, float) else f"{v:>7}" for v in vals))
+    for r in rows:
+        if r["turn"] in (2, args.turns):
+            for what in ("decode", "prefill"):
+                ks, n = r[what + "_kernels"], max(1, r[what + "_steps"])
+                print(f"turn {r['turn']}, {what} steps ({r[what + '_steps']}): per step, kernels by summed increment")
+                for name, c, t in ks[:14]:
+                    print(f"   {t / n:9.1f} us  {c / n:6.1f}x  {name}")
+    tot = {k: sum(r[k] for r in rows) for k in ("wall_ms", "busy_ms", "idle_ms", "head_ms", "tail_ms", "gaps_ms",
+                                                "prefill_ms", "decode_ms", "decode_gap_sum_ms")}
+    print("totals (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in tot.items()))
+    print("decode floor at each turn's mean context, summed over its steps (ms): "
+          f"{sum(r['decode_floor_ms'] * r['decode_steps'] for r in rows):.1f}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_agentic.json").write_text(json.dumps(
+            {"copy_GBps": ceiling, "timed_turn_s": timed["turn_s"], "profiled_turn_s": turn_s, "turns": rows,
+             "steps": log}, indent=1))
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
