@@ -285,11 +285,12 @@ class CudaRunner:
                 torch.empty(0, device=self.dev)) else {})
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
-        #: default-mode steps of at most this many rows run every GEMM through ``ops.gemm`` -- the batch-invariant
-        #: mode's kernels, the wide one with its SwiGLU epilogue and its weights before the PDL wait -- ahead of every
-        #: rule above. Default 0 (off): a lab switch for the A/B of ``benches/gpu/profile_decode.py`` (``canon8``,
-        #: ``canon16``), not yet run on a GPU (docs/performance.md, "The wide kernel's launches")
+        #: default-mode steps of ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows run every GEMM through
+        #: ``ops.gemm`` -- the batch-invariant mode's kernels, the wide one with its SwiGLU epilogue and its weights
+        #: before the PDL wait -- ahead of every rule above. Default 0 (off): a lab switch for the A/B of
+        #: ``benches/gpu/profile_decode.py`` (``canon*`` variants; docs/performance.md, "The wide kernel's launches")
         self.canonical_gemm_max_m = 0
+        self.canonical_gemm_min_m = 1
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
         self.staged_evict_first = STAGED_EVICT_FIRST
         #: a decode step's qk_norm_rope (and its KV store) runs inside the attention launch
@@ -426,9 +427,9 @@ class CudaRunner:
         return slots
 
     def _canonical(self, rows: int) -> bool:
-        """Whether a GEMM of ``rows`` rows runs through ``ops.gemm``: always in batch-invariant mode, else up to
-        ``canonical_gemm_max_m`` rows."""
-        return self.invariant or rows <= self.canonical_gemm_max_m
+        """Whether a GEMM of ``rows`` rows runs through ``ops.gemm``: always in batch-invariant mode, else from
+        ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows."""
+        return self.invariant or self.canonical_gemm_min_m <= rows <= self.canonical_gemm_max_m
 
     def _mm(self, x: torch.Tensor, w: torch.Tensor, prefetch: bool = True, role: str = "") -> torch.Tensor:
         """``x @ w.T``: cuBLAS, ``skinny_gemm`` for the few rows of a small decode step (``prefetch``: its

@@ -4,20 +4,22 @@
 #   bash benches/gpu/h200_agentic_round.sh
 # profile_agentic.py (the bench's workload, the engine resuming: per turn the GPU's busy and idle time, the prefill
 # and decode steps against the decode floor, and the kernels of turns 2 and 8); then, if CANON=1, profile_decode.py's
-# canon8 / canon16 variants (the default engine's steps of up to 8 / 16 rows with every GEMM on the batch-invariant
-# kernels) at batch 1, 8 and 16 of both models. AGENTIC_ARGS: more of profile_agentic.py's arguments. TAG: the logs'
-# suffix.
+# canon variants (the default engine's steps of some rows with every GEMM on the batch-invariant kernels; CANON_VARIANTS,
+# default canon8 / canon16) at CANON_BATCHES (default 1 8 16) of both models. AGENTIC=0 skips the profile;
+# AGENTIC_ARGS: more of profile_agentic.py's arguments. TAG: the logs' suffix.
 source benches/gpu/_env.sh
 tag=${TAG:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
-timeout "${AGENTIC_SECS:-240}" python3 benches/gpu/profile_agentic.py --out "$OUT" ${AGENTIC_ARGS:-} \
-  > "$OUT/profile_agentic$tag.log" 2>&1
-echo "profile_agentic rc=$?"; grep -v "^\s*$" "$OUT/profile_agentic$tag.log" | grep -v "^USDT\|Warning" | tail -60
-mv "$OUT/profile_agentic.json" "$OUT/profile_agentic$tag.json" 2>/dev/null
+if [ "${AGENTIC:-1}" = 1 ]; then
+  timeout "${AGENTIC_SECS:-240}" python3 benches/gpu/profile_agentic.py --out "$OUT" ${AGENTIC_ARGS:-} \
+    > "$OUT/profile_agentic$tag.log" 2>&1
+  echo "profile_agentic rc=$?"; grep -v "^\s*$" "$OUT/profile_agentic$tag.log" | grep -v "^USDT\|Warning" | tail -90
+  mv "$OUT/profile_agentic.json" "$OUT/profile_agentic$tag.json" 2>/dev/null
+fi
 if [ "${CANON:-1}" = 1 ]; then
-  timeout "${CANON_SECS:-200}" python3 benches/gpu/profile_decode.py --models qwen3-0.6b qwen3-8b --batches 1 8 16 \
-    --steps 32 --rounds 3 --profile-batches --variants default canon8 canon16 > "$OUT/profile_canon$tag.log" 2>&1
-  echo "profile_decode canon rc=$?"; grep -vE "^\s+[0-9.]+ us|^USDT|Warning" "$OUT/profile_canon$tag.log" | tail -20
+  timeout "${CANON_SECS:-200}" python3 benches/gpu/profile_decode.py --models qwen3-0.6b qwen3-8b --batches ${CANON_BATCHES:-1 8 16} \
+    --steps 32 --rounds 3 --profile-batches --variants default ${CANON_VARIANTS:-canon8 canon16} > "$OUT/profile_canon$tag.log" 2>&1
+  echo "profile_decode canon rc=$?"; grep -vE "^\s+[0-9.]+ us|^USDT|Warning" "$OUT/profile_canon$tag.log" | tail -40
 fi
 exit 0

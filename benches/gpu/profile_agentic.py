@@ -94,7 +94,7 @@ def analyse(trace: dict, log: list[dict], floor_ms, turns: int) -> list[dict]:
                 ranges[n] = (e["ts"], e["ts"] + e["dur"])
     launches = {}                        # correlation -> host timestamp of the launch
     for e in ev:
-        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = e["ts"]
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e["args"].get("correlation")) for e in ev
                      if e.get("ph") == "X" and e.get("cat") == "kernel")
@@ -128,6 +128,20 @@ def analyse(trace: dict, log: list[dict], floor_ms, turns: int) -> list[dict]:
             ka, kb = by_step.get(a), by_step.get(b)
             if ka and kb:
                 dec_gaps.append(min(x[0] for x in kb) - max(x[1] for x in ka))
+        host = {s[2]: (s[0], s[1]) for s in steps if t0 <= s[0] <= t1}
+        detail = []                                   # the turn's first four steps and its last one
+        for j, i in enumerate(idx):
+            if j >= 4 and j != len(idx) - 1:
+                continue
+            kk = by_step.get(i, [])
+            nxt = by_step.get(idx[j + 1], []) if j + 1 < len(idx) else []
+            a, b = host[i]
+            k0 = min(x[0] for x in kk) if kk else a
+            k1 = max(x[1] for x in kk) if kk else a
+            detail.append(dict(step=j + 1, kind=log[i]["kind"], tokens=log[i]["tokens"], rows=log[i]["rows"],
+                               host_ms=(b - a) / 1e3, kernels=len(kk), span_ms=(k1 - k0) / 1e3,
+                               busy_ms=_union([(x[0], x[1]) for x in kk]) / 1e3,
+                               launch_to_first_us=k0 - a, to_next_us=(min(x[0] for x in nxt) - k1) if nxt else 0.0))
         ctx = statistics.mean(log[i]["ctx"] for i in dec) if dec else 0.0
         rows = statistics.mean(log[i]["rows"] for i in dec) if dec else 0.0
         fl = floor_ms(rows, ctx) if dec else 0.0
@@ -142,7 +156,7 @@ def analyse(trace: dict, log: list[dict], floor_ms, turns: int) -> list[dict]:
                         decode_gap_median_us=statistics.median(dec_gaps) if dec_gaps else 0.0,
                         decode_gap_sum_ms=sum(dec_gaps) / 1e3, decode_floor_ms=fl,
                         decode_pct_floor=100 * fl / med if med else 0.0,
-                        decode_kernels=_increments([by_step[i] for i in dec if by_step.get(i)]),
+                        steps=detail, decode_kernels=_increments([by_step[i] for i in dec if by_step.get(i)]),
                         prefill_kernels=_increments([by_step[i] for i in pre if by_step.get(i)])))
     return out
 
@@ -220,6 +234,12 @@ def main() -> None:
         print(" ".join(f"{v:>7.1f}" if isinstance(v, float) else f"{v:>7}" for v in vals))
     for r in rows:
         if r["turn"] in (2, args.turns):
+            print(f"turn {r['turn']}: its first four steps and its last (host range, GPU span and busy in ms; "
+                  "host range start to first kernel, last kernel to the next step's first, in us)")
+            for d in r["steps"]:
+                print(f"   step {d['step']:>3} {d['kind']:>7} {d['tokens']:>6} tok {d['rows']:>3} rows: host "
+                      f"{d['host_ms']:8.2f}  span {d['span_ms']:8.2f}  busy {d['busy_ms']:8.2f}  kernels "
+                      f"{d['kernels']:>5}  start->first {d['launch_to_first_us']:9.1f}  ->next {d['to_next_us']:9.1f}")
             for what in ("decode", "prefill"):
                 ks, n = r[what + "_kernels"], max(1, r[what + "_steps"])
                 print(f"turn {r['turn']}, {what} steps ({r[what + '_steps']}): per step, kernels by summed increment")

@@ -32,8 +32,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``DECODE_BLAS_VARIANTS`` (``blas-cublas``: the decode GEMMs on cuBLAS through torch's cuBLAS path, not its
   cuBLASLt path), the ``GEMM_CLUSTER_VARIANTS`` (``cl-*``: the GEMMs of 17-64 rows on the cluster kernel, by
   role and size), the ``WG_VARIANTS`` (``wg-*``: those GEMMs on the warpgroup kernel, by role), the
-  ``CANON_VARIANTS`` (``canon8``, ``canon16``: steps of up to 8 / 16 rows with every GEMM on ``ops.gemm``, the
-  batch-invariant mode's kernels) and the
+  ``CANON_VARIANTS`` (``canon8``, ``canon16``, ``canon9-16``, ...: steps of 1-8, 1-16, 9-16 ... rows with every
+  GEMM on ``ops.gemm``, the batch-invariant mode's kernels) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -260,9 +260,10 @@ WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
     "wg-head": {n: {r: None for r in _WG_HEAD} for n in (32, 64)},
     "wg-head32": {32: {r: None for r in _WG_HEAD}, 64: {r: None for r in ("qkv", "o_proj", "down", "lm_head")}},
 }
-#: steps of at most this many rows with every GEMM on ``ops.gemm`` (the batch-invariant kernels: the wide one, its
-#: SwiGLU epilogue, its weights before the PDL wait), ``runner.canonical_gemm_max_m``
-CANON_VARIANTS: dict[str, int] = {"canon8": 8, "canon16": 16}
+#: steps of (first, last) rows with every GEMM on ``ops.gemm`` (the batch-invariant kernels: the wide one, its
+#: SwiGLU epilogue, its weights before the PDL wait), ``runner.canonical_gemm_min_m`` / ``canonical_gemm_max_m``
+CANON_VARIANTS: dict[str, tuple[int, int]] = {"canon8": (1, 8), "canon16": (1, 16), "canon9-16": (9, 16),
+                                              "canon17-32": (17, 32), "canon9-48": (9, 48), "canon33-64": (33, 64)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, QK_ROWS_VARIANTS, WAVE_VARIANTS,
@@ -432,7 +433,7 @@ def main() -> int:
                 cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))
                 eng.runner.cluster_gemm, eng.runner.cluster_max_elems = dict(cl_roles), cl_max
                 eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, default_wg).items()}
-                eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, 0)
+                eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, (1, 0))
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
