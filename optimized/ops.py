@@ -803,6 +803,12 @@ def _clusters_ok(ref: torch.Tensor) -> bool:
     return ref.device.type == "cuda" and launch.pdl_enabled(_cc_major(_device_index(ref)))
 
 
+def gemm_wide_available(ref: torch.Tensor) -> bool:
+    """Whether ``gemm`` can take its wide kernel on ``ref``'s device (the tensor maps need the driver's launch path,
+    sm_90+); ``gemm_choice`` decides by shape where it can."""
+    return _clusters_ok(ref)
+
+
 #: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows, and at any row count
 #: when each sequence has one split (then nothing is folded: each CTA writes its output, where two launches
 #: would write fp32 partials and copy them). Measured on the H200 (kernel lab, docs/performance.md): one

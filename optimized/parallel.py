@@ -78,6 +78,8 @@ class ShardedCudaRunner(CudaRunner):
         self.group, self.comm_device = grid.tp_group, grid.comm_device
         super().__init__(shard_config(cfg, shard), ecfg, shard_weights(cfg, weights, shard), device, num_blocks,
                          max_model_len, policy, use_graphs=use_graphs and grid.tp * grid.cp == 1)
+        if shard.tp > 1:              # _runner.CANONICAL_GEMM_ROWS was measured on whole weights only
+            self.canonical_gemm_min_m, self.canonical_gemm_max_m = 1, 0
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         super().load_weights(shard_weights(self.full_cfg, weights, self.shard))

@@ -157,6 +157,14 @@ DECODE_BLAS_ROWS = (17, 64)
 #: tiles, one 64-row tile a unit and ``ops.skinny_wg_split``'s split of K -- docs/performance.md, "The warpgroup GEMM"
 WG_GEMM: dict[int, dict[str, tuple[int, int] | None]] = {32: {r: None for r in GEMM_ROLES},
                                                         64: {r: None for r in GEMM_ROLES}}
+#: (first, last) rows of the GEMMs that run on ``ops.gemm`` -- the batch-invariant mode's kernels: the wide one, its
+#: SwiGLU epilogue, its weights before the PDL wait -- in default mode too, where its wide kernel can launch
+#: (``ops.gemm_wide_available``: the driver's launch path, sm_90+) and the weights are not TP shards (unmeasured).
+#: In one process on the H200 (``benches/gpu/profile_decode.py``, the 16-row graph): qwen3-8b 4.800 -> 4.551 ms a
+#: step at batch 12 and 4.867 -> 4.664 at 16, qwen3-0.6b 1.095 -> 1.099 and 1.140 -> 1.118; the 32- and 48-row
+#: graphs were 5-16% slower that way, the 1- and 8-row ones up to 11% -- docs/performance.md, "The wide kernel in
+#: default mode"
+CANONICAL_GEMM_ROWS = (9, 16)
 
 
 @contextlib.contextmanager
@@ -285,12 +293,12 @@ class CudaRunner:
                 torch.empty(0, device=self.dev)) else {})
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
-        #: default-mode steps of ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows run every GEMM through
-        #: ``ops.gemm`` -- the batch-invariant mode's kernels, the wide one with its SwiGLU epilogue and its weights
-        #: before the PDL wait -- ahead of every rule above. Default 0 (off): a lab switch for the A/B of
-        #: ``benches/gpu/profile_decode.py`` (``canon*`` variants; docs/performance.md, "The wide kernel's launches")
-        self.canonical_gemm_max_m = 0
-        self.canonical_gemm_min_m = 1
+        #: default-mode GEMMs of ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows run through ``ops.gemm``
+        #: -- the batch-invariant mode's kernels -- ahead of every rule above: ``CANONICAL_GEMM_ROWS`` where the wide
+        #: kernel can launch, else none (max 0); ``benches/gpu/profile_decode.py``'s ``canon*`` variants set others
+        self.canonical_gemm_min_m, self.canonical_gemm_max_m = (
+            CANONICAL_GEMM_ROWS if self.dev.type == "cuda" and ops.gemm_wide_available(torch.empty(0, device=self.dev))
+            else (1, 0))
         #: the staged kernel's weight copies enter L2 at evict-first priority (``ops.skinny_staged(evict_first=)``)
         self.staged_evict_first = STAGED_EVICT_FIRST
         #: a decode step's qk_norm_rope (and its KV store) runs inside the attention launch

@@ -620,11 +620,13 @@ def test_optimized_defaults_auto_split_but_fixed_under_batch_invariance():
         engine_config(batch_invariant=True, split_kv="auto")
 
 
-def test_canonical_gemm_max_m_routes_small_default_steps_to_ops_gemm(opt_engine, launches):
-    """``canonical_gemm_max_m`` (0, off, by default): in default mode the steps of at most that many rows run every
-    GEMM through ``ops.gemm`` -- gate/up with its SwiGLU epilogue (``fuse_swiglu``), the LM head in fp32 -- ahead of
-    the skinny kernels; larger steps keep the rules. The stand-ins' products are the reference's, so the rollout's
-    tokens are the engine's without it."""
+def test_canonical_gemm_rows_route_default_steps_to_ops_gemm(opt_engine, launches):
+    """``canonical_gemm_min_m`` .. ``canonical_gemm_max_m`` (off on the CPU; ``CANONICAL_GEMM_ROWS`` where the wide
+    kernel can launch): in default mode the GEMMs of that many rows run through ``ops.gemm`` -- gate/up with its
+    SwiGLU epilogue (``fuse_swiglu``), the LM head in fp32 -- ahead of the skinny kernels; other steps keep the
+    rules. The stand-ins' products are the reference's, so the rollout's tokens are the engine's without it."""
+    from optimized.runner import CANONICAL_GEMM_ROWS
+    assert CANONICAL_GEMM_ROWS == (9, 16)
     prompts = [[(3 * i + j) % 512 for j in range(2 + i % 4)] for i in range(6)]
     sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=())] * 6
     eng = opt_engine()
@@ -640,3 +642,11 @@ def test_canonical_gemm_max_m_routes_small_default_steps_to_ops_gemm(opt_engine,
     assert 8 in rows["gemm_swiglu"], "the decode steps (6 sequences, padded to the 8-row bucket)"
     skinny = [d if isinstance(d, int) else d[0] for k, d in launches if k.startswith("skinny")]
     assert all(m > 8 for m in skinny), ("no skinny kernel takes a step the switch covers", skinny)
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = 9, 32      # the prefill steps, not the decode
+    assert _rollout(eng, prompts, sps, turns=2) == want
+    rows = sorted({m for k, m in launches if k in ("gemm", "gemm_swiglu")})
+    assert rows and min(rows) >= 9 and max(rows) <= 32, rows
+    skinny = {d if isinstance(d, int) else d[0] for k, d in launches if k.startswith("skinny")}
+    assert 8 in skinny and not any(9 <= m <= 32 for m in skinny), ("the 8-row decode steps keep the rules", skinny)

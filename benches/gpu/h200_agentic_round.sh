@@ -6,11 +6,18 @@
 # and decode steps against the decode floor, and the kernels of turns 2 and 8); then, if CANON=1, profile_decode.py's
 # canon variants (the default engine's steps of some rows with every GEMM on the batch-invariant kernels; CANON_VARIANTS,
 # default canon8 / canon16) at CANON_BATCHES (default 1 8 16) of both models. AGENTIC=0 skips the profile;
-# AGENTIC_ARGS: more of profile_agentic.py's arguments. TAG: the logs' suffix.
+# AGENTIC_ARGS: more of profile_agentic.py's arguments. CHECKS=1 first runs the conformance suite at CI scale beside
+# the engine smoke test (untimed). TAG: the logs' suffix.
 source benches/gpu/_env.sh
 tag=${TAG:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 build_kernels
+if [ "${CHECKS:-0}" = 1 ]; then     # untimed, side by side: the conformance suite at CI scale and the engine smoke test
+  ( conformance_ci "${CONF_SECS:-330}" ) > "$OUT/conf.summary" &
+  ( smoke 240 ) > "$OUT/smoke.summary" &
+  wait; cat "$OUT/conf.summary" "$OUT/smoke.summary"; rm -f "$OUT/conf.summary" "$OUT/smoke.summary"
+  mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"; mv "$OUT/conformance_ci_optimized.log" "$OUT/conformance_ci$tag.log"
+fi
 if [ "${AGENTIC:-1}" = 1 ]; then
   timeout "${AGENTIC_SECS:-240}" python3 benches/gpu/profile_agentic.py --out "$OUT" ${AGENTIC_ARGS:-} \
     > "$OUT/profile_agentic$tag.log" 2>&1

@@ -176,10 +176,51 @@ def _increments(steps: list[list]) -> list[tuple[str, int, float]]:
     return sorted(((n, c, t) for n, (c, t) in agg.items()), key=lambda x: -x[2])
 
 
+def cprofile_prefills(w, eng, turns: int) -> None:
+    """The turns once more, cProfile on only inside the prefill steps of turns 2.. (the host's share of an eager
+    prefill step); prints the functions by own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    step, state = eng._step, {"on": False}
+
+    def profiled_step():
+        sch = eng.scheduler                                       # the scheduler's own test for a prefill step
+        prefill = bool(sch.waiting) or any(not s.prefill_done for s in sch.running)
+        if state["on"] and prefill:
+            prof.enable()
+            try:
+                step()
+            finally:
+                prof.disable()
+        else:
+            step()
+
+    eng._step = profiled_step
+    sids = [eng.rollout_add(p + o[0], w.sp) for p, o in zip(w.prompts, w.obs)]
+    for k in range(turns):
+        state["on"] = k > 0
+        if k:
+            for sid, o in zip(sids, w.obs):
+                eng.rollout_continue(sid, o[k])
+        eng.rollout_run_turns()
+    for sid in sids:
+        eng.rollout_finish(sid)
+    eng._step = step
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(28)
+        print(f"cProfile of the resumed turns' prefill steps, by {key}:")
+        print("\n".join(line[:150] for line in buf.getvalue().splitlines() if line.strip()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cprofile", action="store_true",
+                    help="then run the turns again with cProfile on during the resumed turns' prefill steps")
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
     args = ap.parse_args()
     scale = Scale(args.scale)
@@ -250,6 +291,8 @@ def main() -> None:
     print("totals (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in tot.items()))
     print("decode floor at each turn's mean context, summed over its steps (ms): "
           f"{sum(r['decode_floor_ms'] * r['decode_steps'] for r in rows):.1f}")
+    if args.cprofile:
+        cprofile_prefills(w, eng, args.turns)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_agentic.json").write_text(json.dumps(

@@ -33,7 +33,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   cuBLASLt path), the ``GEMM_CLUSTER_VARIANTS`` (``cl-*``: the GEMMs of 17-64 rows on the cluster kernel, by
   role and size), the ``WG_VARIANTS`` (``wg-*``: those GEMMs on the warpgroup kernel, by role), the
   ``CANON_VARIANTS`` (``canon8``, ``canon16``, ``canon9-16``, ...: steps of 1-8, 1-16, 9-16 ... rows with every
-  GEMM on ``ops.gemm``, the batch-invariant mode's kernels) and the
+  GEMM on ``ops.gemm``, the batch-invariant mode's kernels; the default is ``runner.CANONICAL_GEMM_ROWS``,
+  ``canon-off`` none) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -262,7 +263,7 @@ WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
 }
 #: steps of (first, last) rows with every GEMM on ``ops.gemm`` (the batch-invariant kernels: the wide one, its
 #: SwiGLU epilogue, its weights before the PDL wait), ``runner.canonical_gemm_min_m`` / ``canonical_gemm_max_m``
-CANON_VARIANTS: dict[str, tuple[int, int]] = {"canon8": (1, 8), "canon16": (1, 16), "canon9-16": (9, 16),
+CANON_VARIANTS: dict[str, tuple[int, int]] = {"canon-off": (1, 0), "canon8": (1, 8), "canon16": (1, 16), "canon9-16": (9, 16),
                                               "canon17-32": (17, 32), "canon9-48": (9, 48), "canon33-64": (33, 64)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
@@ -405,6 +406,7 @@ def main() -> int:
         default_wide_max = eng.runner.staged_wide_max_elems
         default_decode_blas = eng.runner.decode_blas
         default_wg = {n: dict(d) for n, d in eng.runner.wg_gemm.items()}
+        default_canon = (eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -419,7 +421,7 @@ def main() -> int:
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
                     default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide,
                     default_wide_max=default_wide_max, default_decode_blas=default_decode_blas,
-                    default_wg=default_wg) -> None:
+                    default_wg=default_wg, default_canon=default_canon) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -433,7 +435,7 @@ def main() -> int:
                 cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))
                 eng.runner.cluster_gemm, eng.runner.cluster_max_elems = dict(cl_roles), cl_max
                 eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, default_wg).items()}
-                eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, (1, 0))
+                eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, default_canon)
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
@@ -513,7 +515,7 @@ def main() -> int:
             eng.runner.decode_blas = default_decode_blas
             eng.runner.cluster_gemm, eng.runner.cluster_max_elems = {}, 1 << 62
             eng.runner.wg_gemm = {n: dict(d) for n, d in default_wg.items()}
-            eng.runner.canonical_gemm_max_m = 0
+            eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = default_canon
             eng.runner.fuse_qk_attention, eng.runner.fuse_qk_max_rows = True, default_qk_rows
             eng.runner.staged_one_wave = dict(default_wave)
             ops.DECODE_CLUSTER = True
