@@ -84,3 +84,97 @@ def test_host_overhead(batch, results):
     assert eng.steps == STEPS - 1 and eng.num_free_blocks < eng.num_blocks
     results.add(GROUP, batch=batch, step_ms=wall / eng.steps * 1e3, guard_ms=eng.guard_s / eng.steps * 1e3,
                 pack_ms=eng.pack_s / eng.steps * 1e3, steps=eng.steps)
+
+
+# ================================================================ the eager prefill step's Python side
+PREFILL_GROUP = "host_prefill"
+PREFILL_TOKENS = (16, 64)             # rows of a short observation's prefill: every GEMM is ours (ops.gemm; skinny_wg)
+PREFILL_LAYERS = 4                    # qwen3-0.6b's layers cut to 4 (the host cost is per layer; the memory is not)
+PREFILL_CTX = 1800                    # keys the chunk's last token sees
+
+
+@pytest.fixture
+def stubbed_ops(monkeypatch):
+    """``optimized.ops`` on CPU tensors as on an H200 without its driver: every check and choice of the wrappers runs,
+    the launch is logged, not made; the driver-side helpers (kernel handles, tensor maps, cluster capacity, the
+    build target) answer as on a compute-capability-9.0 GPU. Returns the launch log (kernel names)."""
+    import contextlib
+    import sys
+    import types
+
+    import optimized.kernels as kernels
+    from optimized import ops
+
+    log: list[str] = []
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Device=lambda dev: contextlib.nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(ops, "_launch", lambda ref, module, name, *a, **k: log.append(name))
+    monkeypatch.setattr(ops, "_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_cc_major", lambda dev: 9)
+    monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
+    monkeypatch.setattr(ops, "_function", lambda *a, **k: (None, 0))
+    monkeypatch.setattr(ops, "_tensor_map", lambda *a, **k: bytes(128))
+    monkeypatch.setattr(ops, "prefill_variants", lambda D, dev: list(ops.PREFILL_VARIANTS.get(D, {})))
+    monkeypatch.setattr(ops.launch, "max_active_clusters", lambda *a, **k: 16)
+    monkeypatch.setattr(kernels, "target", lambda name, dev: ops.SKINNY_WG_TARGET if name == "skinny_wg" else None)
+    return log
+
+
+@pytest.mark.parametrize("tokens", PREFILL_TOKENS)
+def test_host_prefill(tokens, stubbed_ops, results):
+    """The host time of one eager prefill forward of the optimized runner (``CudaRunner._prefill``: the uploads,
+    every layer's op wrappers and the runner's kernel choices) for ``tokens`` new tokens of one sequence at
+    qwen3-0.6b's shapes, ``PREFILL_LAYERS`` layers, with the GEMM rules of an H200 (``ops.gemm`` at 9-16 rows, the
+    warpgroup GEMM at 17-64); the GPU's work is not done and the driver is not called. Checked first: the output's
+    shape and dtype, the embedding's launch, then the same kernels in every layer. This is the part of an eager
+    step the GPU waits for when its kernels are short (docs/performance.md, "Agentic workload")."""
+    import dataclasses
+
+    import torch
+
+    from optimized import runner as orun
+    from reference.types import SplitKVPolicy
+    from reference.weights import expected_shapes
+
+    results.describe(PREFILL_GROUP, "Host side of an eager prefill forward (qwen3-0.6b shapes, launches not made)",
+                     columns=[("tokens", "tokens", ""), ("layers", "layers", ""), ("launches", "launches", ""),
+                              ("forward_ms", "host ms / forward", ".3f"), ("per_launch_us", "us / launch", ".1f"),
+                              ("per_layer_ms", "ms / layer", ".3f")],
+                     plots=[dict(x="tokens", y="per_launch_us", series=None, xlabel="tokens",
+                                 ylabel="us per launch", title="host time per eager launch")])
+    cfg = dataclasses.replace(named_config("qwen3-0.6b"), num_hidden_layers=PREFILL_LAYERS)
+    weights = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in expected_shapes(cfg).items()}
+    bs = 16
+    ecfg = EngineConfig(block_size=bs, max_model_len=PREFILL_CTX + bs, num_blocks=-(-PREFILL_CTX // bs) + 1)
+    r = orun.CudaRunner(cfg, ecfg, weights, torch.device("cpu"), ecfg.num_blocks, ecfg.max_model_len,
+                        SplitKVPolicy.parse("auto"), use_graphs=False)
+    r.wg_gemm = {n: dict(d) for n, d in orun.WG_GEMM.items()}          # as on an H200 (the CPU runner has none)
+    r.canonical_gemm_min_m, r.canonical_gemm_max_m = orun.CANONICAL_GEMM_ROWS
+    T = tokens
+    pos = np.arange(PREFILL_CTX - T, PREFILL_CTX, dtype=np.int32)                          # [T]
+    tables = np.arange(ecfg.num_blocks - 1, dtype=np.int32)[None, :]                       # [1, M]
+    slots = (tables[0, pos // bs] * bs + pos % bs).astype(np.int32)                        # [T]
+    args = (np.arange(T, dtype=np.int64) % 1000, pos, slots, tables, np.array([PREFILL_CTX], dtype=np.int32),
+            np.zeros(T, dtype=np.int32))
+    out = r._prefill(*args)                                                                 # warm-up, checked
+    assert tuple(out.shape) == (T, cfg.hidden_size) and out.dtype == torch.bfloat16
+    log = list(stubbed_ops)
+    assert log[0] == "embed_rmsnorm" and (len(log) - 1) % PREFILL_LAYERS == 0, log
+    per_layer = (len(log) - 1) // PREFILL_LAYERS
+    layers = [log[1 + i * per_layer:1 + (i + 1) * per_layer] for i in range(PREFILL_LAYERS)]
+    assert all(k == layers[0] for k in layers), ("every layer launches the same kernels", layers)
+    reps, rounds = 20, 5
+    stubbed_ops.clear()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            r._prefill(*args)
+        times.append((time.perf_counter() - t) / reps)
+    dt = float(np.median(times))                                # the median round (a shared CPU is noisy)
+    assert len(stubbed_ops) == rounds * reps * len(log)
+    results.add(PREFILL_GROUP, tokens=T, layers=PREFILL_LAYERS, launches=len(log), forward_ms=dt * 1e3,
+                per_launch_us=dt / len(log) * 1e6, per_layer_ms=dt / PREFILL_LAYERS * 1e3)

@@ -215,7 +215,8 @@ def _launch(ref: torch.Tensor, module: str, name: str, grid: tuple, block: tuple
             launch.launch_pdl(handle, grid, block, args, smem, torch.cuda.current_stream(dev).cuda_stream,
                               cluster_x)
             return
-        _need(cluster_x == 1, f"{name}: a cluster launch needs the driver's launch path (PDL on, sm_90+)")
+        if cluster_x != 1:
+            raise ValueError(f"{name}: a cluster launch needs the driver's launch path (PDL on, sm_90+)")
         with _stream(dev):
             fn(grid, block, args, shared_mem=smem)
 
@@ -252,21 +253,27 @@ _DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 
 
 def _tensor(name: str, t, dtype: torch.dtype | tuple[torch.dtype, ...], dims: int | None = None) -> torch.Tensor:
-    _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _need(t.device.type in _DEVICE_TYPES, f"{name} must be a CUDA tensor, got device {t.device}")
-    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
-    _need(t.dtype in dtypes, f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if dims is not None:
-        _need(t.dim() == dims, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    # (the messages are built only on failure: these checks run for every argument of every eager launch)
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type not in _DEVICE_TYPES:
+        raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
+    if t.dtype is not dtype and (not isinstance(dtype, tuple) or t.dtype not in dtype):
+        dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+        raise ValueError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if dims is not None and t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
     return t
 
 
 def _contig(name: str, t: torch.Tensor) -> None:
-    _need(t.is_contiguous(), f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
 
 
 def _aligned16(name: str, t: torch.Tensor) -> None:
-    _need(t.data_ptr() % 16 == 0, f"{name} must start on a 16-byte boundary (data_ptr % 16 = {t.data_ptr() % 16})")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start on a 16-byte boundary (data_ptr % 16 = {t.data_ptr() % 16})")
 
 
 def _rows(name: str, t: torch.Tensor, inner: int) -> int:
@@ -275,12 +282,15 @@ def _rows(name: str, t: torch.Tensor, inner: int) -> int:
     shape, stride = t.shape, t.stride()
     expect = 1
     for d in range(t.dim() - 1, t.dim() - 1 - inner, -1):
-        _need(shape[d] == 1 or stride[d] == expect,
-              f"{name}: dims {t.dim() - inner}.. must be contiguous (shape {tuple(shape)}, strides {stride})")
+        if shape[d] != 1 and stride[d] != expect:
+            raise ValueError(f"{name}: dims {t.dim() - inner}.. must be contiguous (shape {tuple(shape)}, "
+                             f"strides {stride})")
         expect *= shape[d]
     row = stride[0] if shape[0] > 1 else expect
-    _need(row % 8 == 0, f"{name}: row stride {row} must be a multiple of 8 elements (16-byte rows)")
-    _need(row <= _I32_MAX, f"{name}: row stride {row} does not fit in int32")
+    if row % 8:
+        raise ValueError(f"{name}: row stride {row} must be a multiple of 8 elements (16-byte rows)")
+    if row > _I32_MAX:
+        raise ValueError(f"{name}: row stride {row} does not fit in int32")
     _aligned16(name, t)
     return row
 
@@ -288,15 +298,17 @@ def _rows(name: str, t: torch.Tensor, inner: int) -> int:
 def _same_device(**tensors: torch.Tensor | None) -> None:
     devs = {n: t.device for n, t in tensors.items() if t is not None}
     first = next(iter(devs.values()))
-    bad = [f"{n}={d}" for n, d in devs.items() if d != first]
-    _need(not bad, f"all tensors must be on {first}; got {', '.join(bad)}")
+    if any(d != first for d in devs.values()):
+        bad = [f"{n}={d}" for n, d in devs.items() if d != first]
+        raise ValueError(f"all tensors must be on {first}; got {', '.join(bad)}")
 
 
 def _out(name: str, out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=dtype, device=like.device)
     _tensor(name, out, dtype)
-    _need(tuple(out.shape) == tuple(shape), f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
     _contig(name, out)
     _aligned16(name, out)
     return out
@@ -306,24 +318,26 @@ def _int_vec(name: str, t: torch.Tensor, n: int | None = None) -> None:
     _tensor(name, t, torch.int32, 1)
     _contig(name, t)
     if n is not None:
-        _need(t.shape[0] == n, f"{name} must have length {n}, got {t.shape[0]}")
+        if t.shape[0] != n:
+            raise ValueError(f"{name} must have length {n}, got {t.shape[0]}")
 
 
 def _cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int, int]:
     _tensor("k_cache", k_cache, torch.bfloat16, 4)
     _tensor("v_cache", v_cache, torch.bfloat16, 4)
-    _need(k_cache.shape == v_cache.shape,
-          f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same shape")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same shape")
     _contig("k_cache", k_cache)
     _contig("v_cache", v_cache)
     _aligned16("k_cache", k_cache)
     _aligned16("v_cache", v_cache)
     N, bs, n_kv, D = k_cache.shape
-    _need(bs * n_kv * D <= _I32_MAX, f"a cache page of {bs} x {n_kv} x {D} elements exceeds int32 offsets")
+    if not bs * n_kv * D <= _I32_MAX:
+        raise ValueError(f"a cache page of {bs} x {n_kv} x {D} elements exceeds int32 offsets")
     # the attention kernels' row tables number a cache's 16-byte chunks (8 elements) in int32
-    _need(k_cache.numel() <= _CACHE_MAX_ELEMS,
-          f"a cache of {k_cache.numel()} elements exceeds the attention kernels' int32 16-byte chunk offsets "
-          f"(at most {_CACHE_MAX_ELEMS} elements, 32 GiB of bf16, per layer)")
+    if not k_cache.numel() <= _CACHE_MAX_ELEMS:
+        raise ValueError(f"a cache of {k_cache.numel()} elements exceeds the attention kernels' int32 16-byte chunk offsets "
+                         f"(at most {_CACHE_MAX_ELEMS} elements, 32 GiB of bf16, per layer)")
     return N, bs, n_kv, D
 
 
@@ -332,7 +346,8 @@ _CACHE_MAX_ELEMS = 8 * 2**31
 
 
 def _block_size(bs: int) -> None:
-    _need(bs >= 1, f"block_size {bs} must be >= 1")
+    if not bs >= 1:
+        raise ValueError(f"block_size {bs} must be >= 1")
 
 
 def _cos_sin(cos: torch.Tensor, sin: torch.Tensor, D: int) -> None:
@@ -340,8 +355,10 @@ def _cos_sin(cos: torch.Tensor, sin: torch.Tensor, D: int) -> None:
     for name, t in (("cos", cos), ("sin", sin)):
         _tensor(name, t, torch.float32, 2)
         _contig(name, t)
-        _need(t.shape[1] == D // 2, f"{name} must have shape [max_pos, {D // 2}], got {tuple(t.shape)}")
-    _need(cos.shape == sin.shape, f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must match")
+        if t.shape[1] != D // 2:
+            raise ValueError(f"{name} must have shape [max_pos, {D // 2}], got {tuple(t.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must match")
 
 
 def _rope_tables(rope: tuple[torch.Tensor, torch.Tensor] | None, D: int) -> tuple[np.uint64, np.uint64, np.int32]:
@@ -364,16 +381,18 @@ def _block_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, B: int | N
         _int_vec("row_seq", row_seq, B)
         return block_tables.shape[0], block_tables.shape[1]
     _int_vec("seq_lens", seq_lens)
-    _need(block_tables.shape[0] == seq_lens.shape[0],
-          f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} disagree on the batch")
+    if block_tables.shape[0] != seq_lens.shape[0]:
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} disagree on the batch")
     if B is not None:
-        _need(block_tables.shape[0] == B, f"block_tables must have {B} rows (one per sequence), got {block_tables.shape[0]}")
+        if block_tables.shape[0] != B:
+            raise ValueError(f"block_tables must have {B} rows (one per sequence), got {block_tables.shape[0]}")
     return block_tables.shape[0], block_tables.shape[1]
 
 
 def _scale(scale: float | None, D: int) -> float:
     s = D ** -0.5 if scale is None else float(scale)
-    _need(s > 0 and math.isfinite(s), f"scale must be a finite positive number, got {s}")
+    if not (s > 0 and math.isfinite(s)):
+        raise ValueError(f"scale must be a finite positive number, got {s}")
     return s
 
 
@@ -392,9 +411,12 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     _tensor("v", v, torch.bfloat16, 3)
     N, bs, n_kv, D = _cache_pair(k_cache, v_cache)
     T = k.shape[0]
-    _need(tuple(k.shape) == (T, n_kv, D), f"k must have shape [T, {n_kv}, {D}], got {tuple(k.shape)}")
-    _need(tuple(v.shape) == (T, n_kv, D), f"v must have shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    _need((n_kv * D) % 8 == 0, f"n_kv * D = {n_kv * D} must be a multiple of 8")
+    if tuple(k.shape) != (T, n_kv, D):
+        raise ValueError(f"k must have shape [T, {n_kv}, {D}], got {tuple(k.shape)}")
+    if tuple(v.shape) != (T, n_kv, D):
+        raise ValueError(f"v must have shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if (n_kv * D) % 8 != 0:
+        raise ValueError(f"n_kv * D = {n_kv * D} must be a multiple of 8")
     _int_vec("slot_mapping", slot_mapping, T)
     _same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     if T == 0:
@@ -412,7 +434,8 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | Non
     _contig("table", table)
     _aligned16("table", table)
     V, H = table.shape
-    _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
+    if H % 8 != 0:
+        raise ValueError(f"hidden size {H} must be a multiple of 8")
     T = ids.shape[0]
     out = _out("out", out, (T, H), torch.bfloat16, table)
     _same_device(ids=ids, table=table, out=out)
@@ -433,19 +456,23 @@ def _norm_threads(H: int) -> int:
 
 def _as_rows(name: str, x: torch.Tensor) -> torch.Tensor:
     _tensor(name, x, torch.bfloat16)
-    _need(x.dim() >= 2, f"{name} must have at least 2 dimensions, got shape {tuple(x.shape)}")
+    if not x.dim() >= 2:
+        raise ValueError(f"{name} must have at least 2 dimensions, got shape {tuple(x.shape)}")
     if x.dim() > 2:
-        _need(x.is_contiguous(), f"{name} with more than 2 dimensions must be contiguous")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} with more than 2 dimensions must be contiguous")
         x = x.view(-1, x.shape[-1])
     return x
 
 
 def _norm_weight(weight: torch.Tensor, H: int) -> None:
-    _need(H % 8 == 0, f"hidden size {H} must be a multiple of 8")
+    if H % 8 != 0:
+        raise ValueError(f"hidden size {H} must be a multiple of 8")
     _tensor("weight", weight, torch.bfloat16, 1)
     _contig("weight", weight)
     _aligned16("weight", weight)
-    _need(weight.shape[0] == H, f"weight must have length {H}, got {weight.shape[0]}")
+    if weight.shape[0] != H:
+        raise ValueError(f"weight must have length {H}, got {weight.shape[0]}")
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -491,7 +518,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     x2 = _as_rows("x", x)
     r2 = _as_rows("residual", residual)
     T, H = x2.shape
-    _need(tuple(r2.shape) == (T, H), f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    if tuple(r2.shape) != (T, H):
+        raise ValueError(f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
     _norm_weight(weight, H)
     out = _out("out", out, tuple(x.shape), torch.bfloat16, x)
     _same_device(x=x, residual=residual, weight=weight, out=out)
@@ -508,7 +536,8 @@ def _qk_weights(D: int, q_weight: torch.Tensor, k_weight: torch.Tensor) -> None:
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         _tensor(name, w, torch.bfloat16, 1)
         _contig(name, w)
-        _need(w.shape[0] == D, f"{name} must have length {D}, got {w.shape[0]}")
+        if w.shape[0] != D:
+            raise ValueError(f"{name} must have length {D}, got {w.shape[0]}")
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -526,9 +555,11 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _tensor("q", q, torch.bfloat16, 3)
     _tensor("k", k, torch.bfloat16, 3)
     T, n_q, D = q.shape
-    _need(k.shape[0] == T and k.shape[2] == D, f"k must have shape [{T}, n_kv, {D}], got {tuple(k.shape)}")
+    if not (k.shape[0] == T and k.shape[2] == D):
+        raise ValueError(f"k must have shape [{T}, n_kv, {D}], got {tuple(k.shape)}")
     n_kv = k.shape[1]
-    _need(D % 2 == 0 and 2 <= D <= 256, f"head_dim {D} must be even and <= 256")
+    if not (D % 2 == 0 and 2 <= D <= 256):
+        raise ValueError(f"head_dim {D} must be even and <= 256")
     _qk_weights(D, q_weight, k_weight)
     _cos_sin(cos, sin, D)
     _int_vec("positions", positions, T)
@@ -545,8 +576,10 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         v, kc, vc, slots = store
         _tensor("v", v, torch.bfloat16, 3)
         N, bs, c_kv, c_D = _cache_pair(kc, vc)
-        _need((c_kv, c_D) == (n_kv, D), f"caches hold [{c_kv}, {c_D}] per token, k has [{n_kv}, {D}]")
-        _need(tuple(v.shape) == (T, n_kv, D), f"v must have shape {(T, n_kv, D)}, got {tuple(v.shape)}")
+        if (c_kv, c_D) != (n_kv, D):
+            raise ValueError(f"caches hold [{c_kv}, {c_D}] per token, k has [{n_kv}, {D}]")
+        if tuple(v.shape) != (T, n_kv, D):
+            raise ValueError(f"v must have shape {(T, n_kv, D)}, got {tuple(v.shape)}")
         _need(v.stride(2) == 1 and (n_kv == 1 or v.stride(1) == D), "v: heads and head_dim must be contiguous")
         _int_vec("slot_mapping", slots, T)
         _same_device(q=q, v=v, k_cache=kc, v_cache=vc, slot_mapping=slots)
@@ -562,7 +595,8 @@ def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tenso
     """``silu(x[:, :I]) * x[:, I:]`` in fp32, rounded once: bf16 ``x [T, 2I]`` -> ``[T, I]``."""
     _tensor("x", x, torch.bfloat16, 2)
     T, I2 = x.shape
-    _need(I2 % 16 == 0, f"x's last dim {I2} must be 2*I with I a multiple of 8")
+    if I2 % 16 != 0:
+        raise ValueError(f"x's last dim {I2} must be 2*I with I a multiple of 8")
     I = I2 // 2
     out = _out("out", out, (T, I), torch.bfloat16, x)
     _same_device(x=x, out=out)
@@ -581,17 +615,21 @@ def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tenso
 def _attn_q(name: str, q: torch.Tensor) -> tuple[int, int, int, int]:
     _tensor(name, q, torch.bfloat16, 3)
     T, n_q, D = q.shape
-    _need(D in ATTN_HEAD_DIMS, f"head_dim {D} not supported (kernels exist for {ATTN_HEAD_DIMS})")
-    _need(q.stride(2) == 1 and (n_q == 1 or q.stride(1) == D), f"{name}: heads and head_dim must be contiguous")
+    if D not in ATTN_HEAD_DIMS:
+        raise ValueError(f"head_dim {D} not supported (kernels exist for {ATTN_HEAD_DIMS})")
+    if not (q.stride(2) == 1 and (n_q == 1 or q.stride(1) == D)):
+        raise ValueError(f"{name}: heads and head_dim must be contiguous")
     qs = _rows(name, q, 2) if T > 0 else n_q * D
     return T, n_q, D, qs
 
 
 def _gqa(n_q: int, n_kv: int, max_group: int | None = None) -> int:
-    _need(n_kv > 0 and n_q % n_kv == 0, f"n_q = {n_q} must be a multiple of n_kv = {n_kv}")
+    if not (n_kv > 0 and n_q % n_kv == 0):
+        raise ValueError(f"n_q = {n_q} must be a multiple of n_kv = {n_kv}")
     g = n_q // n_kv
     if max_group is not None:
-        _need(g <= max_group, f"GQA group {g} exceeds {max_group}")
+        if not g <= max_group:
+            raise ValueError(f"GQA group {g} exceeds {max_group}")
     return g
 
 
@@ -615,7 +653,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """
     T, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
-    _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
+    if Dc != D:
+        raise ValueError(f"cache head_dim {Dc} != q head_dim {D}")
     _block_size(bs)
     G = _gqa(n_q, n_kv, PREFILL_ROWS)
     B, M = _block_tables(block_tables, seq_lens, None)
@@ -627,17 +666,19 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  q_seq_idx=q_seq_idx, q_pos=q_pos, out=out, cos=None if rope is None else rope[0])
     if T == 0:
         return out
-    _need(n_kv <= 65535, f"n_kv = {n_kv} exceeds the grid limit")
+    if not n_kv <= 65535:
+        raise ValueError(f"n_kv = {n_kv} exceeds the grid limit")
     dev = _device_index(q)
     if variant is None:
         variant = prefill_variant(T, n_q, n_kv, D, _num_sms(dev), ws="ws" in prefill_variants(D, dev),
                                   mean_keys=mean_keys)
-    _need(variant in PREFILL_VARIANTS[D], f"unknown prefill variant {variant!r} for D={D}")
+    if variant not in PREFILL_VARIANTS[D]:
+        raise ValueError(f"unknown prefill variant {variant!r} for D={D}")
     wgmma = variant in PREFILL_WGMMA
     if wgmma:
-        _need(variant in prefill_variants(D, dev),
-              f"prefill variant {variant!r} needs the attention kernels built for {PREFILL_WGMMA[variant]} "
-              f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
+        if variant not in prefill_variants(D, dev):
+            raise ValueError(f"prefill variant {variant!r} needs the attention kernels built for {PREFILL_WGMMA[variant]} "
+                             f"(a compute-capability-9.0 GPU; kernels.ARCH_TARGETS)")
     kname, block_n, block_m, mt = PREFILL_VARIANTS[D][variant]
     ring = PREFILL_WS_STAGES.get(variant, 0)
     tt = block_m // G
@@ -649,8 +690,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     elif wgmma:                    # a KV head's tiles together (attention.cu: the CTAs' order)
         grid = (tiles, n_kv, 1)
     else:                          # every KV head of the heaviest tile first
-        _need(tiles <= 65535, f"{T} query tokens make {tiles} tiles of {tt}: more than the grid's 65535; "
-                              f"prefill them in chunks")
+        if not tiles <= 65535:
+            raise ValueError(f"{T} query tokens make {tiles} tiles of {tt}: more than the grid's 65535; "
+                             f"prefill them in chunks")
         grid = (n_kv, tiles, 1)
     smem = prefill_smem_bytes(D, block_n, block_m, mt, swizzled=wgmma, ring=ring)
     threads = 3 * block_m if ring else 2 * block_m // mt   # ws: a producer warpgroup + one consumer per 64 rows
@@ -719,14 +761,17 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     """
     B, n_q, D, qs = _attn_q("q", q)
     N, bs, n_kv, Dc = _cache_pair(k_cache, v_cache)
-    _need(Dc == D, f"cache head_dim {Dc} != q head_dim {D}")
+    if Dc != D:
+        raise ValueError(f"cache head_dim {Dc} != q head_dim {D}")
     _block_size(bs)
     G = _gqa(n_q, n_kv)
     _, M = _block_tables(block_tables, seq_lens, B, row_seq)
     split_size = int(split_size)
-    _need(1 <= split_size <= _I32_MAX, f"split_size must be in [1, 2**31), got {split_size}")
+    if not 1 <= split_size <= _I32_MAX:
+        raise ValueError(f"split_size must be in [1, 2**31), got {split_size}")
     S = _default_max_splits(block_tables, bs, split_size) if max_splits is None else int(max_splits)
-    _need(S >= 1, f"max_splits must be >= 1, got {S}")
+    if not S >= 1:
+        raise ValueError(f"max_splits must be >= 1, got {S}")
     o_part = _out("o_part", o_part, (B, S, n_q, D), torch.float32, q)
     lse_part = _out("lse_part", lse_part, (B, S, n_q), torch.float32, q)
     cos_p, sin_p, max_pos = _rope_tables(rope, D)
@@ -740,8 +785,9 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (S, n_kv * HG, B)
     tickets = None
     if _fused_out is not None:  # one split per sequence never takes a ticket (its CTA writes out directly)
-        _need(S == 1 or B * n_kv * HG <= _TICKETS, f"split_kv_decode: {B * n_kv * HG} (sequence, head group) pairs "
-                                                   f"exceed the ticket array ({_TICKETS})")
+        if not (S == 1 or B * n_kv * HG <= _TICKETS):
+            raise ValueError(f"split_kv_decode: {B * n_kv * HG} (sequence, head group) pairs "
+                             f"exceed the ticket array ({_TICKETS})")
         tickets = _kernel_tickets(q)
     smem = decode_smem_bytes(D)
     if _qk is not None:  # qk_norm_rope and its KV store in the launch (split_kv_decode's norm_rope)
@@ -774,9 +820,11 @@ def split_kv_reduce(o_part: torch.Tensor, lse_part: torch.Tensor, *, out: torch.
     _contig("lse_part", lse_part)
     _aligned16("o_part", o_part)
     B, S, n_q, D = o_part.shape
-    _need(tuple(lse_part.shape) == (B, S, n_q), f"lse_part must have shape {(B, S, n_q)}, got {tuple(lse_part.shape)}")
+    if tuple(lse_part.shape) != (B, S, n_q):
+        raise ValueError(f"lse_part must have shape {(B, S, n_q)}, got {tuple(lse_part.shape)}")
     _need(S >= 1, "at least one split is needed")
-    _need(D % 4 == 0, f"head_dim {D} must be a multiple of 4")
+    if D % 4 != 0:
+        raise ValueError(f"head_dim {D} must be a multiple of 4")
     out = _out("out", out, (B, n_q, D), torch.bfloat16, o_part)
     if lse_out is not None:
         lse_out = _out("lse_out", lse_out, (B, n_q), torch.float32, o_part)
@@ -878,14 +926,18 @@ def _norm_rope_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _, _, c_kv, c_D = _cache_pair(k_cache, v_cache)
     for name, t in (("k", k), ("v", v)):
         _tensor(name, t, torch.bfloat16, 3)
-        _need(tuple(t.shape) == (B, c_kv, D), f"{name} must have shape {(B, c_kv, D)}, got {tuple(t.shape)}")
-        _need(t.stride(2) == 1 and (c_kv == 1 or t.stride(1) == D), f"{name}: heads and head_dim must be contiguous")
-    _need(c_D == D, f"cache head_dim {c_D} != q head_dim {D}")
+        if tuple(t.shape) != (B, c_kv, D):
+            raise ValueError(f"{name} must have shape {(B, c_kv, D)}, got {tuple(t.shape)}")
+        if not (t.stride(2) == 1 and (c_kv == 1 or t.stride(1) == D)):
+            raise ValueError(f"{name}: heads and head_dim must be contiguous")
+    if c_D != D:
+        raise ValueError(f"cache head_dim {c_D} != q head_dim {D}")
     _qk_weights(D, qw, kw)
     _cos_sin(cos, sin, D)
     _int_vec("positions", positions, B)
     _int_vec("slot_mapping", slots, B)
-    _need(math.isfinite(float(eps)) and float(eps) > 0, f"eps must be a positive number, got {eps}")
+    if not (math.isfinite(float(eps)) and float(eps) > 0):
+        raise ValueError(f"eps must be a positive number, got {eps}")
     _same_device(q=q, k=k, v=v, q_weight=qw, k_weight=kw, cos=cos, sin=sin, positions=positions,
                  slot_mapping=slots, k_cache=k_cache)
     ks = _rows("k", k, 2) if B > 0 else c_kv * D
@@ -904,8 +956,8 @@ def merge_states(o: torch.Tensor, lse: torch.Tensor, *, out: torch.Tensor | None
     _tensor("lse", lse, torch.float32)
     _contig("o", o)
     _contig("lse", lse)
-    _need(o.dim() >= 2 and lse.dim() == o.dim() - 1 and tuple(lse.shape) == tuple(o.shape[:-1]),
-          f"o [N, ..., D] and lse [N, ...] disagree: {tuple(o.shape)} / {tuple(lse.shape)}")
+    if not (o.dim() >= 2 and lse.dim() == o.dim() - 1 and tuple(lse.shape) == tuple(o.shape[:-1])):
+        raise ValueError(f"o [N, ..., D] and lse [N, ...] disagree: {tuple(o.shape)} / {tuple(lse.shape)}")
     N, D = o.shape[0], o.shape[-1]
     _need(N >= 1, "no partial states to merge")
     R = math.prod(o.shape[1:-1])
@@ -1079,8 +1131,10 @@ def _linear_shape(x: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
     _tensor("w", w, torch.bfloat16, 2)
     M, K = x.shape
     N = w.shape[0]
-    _need(w.shape[1] == K, f"w must have shape [N, {K}], got {tuple(w.shape)}")
-    _need(K % 8 == 0 and K > 0, f"K = {K} must be a positive multiple of 8")
+    if w.shape[1] != K:
+        raise ValueError(f"w must have shape [N, {K}], got {tuple(w.shape)}")
+    if not (K % 8 == 0 and K > 0):
+        raise ValueError(f"K = {K} must be a positive multiple of 8")
     return M, N, K
 
 
@@ -1092,7 +1146,8 @@ def _linear_out(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
     M, K = x.shape
     _contig("w", w)
     _aligned16("w", w)
-    _need(out_dtype in (torch.bfloat16, torch.float32), f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
     out = _out("out", out, (M, w.shape[0] if width is None else width), out_dtype, x)
     _contig("out", out)
     _same_device(x=x, w=w, out=out)
@@ -1121,23 +1176,30 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     ``_wide_pre``'s rule; 0: none; the bits do not depend on it).
     """
     M, N, K = _linear_shape(x, w)
-    _need(N % 2 == 0, f"N = {N} must be even")
+    if N % 2 != 0:
+        raise ValueError(f"N = {N} must be even")
     _need(N <= _I32_MAX and M <= 65535 * 16, "gemm: shape exceeds the grid limits")
-    _need(pre is None or (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0),
-          f"pre must be a non-negative int, got {pre!r}")
+    if not (pre is None or (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0)):
+        raise ValueError(f"pre must be a non-negative int, got {pre!r}")
     if swiglu:
-        _need(N % 16 == 0, f"swiglu: w's rows {N} must be 2*I with I a multiple of 8")
-        _need(out_dtype == torch.bfloat16, f"swiglu: the output is bf16, got out_dtype {out_dtype}")
+        if N % 16 != 0:
+            raise ValueError(f"swiglu: w's rows {N} must be 2*I with I a multiple of 8")
+        if out_dtype != torch.bfloat16:
+            raise ValueError(f"swiglu: the output is bf16, got out_dtype {out_dtype}")
     maps_ok = _clusters_ok(x)   # the wide kernel's tensor maps need the driver's launch path
     name = gemm_choice(M, N, K, tensor_maps=maps_ok) if tile is None else tile
-    _need(name in GEMM_TILES or name in GEMM_STAGED or name in GEMM_WIDE,
-          f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED) + sorted(GEMM_WIDE)}")
+    if not (name in GEMM_TILES or name in GEMM_STAGED or name in GEMM_WIDE):
+        raise ValueError(f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED) + sorted(GEMM_WIDE)}")
     if name in GEMM_STAGED:
-        _need(M <= GEMM_STAGED[name][0], f"gemm tile {name!r} takes at most {GEMM_STAGED[name][0]} rows, got {M}")
+        if not M <= GEMM_STAGED[name][0]:
+            raise ValueError(f"gemm tile {name!r} takes at most {GEMM_STAGED[name][0]} rows, got {M}")
     if name in GEMM_WIDE:
-        _need(M <= GEMM_WIDE[name][0], f"gemm tile {name!r} takes at most {GEMM_WIDE[name][0]} rows, got {M}")
-        _need(K % 64 == 0, f"gemm tile {name!r} needs K a multiple of 64 (its tensor maps), got {K}")
-        _need(maps_ok, f"gemm tile {name!r} needs the driver's launch path (PDL on, sm_90+): tensor maps")
+        if not M <= GEMM_WIDE[name][0]:
+            raise ValueError(f"gemm tile {name!r} takes at most {GEMM_WIDE[name][0]} rows, got {M}")
+        if K % 64 != 0:
+            raise ValueError(f"gemm tile {name!r} needs K a multiple of 64 (its tensor maps), got {K}")
+        if not maps_ok:
+            raise ValueError(f"gemm tile {name!r} needs the driver's launch path (PDL on, sm_90+): tensor maps")
     if swiglu and name not in GEMM_WIDE:   # no epilogue on the other kernels: the very bits by two launches
         if out is not None:
             _linear_out(x, w, out_dtype, out, N // 2)   # (its checks before any launch)
@@ -1178,10 +1240,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
     smem = stages * (bm + bn) * (bk + 8) * 2
     chunks = -(-K // GEMM_CHUNK)
     grid = (-(-N // bn), -(-M // bm), chunks if split else 1)
-    _need(grid[1] <= 65535, f"M = {M} needs more than 65535 row tiles of {bm}")
+    if not grid[1] <= 65535:
+        raise ValueError(f"M = {M} needs more than 65535 row tiles of {bm}")
     args: tuple = (_p(x), _i(ldx), _p(w), _p(out))
     if split:   # + the fp32 workspace of the chunk partials and the tickets
-        _need(grid[0] * grid[1] <= _TICKETS, f"gemm: {grid[0] * grid[1]} output tiles exceed the ticket array")
+        if not grid[0] * grid[1] <= _TICKETS:
+            raise ValueError(f"gemm: {grid[0] * grid[1]} output tiles exceed the ticket array")
         ws = torch.empty(chunks, M, N, dtype=torch.float32, device=x.device)
         args += (_p(ws), _p(_kernel_tickets(x)))
     _launch(x, "gemm", f"gemm_{name}_{suffix}", grid, (32 * warps, 1, 1), args + (_i(M), _i(N), _i(K)), smem)
@@ -1219,7 +1283,8 @@ def _skinny_warps_arg(warps: int | None, N: int, K: int) -> int:
     """``warps`` (a benchmark's override: 4, 8 or 16) or ``skinny_warps(N, K)``."""
     if warps is None:
         return skinny_warps(N, K)
-    _need(warps in (4, 8, 16), f"warps must be 4, 8 or 16, got {warps!r}")
+    if warps not in (4, 8, 16):
+        raise ValueError(f"warps must be 4, 8 or 16, got {warps!r}")
     return warps
 
 
@@ -1235,8 +1300,10 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = to
     before it runs (no effect on the result).
     """
     M, N, K = _linear_shape(x, w)
-    _need(M <= SKINNY_MAX_M, f"skinny_gemm takes at most {SKINNY_MAX_M} rows, got {M}")
-    _need(0 < N <= 65535 * 16, f"N = {N} must be in [1, {65535 * 16}]")
+    if not M <= SKINNY_MAX_M:
+        raise ValueError(f"skinny_gemm takes at most {SKINNY_MAX_M} rows, got {M}")
+    if not 0 < N <= 65535 * 16:
+        raise ValueError(f"N = {N} must be in [1, {65535 * 16}]")
     out, ldx = _linear_out(x, w, out_dtype, out)
     if M == 0:
         return out
@@ -1256,8 +1323,10 @@ def skinny_swiglu(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None 
     Each CTA streams 8 gate rows and the 8 matching up rows, so the activation is formed from the
     bf16-rounded gate and up in the GEMM's epilogue (``skinny_gemm.cu``). ``prefetch``: as in ``skinny_gemm``."""
     M, N2, K = _linear_shape(x, w)
-    _need(M <= SKINNY_MAX_M, f"skinny_swiglu takes at most {SKINNY_MAX_M} rows, got {M}")
-    _need(N2 % 16 == 0 and 0 < N2 <= 65535 * 16, f"w must have 2*I rows with I a multiple of 8 (and I <= {65535 * 8}), got {N2}")
+    if not M <= SKINNY_MAX_M:
+        raise ValueError(f"skinny_swiglu takes at most {SKINNY_MAX_M} rows, got {M}")
+    if not (N2 % 16 == 0 and 0 < N2 <= 65535 * 16):
+        raise ValueError(f"w must have 2*I rows with I a multiple of 8 (and I <= {65535 * 8}), got {N2}")
     I = N2 // 2
     out, ldx = _linear_out(x, w, torch.bfloat16, out, width=I)
     if M == 0:
@@ -1313,13 +1382,17 @@ def _tiled_width(N: int, swiglu: bool, out_dtype: torch.dtype, kernel: str) -> t
     """The output width and 16-row tiles of a staged or cluster GEMM of ``N`` weight rows: ``N`` and ``ceil(N/16)``,
     or with ``swiglu`` (gate and up rows, bf16 out only) ``N / 2`` and ``N / 16``; ``ValueError`` otherwise."""
     if swiglu:
-        _need(out_dtype == torch.bfloat16, f"{kernel}(swiglu=True) writes bf16")
-        _need(N % 16 == 0 and 0 < N, f"w must have 2*I rows with I a multiple of 8, got {N}")
+        if out_dtype != torch.bfloat16:
+            raise ValueError(f"{kernel}(swiglu=True) writes bf16")
+        if not (N % 16 == 0 and 0 < N):
+            raise ValueError(f"w must have 2*I rows with I a multiple of 8, got {N}")
         width, tiles = N // 2, N // 16
     else:
-        _need(0 < N, f"N = {N} must be positive")
+        if not 0 < N:
+            raise ValueError(f"N = {N} must be positive")
         width, tiles = N, -(-N // 16)
-    _need(N <= _I32_MAX // 2, f"N = {N} is too large")
+    if not N <= _I32_MAX // 2:
+        raise ValueError(f"N = {N} is too large")
     return width, tiles
 
 
@@ -1344,22 +1417,27 @@ def skinny_staged(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = 
     ``M <= 32``). Launches that share a device must be ordered (one stream): the
     tile counters are the per-device ticket array's first two entries, left zero by every launch."""
     M, N, K = _linear_shape(x, w)
-    _need(M <= SKINNY_STAGED_MAX_M, f"skinny_staged takes at most {SKINNY_STAGED_MAX_M} rows, got {M}")
+    if not M <= SKINNY_STAGED_MAX_M:
+        raise ValueError(f"skinny_staged takes at most {SKINNY_STAGED_MAX_M} rows, got {M}")
     rows = skinny_staged_rows(M)
     kc0, stages0 = (1024, 3) if rows == 8 else SKINNY_STAGED_WIDE[rows][0][:2]
     kc, stages = kc0 if kc is None else kc, stages0 if stages is None else stages
     if rows == 8:
-        _need(tp == 1, f"tp must be 1 for M <= 8, got {tp!r}")
-        _need((kc, stages, lanes) in SKINNY_STAGED_CONFIGS,
-              f"(kc, stages, lanes) = {(kc, stages, lanes)} is not built; built: {SKINNY_STAGED_CONFIGS}")
+        if tp != 1:
+            raise ValueError(f"tp must be 1 for M <= 8, got {tp!r}")
+        if (kc, stages, lanes) not in SKINNY_STAGED_CONFIGS:
+            raise ValueError(f"(kc, stages, lanes) = {(kc, stages, lanes)} is not built; built: {SKINNY_STAGED_CONFIGS}")
     else:
         built = SKINNY_STAGED_WIDE[rows]
-        _need((kc, stages, lanes, tp) in built,
-              f"(kc, stages, lanes, tp) = {(kc, stages, lanes, tp)} is not built for {M} rows; built: {built}")
-    _need(isinstance(ctas_per_sm, int) and ctas_per_sm >= 1, f"ctas_per_sm must be a positive int, got {ctas_per_sm!r}")
+        if (kc, stages, lanes, tp) not in built:
+            raise ValueError(f"(kc, stages, lanes, tp) = {(kc, stages, lanes, tp)} is not built for {M} rows; built: {built}")
+    if not (isinstance(ctas_per_sm, int) and ctas_per_sm >= 1):
+        raise ValueError(f"ctas_per_sm must be a positive int, got {ctas_per_sm!r}")
     pre = stages if pre is None else pre
-    _need(isinstance(pre, int) and pre >= 0, f"pre must be a non-negative int, got {pre!r}")
-    _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
+    if not (isinstance(pre, int) and pre >= 0):
+        raise ValueError(f"pre must be a non-negative int, got {pre!r}")
+    if not isinstance(evict_first, bool):
+        raise ValueError(f"evict_first must be a bool, got {evict_first!r}")
     width, tiles = _tiled_width(N, swiglu, out_dtype, "skinny_staged")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
     if M == 0:
@@ -1428,18 +1506,21 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
     driver's launch path (PDL on, sm_90+). A row's bits are those of ``skinny_staged`` at up to 8 rows (the same
     sums in the same order), whatever the configuration, warps and grid."""
     M, N, K = _linear_shape(x, w)
-    _need(M <= SKINNY_CLUSTER_MAX_M, f"skinny_cluster takes at most {SKINNY_CLUSTER_MAX_M} rows, got {M}")
-    _need((kc, stages, tp, cluster) in SKINNY_CLUSTER_CONFIGS,
-          f"(kc, stages, tp, cluster) = {(kc, stages, tp, cluster)} is not built; built: {SKINNY_CLUSTER_CONFIGS}")
-    _need(not isinstance(warps, bool)
-          and (warps == 4 or (warps == 8 and (kc, stages, tp, cluster) in SKINNY_CLUSTER_W8)),
-          f"warps = {warps!r}: 4, or 8 for the configurations {SKINNY_CLUSTER_W8}")
+    if not M <= SKINNY_CLUSTER_MAX_M:
+        raise ValueError(f"skinny_cluster takes at most {SKINNY_CLUSTER_MAX_M} rows, got {M}")
+    if (kc, stages, tp, cluster) not in SKINNY_CLUSTER_CONFIGS:
+        raise ValueError(f"(kc, stages, tp, cluster) = {(kc, stages, tp, cluster)} is not built; built: {SKINNY_CLUSTER_CONFIGS}")
+    if not (not isinstance(warps, bool)
+            and (warps == 4 or (warps == 8 and (kc, stages, tp, cluster) in SKINNY_CLUSTER_W8))):
+        raise ValueError(f"warps = {warps!r}: 4, or 8 for the configurations {SKINNY_CLUSTER_W8}")
     pre = stages if pre is None else pre
-    _need(isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0,
-          f"pre must be a non-negative int, got {pre!r}")
-    _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
+    if not (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0):
+        raise ValueError(f"pre must be a non-negative int, got {pre!r}")
+    if not isinstance(evict_first, bool):
+        raise ValueError(f"evict_first must be a bool, got {evict_first!r}")
     width, tiles = _tiled_width(N, swiglu, out_dtype, "skinny_cluster")
-    _need(K % 64 == 0, f"skinny_cluster needs K a multiple of 64 (its tensor maps), got {K}")
+    if K % 64 != 0:
+        raise ValueError(f"skinny_cluster needs K a multiple of 64 (its tensor maps), got {K}")
     _need(_clusters_ok(x), "skinny_cluster needs thread-block clusters: the driver's launch path (PDL on), sm_90+")
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
     if M == 0:
@@ -1456,7 +1537,8 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
         with cupy.cuda.Device(dev):
             _, handle = _function(dev, "skinny_gemm", name, smem)
             cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (threads, 1, 1), smem, cluster)
-        _need(cap >= 1, f"{name}: the device holds no cluster of {cluster} CTAs with {smem} bytes of shared memory")
+        if not cap >= 1:
+            raise ValueError(f"{name}: the device holds no cluster of {cluster} CTAs with {smem} bytes of shared memory")
     grid = skinny_cluster_grid(-(-tiles // tp), cluster, cap)
     wmap = _tensor_map("matrix", w.data_ptr(), N, K, 2 * K, kc, 8)
     xmap = _tensor_map("matrix", x.data_ptr(), M, K, 2 * ldx, kc, 64 // cluster)
@@ -1543,17 +1625,20 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     launch path (PDL on) and a compute-capability-9.0 device (the kernels' ``sm_90a`` build). Deterministic: the
     same inputs and configuration give the same bits; another configuration sums in another order."""
     M, N, K = _linear_shape(x, w)
-    _need(M <= SKINNY_WG_MAX_M, f"skinny_wg takes at most {SKINNY_WG_MAX_M} rows, got {M}")
+    if not M <= SKINNY_WG_MAX_M:
+        raise ValueError(f"skinny_wg takes at most {SKINNY_WG_MAX_M} rows, got {M}")
     kc, stages, nx, wt, kp = skinny_wg_config(M, wt, kp)
     pre = stages if pre is None else pre
-    _need(isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0,
-          f"pre must be a non-negative int, got {pre!r}")
-    _need(isinstance(evict_first, bool), f"evict_first must be a bool, got {evict_first!r}")
+    if not (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0):
+        raise ValueError(f"pre must be a non-negative int, got {pre!r}")
+    if not isinstance(evict_first, bool):
+        raise ValueError(f"evict_first must be a bool, got {evict_first!r}")
     width, _ = _tiled_width(N, swiglu, out_dtype, "skinny_wg")
-    _need(K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0),
-          f"skinny_wg with kp = {kp} needs K a multiple of {64 * kp if kp == 1 else kc * kp}, got {K}")
-    _need(skinny_wg_available(x), f"skinny_wg needs the driver's launch path (PDL on) and its kernels built for "
-          f"{SKINNY_WG_TARGET} (a compute-capability-9.0 GPU)")
+    if not (K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0)):
+        raise ValueError(f"skinny_wg with kp = {kp} needs K a multiple of {64 * kp if kp == 1 else kc * kp}, got {K}")
+    if not skinny_wg_available(x):
+        raise ValueError(f"skinny_wg needs the driver's launch path (PDL on) and its kernels built for "
+                         f"{SKINNY_WG_TARGET} (a compute-capability-9.0 GPU)")
     dev = _device_index(x)
     out, ldx = _linear_out(x, w, out_dtype, out, width=width)
     if M == 0:
@@ -1569,7 +1654,8 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
             with cupy.cuda.Device(dev):
                 _, handle = _function(dev, "skinny_wg", name, smem)
                 cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (_SKINNY_WG_THREADS, 1, 1), smem, kp)
-            _need(cap >= 1, f"{name}: the device holds no cluster of {kp} CTAs with {smem} bytes of shared memory")
+            if not cap >= 1:
+                raise ValueError(f"{name}: the device holds no cluster of {kp} CTAs with {smem} bytes of shared memory")
     else:
         cap = _num_sms(dev)  # one CTA a multiprocessor (its shared memory)
     outs = 32 * wt if swiglu else 64 * wt  # output columns of a unit
@@ -1616,8 +1702,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     _tensor("logits", logits, torch.float32, 2)
     B, V = logits.shape
     _need(logits.stride(1) == 1 or V == 1, "logits rows must be contiguous")
-    _need(1 <= V <= SAMPLE_MAX_V, f"vocabulary size {V} out of range 1..{SAMPLE_MAX_V}")
-    _need(B <= SAMPLE_MAX_ROWS, f"at most {SAMPLE_MAX_ROWS} rows per call, got {B}")
+    if not 1 <= V <= SAMPLE_MAX_V:
+        raise ValueError(f"vocabulary size {V} out of range 1..{SAMPLE_MAX_V}")
+    if not B <= SAMPLE_MAX_ROWS:
+        raise ValueError(f"at most {SAMPLE_MAX_ROWS} rows per call, got {B}")
     ld = logits.stride(0) if B > 1 else V
     checks = (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
               ("top_p", top_p, torch.float32), ("seed_lo", seed_lo, (torch.int32, torch.uint32)),
@@ -1626,7 +1714,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     for name, t, dt in checks:
         _tensor(name, t, dt, 1)
         _contig(name, t)
-        _need(t.shape[0] == B, f"{name} must have length {B}, got {t.shape[0]}")
+        if t.shape[0] != B:
+            raise ValueError(f"{name} must have length {B}, got {t.shape[0]}")
     tokens = _out("tokens", tokens, (B,), torch.int32, logits)
     logprobs = _out("logprobs", logprobs, (B,), torch.float32, logits)
     _same_device(logits=logits, temperature=temperature, top_k=top_k, top_p=top_p, seed_lo=seed_lo,
@@ -1661,7 +1750,8 @@ def pack_sampling_params(params: Sequence, positions: Sequence[int], device: tor
 
     (Builds host tensors and copies them to ``device``: call it outside graph capture.)
     """
-    _need(len(params) == len(positions), f"{len(params)} params but {len(positions)} positions")
+    if len(params) != len(positions):
+        raise ValueError(f"{len(params)} params but {len(positions)} positions")
     seeds = [int(sp.seed) for sp in params]
     host = {
         "temperature": torch.tensor([float(sp.temperature) for sp in params], dtype=torch.float32),
