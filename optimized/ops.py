@@ -1510,8 +1510,7 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
         raise ValueError(f"skinny_cluster takes at most {SKINNY_CLUSTER_MAX_M} rows, got {M}")
     if (kc, stages, tp, cluster) not in SKINNY_CLUSTER_CONFIGS:
         raise ValueError(f"(kc, stages, tp, cluster) = {(kc, stages, tp, cluster)} is not built; built: {SKINNY_CLUSTER_CONFIGS}")
-    if not (not isinstance(warps, bool)
-            and (warps == 4 or (warps == 8 and (kc, stages, tp, cluster) in SKINNY_CLUSTER_W8))):
+    if isinstance(warps, bool) or not (warps == 4 or (warps == 8 and (kc, stages, tp, cluster) in SKINNY_CLUSTER_W8)):
         raise ValueError(f"warps = {warps!r}: 4, or 8 for the configurations {SKINNY_CLUSTER_W8}")
     pre = stages if pre is None else pre
     if not (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0):
