@@ -1186,7 +1186,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfl
             raise ValueError(f"swiglu: w's rows {N} must be 2*I with I a multiple of 8")
         if out_dtype != torch.bfloat16:
             raise ValueError(f"swiglu: the output is bf16, got out_dtype {out_dtype}")
-    maps_ok = _clusters_ok(x)   # the wide kernel's tensor maps need the driver's launch path
+    maps_ok = gemm_wide_available(x)
     name = gemm_choice(M, N, K, tensor_maps=maps_ok) if tile is None else tile
     if not (name in GEMM_TILES or name in GEMM_STAGED or name in GEMM_WIDE):
         raise ValueError(f"unknown gemm tile {name!r}; known: {sorted(GEMM_TILES) + sorted(GEMM_STAGED) + sorted(GEMM_WIDE)}")

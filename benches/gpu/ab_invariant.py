@@ -144,11 +144,9 @@ def main() -> int:
                                                kernels=[dict(name=k, launches=n, dur_us=d, inc_us=i)
                                                         for k, n, d, i in rows]))
             for eng in engines.values():
-                eng.runner.graphs, eng.runner.pool = {}, None
+                eng.runner.graphs, eng.runner.pool, eng.runner.fuse_swiglu = {}, None, True
             for k, v in OPS_DEFAULTS.items():
                 setattr(ops, k, v)
-            for eng in engines.values():
-                eng.runner.fuse_swiglu = True
             graphs.clear()
             pools.clear()
             torch.cuda.synchronize()

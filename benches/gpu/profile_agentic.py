@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import statistics
 import sys
@@ -176,6 +177,21 @@ def _increments(steps: list[list]) -> list[tuple[str, int, float]]:
     return sorted(((n, c, t) for n, (c, t) in agg.items()), key=lambda x: -x[2])
 
 
+def run_turns(w, eng, turns: int, around) -> None:
+    """The workload's turns on ``eng`` (the engine resuming, as ``test_agentic.Workload.resume``), each turn inside the
+    context manager ``around(k)`` (k from 0); every turn's outputs have the workload's lengths."""
+    sids = [eng.rollout_add(p + o[0], w.sp) for p, o in zip(w.prompts, w.obs)]
+    for k in range(turns):
+        with around(k):
+            if k:
+                for sid, o in zip(sids, w.obs):
+                    eng.rollout_continue(sid, o[k])
+            outs = eng.rollout_run_turns()
+        assert all(len(outs[s].token_ids) == w.sp.max_tokens for s in sids), f"turn {k + 1}: wrong lengths"
+    for sid in sids:
+        eng.rollout_finish(sid)
+
+
 def cprofile_prefills(w, eng, turns: int) -> None:
     """The turns once more, cProfile on only inside the prefill steps of turns 2.. (the host's share of an eager
     prefill step); prints the functions by own time and by cumulative time."""
@@ -197,16 +213,13 @@ def cprofile_prefills(w, eng, turns: int) -> None:
         else:
             step()
 
-    eng._step = profiled_step
-    sids = [eng.rollout_add(p + o[0], w.sp) for p, o in zip(w.prompts, w.obs)]
-    for k in range(turns):
+    @contextlib.contextmanager
+    def resumed_only(k: int):
         state["on"] = k > 0
-        if k:
-            for sid, o in zip(sids, w.obs):
-                eng.rollout_continue(sid, o[k])
-        eng.rollout_run_turns()
-    for sid in sids:
-        eng.rollout_finish(sid)
+        yield
+
+    eng._step = profiled_step
+    run_turns(w, eng, turns, resumed_only)
     eng._step = step
     for key in ("tottime", "cumulative"):
         buf = io.StringIO()
@@ -245,23 +258,18 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile, record_function
     turn_s = []
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if scale.gpu else [])
-    with profile(activities=acts) as prof:
-        n = len(w.prompts)
-        sids = [eng.rollout_add(p + o[0], w.sp) for p, o in zip(w.prompts, w.obs)]
-        for k in range(args.turns):
+
+    @contextlib.contextmanager
+    def timed_range(k: int):                 # a host range per turn, its wall time with a device sync at each end
+        scale.sync()
+        t = time.perf_counter()
+        with record_function(f"turnkv_turn {k + 1}"):
+            yield
             scale.sync()
-            t = time.perf_counter()
-            with record_function(f"turnkv_turn {k + 1}"):
-                if k:
-                    for sid, o in zip(sids, w.obs):
-                        eng.rollout_continue(sid, o[k])
-                outs = eng.rollout_run_turns()
-                scale.sync()
-            turn_s.append(time.perf_counter() - t)
-            assert all(len(outs[s].token_ids) == ag.GEN[args.scale] for s in sids), f"turn {k + 1}: wrong lengths"
-        for sid in sids:
-            eng.rollout_finish(sid)
-    assert len(sids) == n
+        turn_s.append(time.perf_counter() - t)
+
+    with profile(activities=acts) as prof:
+        run_turns(w, eng, args.turns, timed_range)
     rows = analyse(_trace(prof), log, floor_ms, args.turns)
     print("profiled run's turns (s): " + "  ".join(f"{t:.3f}" for t in turn_s))
     hdr = ("turn", "wall", "busy", "idle", "head", "tail", "gaps", "pf#", "pf tok", "pf ms", "dec#", "ctx",
