@@ -140,8 +140,11 @@ class EngineConfig:
 
     ``num_blocks=None`` sizes the pool for ``max_num_seqs`` full-length sequences.
     ``max_num_batched_tokens`` is the per-step token budget; longer prompts and observations
-    are prefilled in chunks of at most that many tokens. ``batch_invariant`` makes a sequence's
-    logits bitwise independent of its batch mates and of its turn split (DESIGN §4 INVARIANT).
+    are prefilled in chunks of at most that many tokens. ``prefill_chunking``: ``"even"`` cuts the
+    prefill tokens pending at a step into the fewest steps the budget allows, in near-equal shares
+    (no small tail step); ``"greedy"`` fills every step to the budget (``reference/scheduler.py``).
+    ``batch_invariant`` makes a sequence's logits bitwise independent of its batch mates and of its
+    turn split (DESIGN §4 INVARIANT).
     """
 
     block_size: int = 16
@@ -154,6 +157,7 @@ class EngineConfig:
     batch_invariant: bool = False
     rope_in_attention: bool = False     # cache pre-RoPE K; the attention kernels rotate keys as they read them
     swap_space: int = 0                 # pages of host memory for paused sequences' KV (0: recompute instead)
+    prefill_chunking: str = "even"      # "even" | "greedy": how a prefill step's budget is set
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -164,6 +168,8 @@ class EngineConfig:
             raise ConfigError(f"swap_space must be >= 0, got {self.swap_space}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.prefill_chunking not in ("even", "greedy"):
+            raise ConfigError(f"prefill_chunking must be 'even' or 'greedy', got {self.prefill_chunking!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype not in ("float32", "bfloat16"):

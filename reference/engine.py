@@ -172,15 +172,25 @@ class EngineCore:
             self.scheduler.add(seq)
         leader.followers = []
 
+    def _unhold(self, seq: Sequence) -> None:
+        """A group member still held for its leader's prompt KV leaves the leader's list (aborted or finished
+        before the release): it is no longer the leader's to queue, and it prefills its own context if it
+        continues. (Left there, a member aborted, then continued, then released, was queued twice.)"""
+        for lead in self._seqs.values():
+            if any(f is seq for f in lead.followers):
+                lead.followers = [f for f in lead.followers if f is not seq]
+
     def abort(self, sid: int) -> TurnOutput:
         """End the sequence's open turn now (stop reason ``aborted``) and pause it; returns the partial turn.
 
-        Legal while a turn is open: WAITING (queued or resumed) or RUNNING after ``rollout_run_turns(max_steps=...)``."""
+        Legal while a turn is open: WAITING (queued, resumed, or a group member held for its leader's prompt
+        KV) or RUNNING after ``rollout_run_turns(max_steps=...)``."""
         seq = self._seq(sid)
         if seq.state not in (SeqState.WAITING, SeqState.RUNNING):
             raise SequenceStateError(f"sequence {sid} is {seq.state.value}: no open turn to abort")
         if seq.followers:
             self._release_followers(seq)
+        self._unhold(seq)
         out = seq.end_turn("aborted", str(self.policy))
         self.scheduler.pause(seq)
         return out
@@ -233,6 +243,7 @@ class EngineCore:
         seq = self._seq(sid)
         if seq.followers:
             self._release_followers(seq)
+        self._unhold(seq)
         if seq.state in (SeqState.WAITING, SeqState.RUNNING) and seq.num_tokens > seq.turn_start:
             seq.end_turn("aborted", str(self.policy))      # close the open turn so spans cover every token
         self.scheduler.finish(seq)

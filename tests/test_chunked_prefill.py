@@ -6,9 +6,14 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference import SamplingParams
-from reference.kv_cache import KVCache
+from reference.config import EngineConfig
+from reference.kv_cache import BlockManager, KVCache
+from reference.scheduler import Scheduler
+from reference.sequence import Sequence
 from reference.oracle import dense_logits
 
 from _helpers import cdiv, check_pool_accounting, drive, rand_ids, tiny_engine
@@ -84,13 +89,14 @@ def _record_steps(eng):
     return steps
 
 
+@pytest.mark.parametrize("chunking", ["even", "greedy"])
 @pytest.mark.parametrize("budget", [3, 7, 16])
-def test_generate_with_small_token_budget_equals_unchunked(budget):
+def test_generate_with_small_token_budget_equals_unchunked(budget, chunking):
     rng = random.Random(budget)
     prompts = [rand_ids(rng, n) for n in (20, 9, 33, 1)]
     sp = SamplingParams(max_tokens=6, stop_token_ids=(), logprobs=True)
     big = tiny_engine(block_size=8)
-    small = tiny_engine(block_size=8, max_num_batched_tokens=budget)
+    small = tiny_engine(block_size=8, max_num_batched_tokens=budget, prefill_chunking=chunking)
     steps = _record_steps(small)
     ref_toks = big.generate(prompts, sp)
     got = small.generate(prompts, sp)
@@ -108,8 +114,9 @@ def _logprobs_by_turn(recs):
     return [[lp for o in r.outputs for lp in o.logprobs] for r in recs]
 
 
+@pytest.mark.parametrize("chunking", ["even", "greedy"])
 @pytest.mark.parametrize("budget", [2, 5, 11])
-def test_multiturn_with_chunked_resume(budget):
+def test_multiturn_with_chunked_resume(budget, chunking):
     """Long observations resumed in several chunks: same trajectories as unchunked, logprobs within 1e-5."""
     bs = 4
     rng = random.Random(budget)
@@ -118,7 +125,7 @@ def test_multiturn_with_chunked_resume(budget):
 
     def obs_fn(i, k, t):
         return rand_ids(random.Random(100 * i + k), obs_lens[(i + k) % 4])
-    small = tiny_engine(block_size=bs, max_num_batched_tokens=budget)
+    small = tiny_engine(block_size=bs, max_num_batched_tokens=budget, prefill_chunking=chunking)
     steps = _record_steps(small)
     a = drive(small, specs, 4, obs_fn, check_pool=check_pool_accounting)
     b = drive(tiny_engine(block_size=bs), specs, 4, obs_fn)
@@ -128,3 +135,58 @@ def test_multiturn_with_chunked_resume(budget):
         assert [o.prefilled_tokens for o in ra.outputs] == [o.prefilled_tokens for o in rb.outputs]
         d = max(abs(x - y) for x, y in zip(ra.trajectory.logprobs, rb.trajectory.logprobs))
         assert d <= TOL, f"budget {budget}: logprobs differ from the unchunked run by {d:.2e}"
+
+
+def _prefill_plan(lengths: list[int], budget: int, chunking: str, max_num_seqs: int | None = None,
+                  ) -> list[list[tuple[int, int]]]:
+    """The prefill steps the scheduler builds for fresh prompts of ``lengths`` (a pool that holds them all),
+    as ``[(seq_id, chunk), ...]`` per step; each step's chunks are applied as the engine would."""
+    bs = 4
+    cfg = EngineConfig(block_size=bs, num_blocks=sum(cdiv(n, bs) for n in lengths) + 1, max_num_batched_tokens=budget,
+                       max_num_seqs=max_num_seqs or len(lengths), prefill_chunking=chunking)
+    sched = Scheduler(cfg, BlockManager(cfg.num_blocks, bs))
+    for i, n in enumerate(lengths):
+        sched.add(Sequence(i, SamplingParams(), True, list(range(1, n + 1)), n))
+    plan = []
+    while (batch := sched._schedule_prefill()) is not None:
+        assert batch.kind == "prefill"
+        plan.append([(s.seq_id, c) for s, c in zip(batch.seqs, batch.chunks)])
+        for s, c in zip(batch.seqs, batch.chunks):
+            s.num_cached += c
+            s.prefill_done = s.num_cached == s.num_tokens
+    return plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 80), min_size=1, max_size=9), budget=st.integers(1, 96))
+def test_even_chunking_takes_the_fewest_steps_in_near_equal_shares(lengths, budget):
+    """``prefill_chunking="even"``: ceil(T / budget) steps (greedy's count), none over the budget, the largest and the
+    smallest one token apart at most, every sequence's chunks in order summing to its prompt; greedy fills every
+    step but the last to the budget."""
+    total = sum(lengths)
+    even, greedy = _prefill_plan(lengths, budget, "even"), _prefill_plan(lengths, budget, "greedy")
+    for name, plan in (("even", even), ("greedy", greedy)):
+        sizes = [sum(c for _, c in step) for step in plan]
+        assert len(plan) == cdiv(total, budget), f"{name}: {len(plan)} steps for {total} tokens under {budget}"
+        assert max(sizes) <= budget, f"{name}: a step of {max(sizes)} tokens over the budget {budget}"
+        for i, n in enumerate(lengths):
+            assert sum(c for step in plan for sid, c in step if sid == i) == n, f"{name}: sequence {i}"
+    sizes = [sum(c for _, c in step) for step in even]
+    assert max(sizes) - min(sizes) <= 1, f"even: step sizes {sizes}"
+    assert all(sum(c for _, c in step) == budget for step in greedy[:-1]), "greedy: a step before the last not full"
+
+
+def test_even_chunking_of_the_agentic_resume():
+    """The agentic bench's resumed turn (64 sequences of 1 + 256 tokens under 16384): greedy leaves a step of 64
+    tokens of one sequence; even cuts two steps of 8224."""
+    even, greedy = _prefill_plan([257] * 64, 16384, "even"), _prefill_plan([257] * 64, 16384, "greedy")
+    assert [sum(c for _, c in s) for s in greedy] == [16384, 64] and greedy[1] == [(63, 64)]
+    assert [sum(c for _, c in s) for s in even] == [8224, 8224]
+
+
+def test_even_chunking_counts_only_admissible_waiting_sequences():
+    """With ``max_num_seqs`` below the queue the budget is set from the sequences a step can admit: prompts of 10,
+    10 and 30 under a budget of 15 with 2 seats are 20 pending tokens, two steps of 10 (counting the third
+    prompt too would give 50 pending and steps of 13). The third waits for a seat (no decode step runs here)."""
+    plan = _prefill_plan([10, 10, 30], 15, "even", max_num_seqs=2)
+    assert plan == [[(0, 10)], [(1, 10)]], plan

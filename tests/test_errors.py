@@ -191,7 +191,7 @@ def test_bad_sampling_params_types(kw):
 BAD_ENGINE = [dict(split_kv="auto", batch_invariant=True), dict(split_kv="fixed:0"), dict(split_kv="fixed:-2"),
               dict(split_kv="fixed:x"), dict(split_kv="fixed"), dict(split_kv="bogus"), dict(split_kv=""),
               dict(block_size=0), dict(num_blocks=0), dict(max_num_seqs=0), dict(max_num_batched_tokens=0),
-              dict(max_model_len=1), dict(dtype="float16")]
+              dict(max_model_len=1), dict(dtype="float16"), dict(prefill_chunking="balanced")]
 
 
 @pytest.mark.parametrize("kw", BAD_ENGINE, ids=[str(k) for k in BAD_ENGINE])

@@ -160,6 +160,45 @@ def test_group_prefix_sharing(prompt_len, n):
     assert shared.num_free_blocks == shared.num_blocks, "a shared block leaked (reference count)"
 
 
+@pytest.mark.parametrize("chunking", ["even", "greedy"])
+@pytest.mark.parametrize("end", ["continue", "finish"])
+def test_a_held_group_member_aborted_leaves_its_leader(chunking, end):
+    """A group member aborted while still held for its leader's prompt KV is no longer the leader's: continued,
+    it is queued once and prefills its own context (its tokens are ``generate``'s over that context); finished,
+    it is gone. One seat (``max_num_seqs=1``), so the leader's release comes while the member waits in the queue:
+    before the fix it was queued a second time (found by the stateful test once prefills were cut evenly)."""
+    from reference.sequence import SeqState
+
+    prompt = [(i * 29) % 512 for i in range(12)]
+    eng = _engine(max_num_batched_tokens=5, max_num_seqs=1, prefill_chunking=chunking)
+    lead, held, other = eng.rollout_add_group(prompt, [GREEDY] * 3)
+    aborted = eng.abort(held)
+    assert aborted.stop_reason == "aborted" and aborted.token_ids == [] and eng.state(held) == "paused"
+    if end == "continue":
+        eng.rollout_continue(held, [7, 8])
+    else:
+        eng.rollout_finish(held)
+    sch = eng.scheduler
+    while sch.has_work():
+        eng._step()
+        for s in eng._seqs.values():
+            where = [any(q is s for q in sch.waiting), any(q is s for q in sch.running), any(q is s for q in sch.paused)]
+            assert sum(where) <= 1, f"sequence {s.seq_id} in {where}"
+            assert s.state != SeqState.RUNNING or where[1]
+    outs = eng._outbox
+    want = _engine().generate([prompt], GREEDY)[0]
+    assert outs[lead].token_ids == want and outs[other].token_ids == want
+    if end == "continue":
+        assert outs[held].token_ids == _engine().generate([prompt + [7, 8]], GREEDY)[0]
+        assert outs[held].prefilled_tokens == len(prompt) + 2        # its own context: nothing shared
+        eng.rollout_finish(held)
+    else:
+        assert held not in outs
+    eng.rollout_finish(lead)
+    eng.rollout_finish(other)
+    assert eng.num_free_blocks == eng.num_blocks, "a page leaked"
+
+
 def test_copy_on_write_block_manager():
     from reference.kv_cache import BlockManager
     bm = BlockManager(8, 4)

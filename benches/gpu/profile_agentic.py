@@ -1,7 +1,7 @@
 """Where the agentic workload's time goes, turn by turn: the GPU's busy and idle time, the prefill and the
 decode steps, against the decode steps' memory floor.
 
-    python benches/gpu/profile_agentic.py [--turns 8] [--out DIR]
+    python benches/gpu/profile_agentic.py [--turns 8] [--out DIR] [--cprofile] [--chunking-ab ROUNDS]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_agentic.py``). The
 workload is that bench's (``test_agentic.Workload``: qwen3-0.6b, 64 sequences, prompt 1024, turns of
@@ -228,6 +228,36 @@ def cprofile_prefills(w, eng, turns: int) -> None:
         print("\n".join(line[:150] for line in buf.getvalue().splitlines() if line.strip()))
 
 
+def chunking_ab(w: "ag.Workload", rounds: int) -> dict:
+    """The resumed workload on the bench's clock with ``prefill_chunking="even"`` and ``"greedy"``, one engine each,
+    in one process: each engine warmed up, then ``rounds`` rounds of both in turn (the order swapped every round).
+    Returns each mode's run totals (s) and the share of the greedy engine's tokens the even one matched (bf16: a
+    different cut of the same prefill may move a near tie, so the share is reported, not asserted)."""
+    base = dict(ag.ENGINE_KW[w.s])
+    engines, totals, tokens = {}, {"even": [], "greedy": []}, {}
+    try:
+        for mode in ("even", "greedy"):
+            ag.ENGINE_KW[w.s] = {**base, "prefill_chunking": mode}
+            w._engine = None
+            engines[mode] = w.engine()
+            w.warm_up("resume")
+        for r in range(rounds):
+            for mode in (("even", "greedy") if r % 2 == 0 else ("greedy", "even")):
+                w._engine = engines[mode]
+                out = w.resume(ag.TURNS[w.s], w.sp)
+                totals[mode].append(sum(out["turn_s"]))
+                tokens[mode] = out["tokens"]
+    finally:
+        ag.ENGINE_KW[w.s] = base
+        w._engine = None
+    same = total = 0
+    for a, b in zip(tokens["even"], tokens["greedy"]):
+        for ta, tb in zip(a, b):
+            same += sum(x == y for x, y in zip(ta, tb))
+            total += len(tb)
+    return {"totals_s": totals, "token_agreement": same / max(1, total)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=None)
@@ -235,6 +265,8 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true",
                     help="then run the turns again with cProfile on during the resumed turns' prefill steps")
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
+    ap.add_argument("--chunking-ab", type=int, default=0, metavar="ROUNDS",
+                    help="then time the workload with prefill_chunking even and greedy, ROUNDS rounds of each")
     args = ap.parse_args()
     scale = Scale(args.scale)
     ceiling = measure_ceilings(scale)["copy_GBps"]
@@ -301,11 +333,19 @@ def main() -> None:
           f"{sum(r['decode_floor_ms'] * r['decode_steps'] for r in rows):.1f}")
     if args.cprofile:
         cprofile_prefills(w, eng, args.turns)
+    ab = None
+    if args.chunking_ab:
+        del eng
+        ab = chunking_ab(w, args.chunking_ab)
+        print("prefill_chunking A/B (the bench's clock, whole runs in s): "
+              + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f})"
+                          for m, ts in ab["totals_s"].items())
+              + f"; tokens matching greedy's {100 * ab['token_agreement']:.1f}%")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_agentic.json").write_text(json.dumps(
             {"copy_GBps": ceiling, "timed_turn_s": timed["turn_s"], "profiled_turn_s": turn_s, "turns": rows,
-             "steps": log}, indent=1))
+             "steps": log, "chunking_ab": ab}, indent=1))
     w.close()
 
 
