@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from optimized import ops as _ops
 from optimized.runner import _sampling_arrays, check_step_metadata
 from reference import SamplingParams
 from reference.config import EngineConfig, named_config
@@ -116,21 +117,61 @@ def stubbed_ops(monkeypatch):
     monkeypatch.setattr(ops, "_cc_major", lambda dev: 9)
     monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
     monkeypatch.setattr(ops, "_function", lambda *a, **k: (None, 0))
-    monkeypatch.setattr(ops, "_tensor_map", lambda *a, **k: bytes(128))
+    monkeypatch.setattr(ops, "_tensor_map", lambda *a, **k: ops.launch.TensorMap(bytes(128)))
     monkeypatch.setattr(ops, "prefill_variants", lambda D, dev: list(ops.PREFILL_VARIANTS.get(D, {})))
     monkeypatch.setattr(ops.launch, "max_active_clusters", lambda *a, **k: 16)
     monkeypatch.setattr(kernels, "target", lambda name, dev: ops.SKINNY_WG_TARGET if name == "skinny_wg" else None)
     return log
 
 
+def _null_driver(monkeypatch, log: list[str]) -> list[int]:
+    """On top of ``stubbed_ops``: ``ops._launch`` itself runs (the kernel handle, the PDL choice, the stream) and
+    ``launch.launch_pdl`` packs the arguments and calls ``cuLaunchKernelEx`` of a stand-in driver, a C-callable
+    that counts the launches and returns 0 (a ctypes callback: a little dearer than a C function). The torch
+    stream is a stand-in too. Returns the driver's launch count."""
+    import ctypes
+    import types
+
+    import torch
+
+    from optimized import launch, ops
+
+    calls = [0]
+
+    def launch_kernel_ex(cfg, func, params, extra):
+        calls[0] += 1
+        return 0
+
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    fake = types.SimpleNamespace(cuLaunchKernelEx=proto(launch_kernel_ex))
+    monkeypatch.setitem(launch._state, "lib", fake)
+    monkeypatch.setitem(launch._state, "enabled", True)
+    stream = types.SimpleNamespace(cuda_stream=0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: stream)
+    real = _REAL_LAUNCH                       # (``stubbed_ops`` has replaced ``ops._launch`` by now)
+
+    def logged(ref, module, name, *a, **k):
+        log.append(name)
+        real(ref, module, name, *a, **k)
+
+    monkeypatch.setattr(ops, "_launch", logged)
+    return calls
+
+
+_REAL_LAUNCH = _ops._launch
+
+
+@pytest.mark.parametrize("path", ("wrappers", "driver"))
 @pytest.mark.parametrize("tokens", PREFILL_TOKENS)
-def test_host_prefill(tokens, stubbed_ops, results):
+def test_host_prefill(tokens, path, stubbed_ops, monkeypatch, results):
     """The host time of one eager prefill forward of the optimized runner (``CudaRunner._prefill``: the uploads,
     every layer's op wrappers and the runner's kernel choices) for ``tokens`` new tokens of one sequence at
     qwen3-0.6b's shapes, ``PREFILL_LAYERS`` layers, with the GEMM rules of an H200 (``ops.gemm`` at 9-16 rows, the
-    warpgroup GEMM at 17-64); the GPU's work is not done and the driver is not called. Checked first: the output's
-    shape and dtype, the embedding's launch, then the same kernels in every layer. This is the part of an eager
-    step the GPU waits for when its kernels are short (docs/performance.md, "Agentic workload")."""
+    warpgroup GEMM at 17-64); the GPU's work is not done. ``path``: ``wrappers`` stops at ``ops._launch``;
+    ``driver`` also runs ``ops._launch`` and ``launch.launch_pdl`` (argument packing, the ``ctypes`` call) into a
+    stand-in driver (``_null_driver``). Checked first: the output's shape and dtype, the embedding's launch, then
+    the same kernels in every layer, and with ``driver`` that every launch reached the driver. This is the part of
+    an eager step the GPU waits for when its kernels are short (docs/performance.md, "Host cost of eager ops")."""
     import dataclasses
 
     import torch
@@ -139,11 +180,12 @@ def test_host_prefill(tokens, stubbed_ops, results):
     from reference.types import SplitKVPolicy
     from reference.weights import expected_shapes
 
-    results.describe(PREFILL_GROUP, "Host side of an eager prefill forward (qwen3-0.6b shapes, launches not made)",
-                     columns=[("tokens", "tokens", ""), ("layers", "layers", ""), ("launches", "launches", ""),
+    results.describe(PREFILL_GROUP, "Host side of an eager prefill forward (qwen3-0.6b shapes, no GPU)",
+                     columns=[("path", "path", ""), ("tokens", "tokens", ""), ("layers", "layers", ""),
+                              ("launches", "launches", ""),
                               ("forward_ms", "host ms / forward", ".3f"), ("per_launch_us", "us / launch", ".1f"),
                               ("per_layer_ms", "ms / layer", ".3f")],
-                     plots=[dict(x="tokens", y="per_launch_us", series=None, xlabel="tokens",
+                     plots=[dict(x="tokens", y="per_launch_us", series="path", xlabel="tokens",
                                  ylabel="us per launch", title="host time per eager launch")])
     cfg = dataclasses.replace(named_config("qwen3-0.6b"), num_hidden_layers=PREFILL_LAYERS)
     weights = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in expected_shapes(cfg).items()}
@@ -159,9 +201,11 @@ def test_host_prefill(tokens, stubbed_ops, results):
     slots = (tables[0, pos // bs] * bs + pos % bs).astype(np.int32)                        # [T]
     args = (np.arange(T, dtype=np.int64) % 1000, pos, slots, tables, np.array([PREFILL_CTX], dtype=np.int32),
             np.zeros(T, dtype=np.int32))
+    calls = _null_driver(monkeypatch, stubbed_ops) if path == "driver" else None
     out = r._prefill(*args)                                                                 # warm-up, checked
     assert tuple(out.shape) == (T, cfg.hidden_size) and out.dtype == torch.bfloat16
     log = list(stubbed_ops)
+    assert calls is None or calls[0] == len(log), (calls, len(log))
     assert log[0] == "embed_rmsnorm" and (len(log) - 1) % PREFILL_LAYERS == 0, log
     per_layer = (len(log) - 1) // PREFILL_LAYERS
     layers = [log[1 + i * per_layer:1 + (i + 1) * per_layer] for i in range(PREFILL_LAYERS)]
@@ -176,5 +220,6 @@ def test_host_prefill(tokens, stubbed_ops, results):
         times.append((time.perf_counter() - t) / reps)
     dt = float(np.median(times))                                # the median round (a shared CPU is noisy)
     assert len(stubbed_ops) == rounds * reps * len(log)
-    results.add(PREFILL_GROUP, tokens=T, layers=PREFILL_LAYERS, launches=len(log), forward_ms=dt * 1e3,
+    assert calls is None or calls[0] == (1 + rounds * reps) * len(log)
+    results.add(PREFILL_GROUP, path=path, tokens=T, layers=PREFILL_LAYERS, launches=len(log), forward_ms=dt * 1e3,
                 per_launch_us=dt / len(log) * 1e6, per_layer_ms=dt / PREFILL_LAYERS * 1e3)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -137,33 +138,84 @@ def launch_attrs(cluster_x: int = 1) -> tuple[tuple[int, tuple[int, ...]], ...]:
 
 
 def _attr_array(cluster_x: int) -> tuple[ctypes.Array, int]:
-    """``launch_attrs(cluster_x)`` as the ``CUlaunchAttribute`` array a ``CUlaunchConfig`` points to, and its length."""
-    wanted = launch_attrs(cluster_x)
-    attrs = (_LaunchAttr * len(wanted))()
-    for a, (aid, vals) in zip(attrs, wanted):
-        a.id = aid
-        for i, v in enumerate(vals):
-            a.value[i] = v
-    return attrs, len(wanted)
+    """``launch_attrs(cluster_x)`` as the ``CUlaunchAttribute`` array a ``CUlaunchConfig`` points to, and its length;
+    built once per ``cluster_x`` (the driver only reads it)."""
+    entry = _attr_arrays.get(cluster_x)
+    if entry is None:
+        wanted = launch_attrs(cluster_x)
+        attrs = (_LaunchAttr * len(wanted))()
+        for a, (aid, vals) in zip(attrs, wanted):
+            a.id = aid
+            for i, v in enumerate(vals):
+                a.value[i] = v
+        entry = _attr_arrays[cluster_x] = (attrs, len(wanted))
+    return entry
+
+
+_attr_arrays: dict[int, tuple[ctypes.Array, int]] = {}
+
+
+class _Params:
+    """The ``kernelParams`` of one argument signature (the arguments' types in order): ``pack_params``'s layout as
+    one ``struct`` format, a buffer it packs into and the array of pointers into that buffer, made once and reused
+    launch after launch (``cuLaunchKernelEx`` has copied the arguments when it returns). One per thread
+    (``_params_of``), so that two threads never pack into one buffer."""
+
+    __slots__ = ("layout", "buf", "ptrs")
+
+    def __init__(self, args: Sequence[np.generic | TensorMap]) -> None:
+        raw, offsets = pack_params(args)              # the layout and its type checks
+        fmt, at = ["<"], 0
+        for a, off in zip(args, offsets):
+            if off > at:
+                fmt.append(f"{off - at}x")
+            fmt.append("128s" if isinstance(a, TensorMap) else "Q" if isinstance(a, np.uint64)
+                       else "i4x" if isinstance(a, np.int32) else "f4x")
+            at = off + (TENSOR_MAP_BYTES if isinstance(a, TensorMap) else 8)
+        self.layout = struct.Struct("".join(fmt))
+        if self.layout.size != len(raw):
+            raise AssertionError(f"kernelParams layout {fmt} is {self.layout.size} bytes, pack_params' {len(raw)}")
+        self.buf = ctypes.create_string_buffer(max(8, len(raw)))
+        base = ctypes.addressof(self.buf)
+        self.ptrs = (ctypes.c_void_p * max(1, len(args)))(*[base + o for o in offsets])
+
+    def pack(self, args: Sequence[np.generic | TensorMap]) -> ctypes.Array:
+        """Write ``args`` into the buffer (the same bytes as ``pack_params``); returns the pointer array."""
+        self.layout.pack_into(self.buf, 0, *args)
+        return self.ptrs
+
+
+_local = threading.local()
+
+
+def _params_of(args: Sequence[np.generic | TensorMap]) -> _Params:
+    """This thread's ``_Params`` for the signature of ``args`` (a wrong type raises ``pack_params``' TypeError)."""
+    cache = getattr(_local, "params", None)
+    if cache is None:
+        cache = _local.params = {}
+    key = tuple(map(type, args))
+    p = cache.get(key)
+    if p is None:
+        p = cache[key] = _Params(args)
+    return p
 
 
 def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.generic], smem: int, stream: int,
                cluster_x: int = 1) -> None:
     """``cuLaunchKernelEx`` of the CUfunction ``func_ptr`` on ``stream`` with programmatic stream
     serialization allowed (and, ``cluster_x > 1``, clusters of that many CTAs along x: the grid's x must be
-    a multiple of it). Raises ``RuntimeError`` with the driver's error name on failure."""
+    a multiple of it). Raises ``RuntimeError`` with the driver's error name on failure. The arguments go
+    through ``_params_of`` (``pack_params``' bytes in a buffer kept per signature): an eager step makes
+    hundreds of these calls, and this one is on its host's path (docs/performance.md, "Host cost of eager ops")."""
     lib = _driver()
     if lib is None:
         raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")
-    raw, offsets = pack_params(args)
-    buf = ctypes.create_string_buffer(raw, max(8, len(raw)))
-    base = ctypes.addressof(buf)
-    params = (ctypes.c_void_p * max(1, len(args)))(*[base + o for o in offsets])
-    attrs, n_attrs = _attr_array(cluster_x)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
     if cluster_x > 1 and gx % cluster_x:
         raise ValueError(f"grid x {gx} is not a multiple of the cluster's {cluster_x}")
+    params = _params_of(args).pack(args)
+    attrs, n_attrs = _attr_array(cluster_x)
     cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, smem, stream, attrs, n_attrs)
     rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
     if rc != 0:

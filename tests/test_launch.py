@@ -9,6 +9,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from optimized import launch
 
@@ -36,6 +38,85 @@ def test_struct_layouts_match_cuda_h():
     assert launch._LaunchConfig.sharedMemBytes.offset == 24
     assert launch._LaunchConfig.hStream.offset == 32 and launch._LaunchConfig.attrs.offset == 40
     assert launch._LaunchConfig.numAttrs.offset == 48 and ctypes.sizeof(launch._LaunchConfig) == 56
+
+
+_ARG_KINDS = {"u64": (lambda v: np.uint64(v % 2**64), 8), "i32": (lambda v: np.int32(v % 2**31 - 2**30), 4),
+              "f32": (lambda v: np.float32(v / 7.0), 4),
+              "map": (lambda v: launch.TensorMap(bytes((v + i) % 256 for i in range(128))), 128)}
+
+
+def _fake_driver(seen: list) -> object:
+    """A stand-in ``libcuda`` whose ``cuLaunchKernelEx`` reads what the real one reads: the config, its attributes,
+    and each parameter's bytes through ``kernelParams[i]`` (as many as ``sizes``, set per launch by the test)."""
+    import types
+
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(launch._LaunchConfig), ctypes.c_void_p,
+                             ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+
+    def launch_kernel_ex(cfg_p, func, params, extra):
+        c = cfg_p.contents
+        attrs = tuple((c.attrs[i].id, tuple(c.attrs[i].value[:3])) for i in range(c.numAttrs))
+        seen.append(dict(grid=(c.gridDimX, c.gridDimY, c.gridDimZ), block=(c.blockDimX, c.blockDimY, c.blockDimZ),
+                         smem=c.sharedMemBytes, stream=c.hStream, func=func, attrs=attrs,
+                         params=[ctypes.string_at(params[i], n) for i, n in enumerate(seen_sizes[0])]))
+        return 0
+
+    seen_sizes: list = [[]]
+    fn = proto(launch_kernel_ex)
+    return types.SimpleNamespace(cuLaunchKernelEx=fn, sizes=seen_sizes, keep=fn)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sigs=st.lists(st.lists(st.sampled_from(sorted(_ARG_KINDS)), max_size=12), min_size=1, max_size=3),
+       values=st.lists(st.integers(0, 2**40), min_size=40, max_size=40), cluster=st.sampled_from([1, 2, 4]))
+def test_launch_pdl_hands_the_driver_the_bytes_of_pack_params(sigs, values, cluster):
+    """``launch_pdl`` packs into a buffer kept per argument signature: launches of several signatures, each twice
+    with other values, interleaved, give the driver exactly ``pack_params``' bytes at every parameter, and the
+    grid, block, shared memory, stream, function and attributes asked for."""
+    seen: list = []
+    fake = _fake_driver(seen)
+    saved = launch._state["lib"]
+    launch._state["lib"] = fake
+    try:
+        k = 0
+        for rep in range(2):
+            for sig in sigs:
+                args = []
+                for kind in sig:
+                    args.append(_ARG_KINDS[kind][0](values[k % len(values)] + rep))
+                    k += 1
+                fake.sizes[0] = [_ARG_KINDS[kind][1] for kind in sig]
+                launch.launch_pdl(4000 + k, (2 * cluster, 3), (128,), args, 1024 + k, 77 + k, cluster_x=cluster)
+                got = seen[-1]
+                raw, offsets = launch.pack_params(args)
+                want = [raw[o:o + n] for o, n in zip(offsets, fake.sizes[0])]
+                assert got["params"] == want, (sig, rep)
+                assert got["grid"] == (2 * cluster, 3, 1) and got["block"] == (128, 1, 1)
+                assert (got["smem"], got["stream"], got["func"]) == (1024 + k, 77 + k, 4000 + k)
+                assert got["attrs"] == tuple((aid, (tuple(v) + (0, 0))[:3]) for aid, v in launch.launch_attrs(cluster))
+    finally:
+        launch._state["lib"] = saved
+    assert len(seen) == 2 * len(sigs)
+
+
+def test_launch_pdl_rejects_bad_arguments_before_the_driver(monkeypatch):
+    """A wrongly typed argument is ``pack_params``' TypeError and a grid that is not a multiple of the cluster a
+    ValueError, both before the driver is called; each thread packs into its own buffers."""
+    import threading
+
+    seen: list = []
+    monkeypatch.setitem(launch._state, "lib", _fake_driver(seen))
+    with pytest.raises(TypeError, match="argument 1"):
+        launch.launch_pdl(1, (1,), (32,), (np.int32(1), 2), 0, 0)
+    with pytest.raises(ValueError, match="multiple of the cluster"):
+        launch.launch_pdl(1, (3,), (32,), (np.int32(1),), 0, 0, cluster_x=2)
+    assert seen == []
+    mine = launch._params_of((np.int32(1),))
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(launch._params_of((np.int32(1),))))
+    t.start()
+    t.join()
+    assert launch._params_of((np.int32(2),)) is mine and theirs[0] is not mine
 
 
 def test_when_the_pdl_path_is_taken(monkeypatch):
