@@ -177,7 +177,8 @@ class Scheduler:
         the steps differ by at most one token. Greedy would leave a last step of ``T mod budget``
         tokens, which on a GPU costs its launches' host time however few tokens it has (with 64
         resumes of 257 tokens under 16384: a step of 64 tokens). The pool may admit fewer than
-        counted; the next step counts again."""
+        counted, and the step may then be smaller than greedy's (its budget is over half of
+        ``max_num_batched_tokens`` whenever it is not all of it); the next step counts again."""
         cap = self.cfg.max_num_batched_tokens
         if self.cfg.prefill_chunking == "greedy":
             return cap
