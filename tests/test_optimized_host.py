@@ -650,3 +650,50 @@ def test_canonical_gemm_rows_route_default_steps_to_ops_gemm(opt_engine, launche
     assert rows and min(rows) >= 9 and max(rows) <= 32, rows
     skinny = {d if isinstance(d, int) else d[0] for k, d in launches if k.startswith("skinny")}
     assert 8 in skinny and not any(9 <= m <= 32 for m in skinny), ("the 8-row decode steps keep the rules", skinny)
+
+
+def test_step_guards_pass_the_scheduler_step_and_reject_each_broken_one():
+    """``runner.check_step_metadata`` (the launch guards of DESIGN §3 on a step's numpy metadata) passes the steps the
+    scheduler builds and raises ``BlockTableError`` for each broken one: two rows writing one cache slot (the same
+    position twice: every other guard holds), a slot that is not its position's, a position past its sequence's
+    length, a page outside the pool, a page twice in one table."""
+    import dataclasses
+
+    import numpy as np
+
+    from optimized.runner import check_step_metadata
+    from reference.config import EngineConfig
+    from reference.kv_cache import BlockManager
+    from reference.scheduler import Scheduler
+    from reference.sequence import Sequence
+
+    bs, pages = 4, 32
+    sched = Scheduler(EngineConfig(block_size=bs, num_blocks=pages), BlockManager(pages, bs))
+    for i, n in enumerate((9, 6)):
+        sched.add(Sequence(i, reference.SamplingParams(), True, list(range(1, n + 1)), n))
+    step = sched.schedule()
+    check_step_metadata(step, pages, bs)                                     # the scheduler's step passes
+
+    def broken(**arrays):
+        return dataclasses.replace(step, **{k: np.asarray(v, dtype=getattr(step, k).dtype) for k, v in arrays.items()})
+
+    pos, slots, tables = step.positions.copy(), step.slot_mapping.copy(), step.block_tables.copy()
+    twice = broken(positions=np.r_[pos[:2], pos[1:]], slot_mapping=np.r_[slots[:2], slots[1:]],
+                   q_seq_idx=np.r_[step.q_seq_idx[:2], step.q_seq_idx[1:]], input_ids=np.r_[step.input_ids[:2],
+                                                                                             step.input_ids[1:]])
+    off = slots.copy()
+    off[3] = (pages - 1) * bs                                                 # a page no table holds
+    past = pos.copy()
+    past[-1] = step.seq_lens[step.q_seq_idx[-1]]
+    outside = tables.copy()
+    outside[0, 0] = pages
+    doubled = tables.copy()
+    doubled[0, 1] = doubled[0, 0]
+    for what, bad, match in (("a slot written twice", twice, "same cache slot"),
+                             ("a slot not its position's", broken(slot_mapping=off), "does not match"),
+                             ("a position past the length", broken(positions=past), "not in its sequence"),
+                             ("a page outside the pool", broken(block_tables=outside), "outside the pool"),
+                             ("a page twice in a table", broken(block_tables=doubled), "appears twice")):
+        with pytest.raises(reference.BlockTableError, match=match):
+            check_step_metadata(bad, pages, bs)
+            pytest.fail(what)
