@@ -185,8 +185,10 @@ class Scheduler:
         pending = sum(s.num_uncached for s in self.running if not s.prefill_done)
         admissible = max(0, self.cfg.max_num_seqs - len(self.running))
         pending += sum(s.num_uncached for s in islice(self.waiting, admissible))
-        steps = max(1, -(-pending // cap))
-        return -(-pending // steps) if pending > cap else cap
+        if pending <= cap:
+            return cap
+        steps = -(-pending // cap)                        # ceil(T / budget): the fewest steps that hold T
+        return -(-pending // steps)                       # ceil(T / steps): equal shares
 
     def _schedule_prefill(self) -> StepBatch | None:
         budget = self.prefill_budget()

@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benches")]
 
-from _bench import Scale, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
+from _bench import Scale, free_cuda, kv_bytes_per_token, weight_bytes_per_step  # noqa: E402
 from _ceilings import measure_ceilings  # noqa: E402
 import test_agentic as ag  # noqa: E402
 
@@ -235,6 +235,8 @@ def chunking_ab(w: "ag.Workload", rounds: int) -> dict:
     different cut of the same prefill may move a near tie, so the share is reported, not asserted)."""
     base = dict(ag.ENGINE_KW[w.s])
     engines, totals, tokens = {}, {"even": [], "greedy": []}, {}
+    w._engine = None                         # the profiled engine's pool and graphs go before two more are built
+    free_cuda()
     try:
         for mode in ("even", "greedy"):
             ag.ENGINE_KW[w.s] = {**base, "prefill_chunking": mode}
