@@ -34,11 +34,12 @@ class EngineMachine(RuleBasedStateMachine):
     total_ops = 0       # over every machine hypothesis runs (checked below: at least 10,000)
     machines = 0
 
-    @initialize(swap=st.sampled_from([0, 6]), blocks=st.sampled_from([14, 24]), seed=st.integers(0, 2**16))
-    def start(self, swap, blocks, seed):
+    @initialize(swap=st.sampled_from([0, 6]), blocks=st.sampled_from([14, 24]), seed=st.integers(0, 2**16),
+                seats=st.sampled_from([1, 3, 6]), chunking=st.sampled_from(["even", "greedy"]))
+    def start(self, swap, blocks, seed, seats, chunking):
         self.eng = reference.Engine.from_state_dict(TINY, tiny_weights(0), block_size=4, num_blocks=blocks,
-                                                    max_model_len=48, max_num_batched_tokens=24, max_num_seqs=6,
-                                                    swap_space=swap, split_kv="fixed:5")
+                                                    max_model_len=48, max_num_batched_tokens=24, max_num_seqs=seats,
+                                                    swap_space=swap, split_kv="fixed:5", prefill_chunking=chunking)
         self.rng = random.Random(seed)
         EngineMachine.machines += 1
         self.live: list[int] = []
