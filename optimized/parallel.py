@@ -81,6 +81,10 @@ class ShardedCudaRunner(CudaRunner):
         if shard.tp > 1:              # _runner.CANONICAL_GEMM_ROWS was measured on whole weights only
             self.canonical_gemm_min_m, self.canonical_gemm_max_m = 1, 0
 
+    def _prefill_graphed(self, batch) -> bool:
+        """No prefill graphs across ranks (their collectives and CP's attention are not captured): one GPU only."""
+        return self.grid.tp * self.grid.cp == 1 and super()._prefill_graphed(batch)
+
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         super().load_weights(shard_weights(self.full_cfg, weights, self.shard))
 

@@ -41,6 +41,8 @@ from .lookahead import same_step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)   # decode batch sizes with a graph
 LEN_BUCKETS = (256, 1024, 4096, 16384, 65536)                         # longest context a graph serves
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256)   # token buckets of a prefill step replayed from a graph
+PREFILL_GRAPH_MAX_ROWS = 16                     # ... of at most this many sequences (row buckets: BUCKETS)
 
 
 def check_step_metadata(batch: StepBatch, num_blocks: int, block_size: int) -> None:
@@ -343,6 +345,13 @@ class CudaRunner:
         self.lookahead = True
         self._ahead: dict | None = None
         self.lookahead_used = self.lookahead_dropped = 0      # lookahead steps used / dropped (counters)
+        #: default-mode prefill steps of at most this many tokens (and ``PREFILL_GRAPH_MAX_ROWS`` sequences) replay
+        #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). A lab
+        #: switch, off (0): built in the thirty-eighth session without a GPU, so never captured or timed yet
+        #: (docs/performance.md, "Host cost of eager ops")
+        self.prefill_graph_max_tokens = 0
+        self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
+        self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)
 
     # ---------------------------------------------------------------- weights and pages
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -613,6 +622,8 @@ class CudaRunner:
         pending, self._ahead = self._ahead, None
         if batch.kind != "decode":
             self.lookahead_dropped += pending is not None
+            if self._prefill_graphed(batch):
+                return self._run_prefill_graph(batch)
             hidden = self._prefill(batch.input_ids, batch.positions, batch.slot_mapping, batch.block_tables,
                                    batch.seq_lens, batch.q_seq_idx)
             rows = self._upload(batch.sample_rows, torch.int64)
@@ -671,6 +682,110 @@ class CudaRunner:
                                 max_splits)
         finally:
             self._prefill_mean_keys = None
+
+    def _prefill_graphed(self, batch: StepBatch) -> bool:
+        """Whether a prefill step goes through ``_run_prefill_graph``: default mode, at most
+        ``prefill_graph_max_tokens`` tokens (and the largest bucket) of at most ``PREFILL_GRAPH_MAX_ROWS`` sequences."""
+        T, B = batch.num_tokens, len(batch.seqs)
+        return (not self.invariant and 0 < T <= min(self.prefill_graph_max_tokens, PREFILL_GRAPH_TOKENS[-1])
+                and B <= PREFILL_GRAPH_MAX_ROWS)
+
+    def _run_prefill_graph(self, batch: StepBatch) -> StepResult:
+        """A short prefill step through the graph of its buckets (captured at first use; without graphs, the same
+        closure run eagerly). Its ``T`` token rows are padded to the token bucket ``n`` (token 0, position -1, slot
+        -1: a row the kernels write as zeros and that caches nothing, on the last sequence's table row), its ``B``
+        table rows to the row bucket ``r`` (length 0, no pages) and its sampling rows to ``r`` (row 0, read back
+        and dropped). The kernels are the eager step's for ``n`` rows, except that the paged prefill kernel is
+        chosen without the mean count of keys a row sees, which a graph cannot know (every variant gives the same
+        bits). One packed int32 upload, one replay, the tokens read back."""
+        T, B, S = batch.num_tokens, len(batch.seqs), len(batch.sample_seqs)
+        n = next(b for b in PREFILL_GRAPH_TOKENS if b >= T)
+        r = next(b for b in BUCKETS if b >= B)
+        longest = int(batch.seq_lens.max())
+        max_len = min(next((b for b in LEN_BUCKETS if b >= longest), longest), self.max_model_len)
+        key = (n, r, max_len)
+        g = self.prefill_graphs.get(key)
+        if g is None:
+            g = self.prefill_graphs[key] = self._capture_prefill(n, r, -(-max_len // self.block_size))
+        ids, pos, slots, qidx, rows, ints, flts, lens, tables = g["host_views"]
+        ids[:] = 0
+        ids[:T] = batch.input_ids
+        pos[:] = -1
+        pos[:T] = batch.positions
+        slots[:] = -1
+        slots[:T] = batch.slot_mapping
+        qidx[:] = batch.q_seq_idx[-1]
+        qidx[:T] = batch.q_seq_idx
+        rows[:] = 0
+        rows[:S] = batch.sample_rows
+        i32, f32 = _sampling_arrays(*_sampling_of(batch), r)
+        ints[:] = i32
+        flts[:] = f32.view(np.int32)
+        lens[:] = 0
+        lens[:B] = batch.seq_lens
+        tables[:] = -1
+        w = min(tables.shape[1], batch.block_tables.shape[1])   # (columns past the longest length: never read)
+        tables[:B, :w] = batch.block_tables[:, :w]
+        g["dev"].copy_(g["host"], non_blocking=True)
+        if self.use_graphs:
+            g["graph"].replay()
+        else:
+            g["run"]()
+        self.prefill_graph_steps += 1
+        out = g["out"]
+        toks, lps = out["toks"][:S].tolist(), out["lps"][:S].tolist()
+        return StepResult(toks, lps, None, out["logits"][:S].cpu() if self.record_logits else None)
+
+    def _capture_prefill(self, n: int, r: int, M: int) -> dict:
+        """The buffers, the closure and (with graphs) the CUDA graph of a prefill step of ``n`` token rows, ``r``
+        sequences and ``M`` block-table columns (``_run_prefill_graph``). The packed int32 metadata: ids, positions,
+        slots, table rows (``n`` each) | sampling rows, the sampling ints (5) and floats (2, as bits), lengths
+        (``r`` each) | tables (``r`` x ``M``)."""
+        sizes = (n, n, n, n, r, 5 * r, 2 * r, r, r * M)
+        host = torch.zeros(sum(sizes), dtype=torch.int32)
+        if self.dev.type == "cuda":                       # so the upload is an async DMA
+            host = host.pin_memory()
+        dev = torch.zeros_like(host, device=self.dev)
+
+        def views(t: torch.Tensor) -> list[torch.Tensor]:
+            parts = list(torch.split(t, sizes))
+            parts[5], parts[6], parts[8] = parts[5].view(5, r), parts[6].view(2, r), parts[8].view(r, M)
+            return parts
+
+        g: dict = {"host": host, "dev": dev, "host_views": [v.numpy() for v in views(host)], "out": {}}
+        ids, pos, slots, qidx, rows, ints, flts, lens, tables = views(dev)
+        flts = flts.view(torch.float32)
+
+        def run() -> None:
+            hidden = self.forward(ids, pos, slots, tables, lens, qidx, None, 1)            # [n, H]
+            logits = self.logits(hidden.index_select(0, rows))                            # [r, V]
+            toks, lps = _sample(logits, flts, ints)
+            g["out"].update(toks=toks, lps=lps, logits=logits)
+
+        g["run"] = run
+        if self.use_graphs:
+            host.zero_()
+            host[n:3 * n] = -1                            # warm-up: every row padding, nothing written to the pages
+            dev.copy_(host)
+            s = torch.cuda.Stream(self.dev)
+            s.wait_stream(torch.cuda.current_stream(self.dev))
+            with torch.cuda.stream(s):
+                run()                                     # loads every kernel module before capture
+            torch.cuda.current_stream(self.dev).wait_stream(s)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            gc.collect()                                  # no collection inside the capture (see _capture)
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    run()
+                g["graph"] = graph
+            finally:
+                if gc_was_on:
+                    gc.enable()
+        return g
 
     def _launch_decode(self, batch: StepBatch, ids_from: dict | None = None) -> dict:
         """Upload the step's metadata, replay its graph and queue the copy of its tokens to the host;

@@ -697,3 +697,55 @@ def test_step_guards_pass_the_scheduler_step_and_reject_each_broken_one():
         with pytest.raises(reference.BlockTableError, match=match):
             check_step_metadata(bad, pages, bs)
             pytest.fail(what)
+
+
+@pytest.mark.parametrize("max_tokens", [16, 256])
+def test_prefill_graph_switch_pads_short_prefills_into_buckets(opt_engine, max_tokens, monkeypatch):
+    """``runner.prefill_graph_max_tokens`` (a lab switch, off by default): prefill steps of at most that many tokens
+    run through the closure a CUDA graph captures (here, without graphs, run eagerly on the padded bucket buffers:
+    padding rows at position -1 and slot -1, table rows of length 0, sampling rows dropped), the longer ones
+    eagerly. The same tokens and logprobs as every step eager (bitwise here: the stand-in kernels compute each row
+    on its own, so padding rows change nothing; on a GPU the GEMMs' row count may), over turns of fresh prompts and
+    short resumes, greedy and sampled; every page is returned at the end."""
+    import optimized.runner as orun
+
+    monkeypatch.setattr(orun.ops, "allow_no_hint", True)
+    sps = [reference.SamplingParams(max_tokens=5, stop_token_ids=(), logprobs=True)] * 3 + \
+          [reference.SamplingParams(temperature=0.9, top_p=0.9, max_tokens=5, stop_token_ids=(), seed=s, logprobs=True)
+           for s in (1, 2)]
+    eager, graphed = opt_engine(), opt_engine()
+    assert eager.runner.prefill_graph_max_tokens == 0                  # off by default
+    graphed.runner.prefill_graph_max_tokens = max_tokens
+    kinds: list[tuple[str, int]] = []
+    run = graphed.runner.execute
+
+    def logged(batch, ahead=None):
+        kinds.append((batch.kind, batch.num_tokens))
+        return run(batch, ahead)
+
+    graphed.runner.execute = logged
+    lps: dict[str, list] = {}
+    for name, eng in (("eager", eager), ("graphed", graphed)):
+        sids = [eng.rollout_add(p, sp) for p, sp in zip(PROMPTS, sps)]
+        toks = []
+        for t in range(3):
+            outs = eng.rollout_run_turns()
+            toks.append([outs[s].token_ids for s in sids])
+            lps.setdefault(name, []).extend(lp for s in sids for lp in outs[s].logprobs)
+            for s in sids:
+                if t < 2:
+                    eng.rollout_continue(s, [(s * 11 + t * 5 + i) % 512 for i in range((s + t) % 7)])
+        for s in sids:
+            eng.rollout_finish(s)
+        assert eng.num_free_blocks == eng.num_blocks
+        lps[name + "_toks"] = toks
+    assert lps["graphed_toks"] == lps["eager_toks"], "a padded prefill bucket changed the tokens"
+    print(f"prefill buckets up to {max_tokens} tokens: {graphed.runner.prefill_graph_steps} graphed steps, "
+          f"keys {sorted(graphed.runner.prefill_graphs)}")
+    assert lps["graphed"] == lps["eager"], "a padded prefill bucket changed the logprobs"
+    prefills = [t for k, t in kinds if k == "prefill"]
+    graphed_steps = [t for t in prefills if t <= max_tokens]
+    assert graphed.runner.prefill_graph_steps == len(graphed_steps) > 0
+    assert max_tokens == 256 or len(graphed_steps) < len(prefills), "the first turn's 63-token step goes eagerly"
+    for n, r, max_len in graphed.runner.prefill_graphs:
+        assert n in orun.PREFILL_GRAPH_TOKENS and r in orun.BUCKETS and max_len in orun.LEN_BUCKETS + (128,)

@@ -1,7 +1,7 @@
 """Where the agentic workload's time goes, turn by turn: the GPU's busy and idle time, the prefill and the
 decode steps, against the decode steps' memory floor.
 
-    python benches/gpu/profile_agentic.py [--turns 8] [--out DIR] [--cprofile] [--chunking-ab ROUNDS]
+    python benches/gpu/profile_agentic.py [--turns 8] [--out DIR] [--cprofile] [--prefill-ab ROUNDS]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_agentic.py``). The
 workload is that bench's (``test_agentic.Workload``: qwen3-0.6b, 64 sequences, prompt 1024, turns of
@@ -228,36 +228,49 @@ def cprofile_prefills(w, eng, turns: int) -> None:
         print("\n".join(line[:150] for line in buf.getvalue().splitlines() if line.strip()))
 
 
-def chunking_ab(w: "ag.Workload", rounds: int) -> dict:
-    """The resumed workload on the bench's clock with ``prefill_chunking="even"`` and ``"greedy"``, one engine each,
-    in one process: each engine warmed up, then ``rounds`` rounds of both in turn (the order swapped every round).
-    Returns each mode's run totals (s) and the share of the greedy engine's tokens the even one matched (bf16: a
-    different cut of the same prefill may move a near tie, so the share is reported, not asserted)."""
+#: ``--prefill-ab``'s variants: (``prefill_chunking``, ``runner.prefill_graph_max_tokens``)
+PREFILL_AB = {"even": ("even", 0), "greedy": ("greedy", 0), "greedy+graphs": ("greedy", 256)}
+
+
+def prefill_ab(w: "ag.Workload", rounds: int) -> dict:
+    """The resumed workload on the bench's clock with each of ``PREFILL_AB``'s prefill rules, one engine each, in one
+    process: each engine warmed up, then ``rounds`` rounds of all in turn (the order reversed every other round).
+    ``greedy`` leaves each resumed turn a 64-token step of one sequence; ``greedy+graphs`` replays that step from a
+    prefill graph. Returns each variant's run totals (s) and the share of the first variant's tokens each matched
+    (bf16: another cut of the same prefill may move a near tie, so the share is reported, not asserted)."""
     base = dict(ag.ENGINE_KW[w.s])
-    engines, totals, tokens = {}, {"even": [], "greedy": []}, {}
-    w._engine = None                         # the profiled engine's pool and graphs go before two more are built
+    names = list(PREFILL_AB)
+    engines, totals, tokens = {}, {m: [] for m in names}, {}
+    w._engine = None                         # the profiled engine's pool and graphs go before these are built
     free_cuda()
     try:
-        for mode in ("even", "greedy"):
-            ag.ENGINE_KW[w.s] = {**base, "prefill_chunking": mode}
+        for name in names:
+            chunking, graph_tokens = PREFILL_AB[name]
+            ag.ENGINE_KW[w.s] = {**base, "prefill_chunking": chunking}
             w._engine = None
-            engines[mode] = w.engine()
+            engines[name] = w.engine()
+            if hasattr(engines[name].runner, "prefill_graph_max_tokens"):     # (the CPU dry run: the reference's)
+                engines[name].runner.prefill_graph_max_tokens = graph_tokens
             w.warm_up("resume")
         for r in range(rounds):
-            for mode in (("even", "greedy") if r % 2 == 0 else ("greedy", "even")):
-                w._engine = engines[mode]
+            for name in (names if r % 2 == 0 else names[::-1]):
+                w._engine = engines[name]
                 out = w.resume(ag.TURNS[w.s], w.sp)
-                totals[mode].append(sum(out["turn_s"]))
-                tokens[mode] = out["tokens"]
+                totals[name].append(sum(out["turn_s"]))
+                tokens[name] = out["tokens"]
+        graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
     finally:
         ag.ENGINE_KW[w.s] = base
         w._engine = None
-    same = total = 0
-    for a, b in zip(tokens["even"], tokens["greedy"]):
-        for ta, tb in zip(a, b):
-            same += sum(x == y for x, y in zip(ta, tb))
-            total += len(tb)
-    return {"totals_s": totals, "token_agreement": same / max(1, total)}
+    agree = {}
+    for name in names:
+        same = total = 0
+        for a, b in zip(tokens[name], tokens[names[0]]):
+            for ta, tb in zip(a, b):
+                same += sum(x == y for x, y in zip(ta, tb))
+                total += len(tb)
+        agree[name] = same / max(1, total)
+    return {"totals_s": totals, "token_agreement": agree, "graphed_prefill_steps": graphed}
 
 
 def main() -> None:
@@ -267,8 +280,8 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true",
                     help="then run the turns again with cProfile on during the resumed turns' prefill steps")
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
-    ap.add_argument("--chunking-ab", type=int, default=0, metavar="ROUNDS",
-                    help="then time the workload with prefill_chunking even and greedy, ROUNDS rounds of each")
+    ap.add_argument("--prefill-ab", type=int, default=0, metavar="ROUNDS",
+                    help="then time the workload with each of PREFILL_AB's prefill rules, ROUNDS rounds of each")
     args = ap.parse_args()
     scale = Scale(args.scale)
     ceiling = measure_ceilings(scale)["copy_GBps"]
@@ -336,18 +349,19 @@ def main() -> None:
     if args.cprofile:
         cprofile_prefills(w, eng, args.turns)
     ab = None
-    if args.chunking_ab:
+    if args.prefill_ab:
         del eng
-        ab = chunking_ab(w, args.chunking_ab)
-        print("prefill_chunking A/B (the bench's clock, whole runs in s): "
-              + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f})"
-                          for m, ts in ab["totals_s"].items())
-              + f"; tokens matching greedy's {100 * ab['token_agreement']:.1f}%")
+        ab = prefill_ab(w, args.prefill_ab)
+        print("prefill A/B (the bench's clock, whole runs in s): "
+              + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f}, tokens matching "
+                          f"{next(iter(PREFILL_AB))}'s {100 * ab['token_agreement'][m]:.1f}%, "
+                          f"{ab['graphed_prefill_steps'][m]} graphed prefill steps)"
+                          for m, ts in ab["totals_s"].items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_agentic.json").write_text(json.dumps(
             {"copy_GBps": ceiling, "timed_turn_s": timed["turn_s"], "profiled_turn_s": turn_s, "turns": rows,
-             "steps": log, "chunking_ab": ab}, indent=1))
+             "steps": log, "prefill_ab": ab}, indent=1))
     w.close()
 
 
