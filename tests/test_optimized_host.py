@@ -749,3 +749,33 @@ def test_prefill_graph_switch_pads_short_prefills_into_buckets(opt_engine, max_t
     assert max_tokens == 256 or len(graphed_steps) < len(prefills), "the first turn's 63-token step goes eagerly"
     for n, r, max_len in graphed.runner.prefill_graphs:
         assert n in orun.PREFILL_GRAPH_TOKENS and r in orun.BUCKETS and max_len in orun.LEN_BUCKETS + (128,)
+
+
+def test_prefill_graphs_take_short_default_mode_steps_on_one_gpu_only():
+    """Which prefill steps ``_run_prefill_graph`` takes: default mode, at most ``prefill_graph_max_tokens`` tokens (and
+    the largest bucket) of at most ``PREFILL_GRAPH_MAX_ROWS`` sequences, on one GPU (a TP or CP rank refuses)."""
+    import types
+
+    import optimized.runner as orun
+    from optimized.parallel import ShardedCudaRunner
+
+    r = object.__new__(ShardedCudaRunner)                 # the rule only: no weights, no devices
+    r.invariant, r.prefill_graph_max_tokens = False, 256
+    r.grid = types.SimpleNamespace(tp=1, cp=1)
+
+    def step(tokens: int, seqs: int):
+        return types.SimpleNamespace(num_tokens=tokens, seqs=[None] * seqs)
+
+    assert r._prefill_graphed(step(64, 1)) and r._prefill_graphed(step(256, orun.PREFILL_GRAPH_MAX_ROWS))
+    assert not r._prefill_graphed(step(257, 1)) and not r._prefill_graphed(step(64, orun.PREFILL_GRAPH_MAX_ROWS + 1))
+    r.prefill_graph_max_tokens = 1000                     # the buckets end at 256 whatever the switch says
+    assert not r._prefill_graphed(step(300, 1))
+    r.prefill_graph_max_tokens = 0                        # the default: off
+    assert not r._prefill_graphed(step(16, 1))
+    r.prefill_graph_max_tokens = 256
+    r.invariant = True                                    # batch-invariant prefill is its own path
+    assert not r._prefill_graphed(step(16, 1))
+    r.invariant = False
+    for tp, cp in ((2, 1), (1, 2)):
+        r.grid = types.SimpleNamespace(tp=tp, cp=cp)
+        assert not r._prefill_graphed(step(16, 1)), (tp, cp)
