@@ -683,6 +683,11 @@ class CudaRunner:
         finally:
             self._prefill_mean_keys = None
 
+    def _len_bucket(self, longest: int) -> int:
+        """The context bucket of a graph whose longest sequence has ``longest`` keys (``LEN_BUCKETS``, at most
+        ``max_model_len``)."""
+        return min(next((b for b in LEN_BUCKETS if b >= longest), longest), self.max_model_len)
+
     def _prefill_graphed(self, batch: StepBatch) -> bool:
         """Whether a prefill step goes through ``_run_prefill_graph``: default mode, at most
         ``prefill_graph_max_tokens`` tokens (and the largest bucket) of at most ``PREFILL_GRAPH_MAX_ROWS`` sequences."""
@@ -701,8 +706,7 @@ class CudaRunner:
         T, B, S = batch.num_tokens, len(batch.seqs), len(batch.sample_seqs)
         n = next(b for b in PREFILL_GRAPH_TOKENS if b >= T)
         r = next(b for b in BUCKETS if b >= B)
-        longest = int(batch.seq_lens.max())
-        max_len = min(next((b for b in LEN_BUCKETS if b >= longest), longest), self.max_model_len)
+        max_len = self._len_bucket(int(batch.seq_lens.max()))
         key = (n, r, max_len)
         g = self.prefill_graphs.get(key)
         if g is None:
@@ -767,24 +771,12 @@ class CudaRunner:
             host.zero_()
             host[n:3 * n] = -1                            # warm-up: every row padding, nothing written to the pages
             dev.copy_(host)
-            s = torch.cuda.Stream(self.dev)
-            s.wait_stream(torch.cuda.current_stream(self.dev))
-            with torch.cuda.stream(s):
-                run()                                     # loads every kernel module before capture
-            torch.cuda.current_stream(self.dev).wait_stream(s)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            gc.collect()                                  # no collection inside the capture (see _capture)
-            gc_was_on = gc.isenabled()
-            gc.disable()
-            try:
+            self._warm_up(run)
+            with self._capturing():
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
                     run()
                 g["graph"] = graph
-            finally:
-                if gc_was_on:
-                    gc.enable()
         return g
 
     def _launch_decode(self, batch: StepBatch, ids_from: dict | None = None) -> dict:
@@ -809,8 +801,7 @@ class CudaRunner:
         params, positions = _sampling_of(batch)
         B = len(batch.seqs)
         bucket = next((b for b in BUCKETS if b >= B), B)
-        longest = int(batch.seq_lens.max())
-        max_len = min(next((b for b in LEN_BUCKETS if b >= longest), longest), self.max_model_len)
+        max_len = self._len_bucket(int(batch.seq_lens.max()))
         split, max_splits = self.decode_split(max_len, bucket)
         key = (bucket, max_len)
         g = self.graphs.get(key)
@@ -1004,19 +995,8 @@ class CudaRunner:
             host_t[2 * n:3 * n] = -1                      # warm-up writes nothing into the pages
             for slot in slots:
                 slot["dev"].copy_(host_t)
-            s = torch.cuda.Stream(self.dev)
-            s.wait_stream(torch.cuda.current_stream(self.dev))
-            with torch.cuda.stream(s), self._decode_blas_backend(n):
-                slots[0]["run"]()                         # loads every kernel module before capture
-            torch.cuda.current_stream(self.dev).wait_stream(s)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            # No garbage collection inside the capture: collecting an old engine there frees pinned host
-            # buffers and CUDA objects, calls a capturing stream forbids (the capture is invalidated).
-            gc.collect()
-            gc_was_on = gc.isenabled()
-            gc.disable()
-            try:
+            self._warm_up(slots[0]["run"], self._decode_blas_backend(n))
+            with self._capturing():
                 for slot in slots:
                     graph = torch.cuda.CUDAGraph(keep_graph=True) if self.blas_pdl else torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=self.pool), self._decode_blas_backend(n):
@@ -1030,10 +1010,31 @@ class CudaRunner:
                         self.blas_pdl_edges += len(slot["pdl_edges"])
                         graph.instantiate()
                     slot["graph"] = graph
-            finally:
-                if gc_was_on:
-                    gc.enable()
         return g
+
+    def _warm_up(self, run, ctx: contextlib.AbstractContextManager | None = None) -> None:
+        """``run()`` once on a side stream before its capture: every kernel module it launches is loaded."""
+        s = torch.cuda.Stream(self.dev)
+        s.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(s), ctx or contextlib.nullcontext():
+            run()
+        torch.cuda.current_stream(self.dev).wait_stream(s)
+
+    @contextlib.contextmanager
+    def _capturing(self):
+        """Around graph captures into the shared pool ``self.pool`` (made here the first time): no garbage collection
+        inside them. Collecting an old engine there frees pinned host buffers and CUDA objects, calls a capturing
+        stream forbids (the capture is invalidated); so one collection first, then the collector paused."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        gc.collect()
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if gc_was_on:
+                gc.enable()
 
     @torch.no_grad()
     def score(self, ids: list[int], pages: list[int]) -> torch.Tensor:
