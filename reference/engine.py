@@ -176,8 +176,8 @@ class EngineCore:
         """A group member still held for its leader's prompt KV leaves the leader's list (aborted or finished
         before the release): it is no longer the leader's to queue, and it prefills its own context if it
         continues. (Left there, a member aborted, then continued, then released, was queued twice.)"""
-        for lead in self._seqs.values():
-            if any(f is seq for f in lead.followers):
+        for lead in self._seqs.values():          # (most lists are empty: released at the leader's first prefill)
+            if lead.followers and any(f is seq for f in lead.followers):
                 lead.followers = [f for f in lead.followers if f is not seq]
 
     def abort(self, sid: int) -> TurnOutput:
