@@ -19,6 +19,7 @@ from reference.engine import EngineCore
 from reference.runner import StepResult
 
 GROUP = "host_overhead"
+_REAL_LAUNCH = _ops._launch                   # ``ops._launch`` before any test replaces it
 
 # ---------------------------------------------------------------- problem sizes (one table)
 BATCHES = (1, 32, 256)
@@ -134,8 +135,6 @@ def _null_driver(monkeypatch, log: list[str]) -> list[int]:
 
     import torch
 
-    from optimized import launch, ops
-
     calls = [0]
 
     def launch_kernel_ex(cfg, func, params, extra):
@@ -144,21 +143,16 @@ def _null_driver(monkeypatch, log: list[str]) -> list[int]:
 
     proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
     fake = types.SimpleNamespace(cuLaunchKernelEx=proto(launch_kernel_ex))
-    monkeypatch.setitem(launch._state, "lib", fake)
-    monkeypatch.setitem(launch._state, "enabled", True)
+    monkeypatch.setitem(_ops.launch._state, "lib", fake)
+    monkeypatch.setitem(_ops.launch._state, "enabled", True)
     stream = types.SimpleNamespace(cuda_stream=0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: stream)
-    real = _REAL_LAUNCH                       # (``stubbed_ops`` has replaced ``ops._launch`` by now)
-
     def logged(ref, module, name, *a, **k):
         log.append(name)
-        real(ref, module, name, *a, **k)
+        _REAL_LAUNCH(ref, module, name, *a, **k)         # (``stubbed_ops`` has replaced ``ops._launch`` by now)
 
-    monkeypatch.setattr(ops, "_launch", logged)
+    monkeypatch.setattr(_ops, "_launch", logged)
     return calls
-
-
-_REAL_LAUNCH = _ops._launch
 
 
 @pytest.mark.parametrize("path", ("wrappers", "driver"))

@@ -47,7 +47,7 @@ _ARG_KINDS = {"u64": (lambda v: np.uint64(v % 2**64), 8), "i32": (lambda v: np.i
 
 def _fake_driver(seen: list) -> object:
     """A stand-in ``libcuda`` whose ``cuLaunchKernelEx`` reads what the real one reads: the config, its attributes,
-    and each parameter's bytes through ``kernelParams[i]`` (as many as ``sizes``, set per launch by the test)."""
+    and each parameter's bytes through ``kernelParams[i]`` (as many as its ``sizes``, set per launch by the test)."""
     import types
 
     proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(launch._LaunchConfig), ctypes.c_void_p,
@@ -58,12 +58,11 @@ def _fake_driver(seen: list) -> object:
         attrs = tuple((c.attrs[i].id, tuple(c.attrs[i].value[:3])) for i in range(c.numAttrs))
         seen.append(dict(grid=(c.gridDimX, c.gridDimY, c.gridDimZ), block=(c.blockDimX, c.blockDimY, c.blockDimZ),
                          smem=c.sharedMemBytes, stream=c.hStream, func=func, attrs=attrs,
-                         params=[ctypes.string_at(params[i], n) for i, n in enumerate(seen_sizes[0])]))
+                         params=[ctypes.string_at(params[i], n) for i, n in enumerate(fake.sizes)]))
         return 0
 
-    seen_sizes: list = [[]]
-    fn = proto(launch_kernel_ex)
-    return types.SimpleNamespace(cuLaunchKernelEx=fn, sizes=seen_sizes, keep=fn)
+    fake = types.SimpleNamespace(cuLaunchKernelEx=proto(launch_kernel_ex), sizes=[])
+    return fake
 
 
 @settings(max_examples=40, deadline=None)
@@ -85,11 +84,11 @@ def test_launch_pdl_hands_the_driver_the_bytes_of_pack_params(sigs, values, clus
                 for kind in sig:
                     args.append(_ARG_KINDS[kind][0](values[k % len(values)] + rep))
                     k += 1
-                fake.sizes[0] = [_ARG_KINDS[kind][1] for kind in sig]
+                fake.sizes = [_ARG_KINDS[kind][1] for kind in sig]
                 launch.launch_pdl(4000 + k, (2 * cluster, 3), (128,), args, 1024 + k, 77 + k, cluster_x=cluster)
                 got = seen[-1]
                 raw, offsets = launch.pack_params(args)
-                want = [raw[o:o + n] for o, n in zip(offsets, fake.sizes[0])]
+                want = [raw[o:o + n] for o, n in zip(offsets, fake.sizes)]
                 assert got["params"] == want, (sig, rep)
                 assert got["grid"] == (2 * cluster, 3, 1) and got["block"] == (128, 1, 1)
                 assert (got["smem"], got["stream"], got["func"]) == (1024 + k, 77 + k, 4000 + k)
