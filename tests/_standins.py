@@ -189,14 +189,15 @@ def launches() -> list:
 
 @pytest.fixture
 def opt_engine(monkeypatch, launches):
-    """``factory(**engine_kwargs)`` -> an optimized.Engine on the CPU with the stand-in kernels."""
+    """``factory(use_graphs=False, **engine_kwargs)`` -> an optimized.Engine on the CPU with the stand-in kernels
+    (``use_graphs=True`` needs the stand-in graph API of ``_graph_standin.py``)."""
     import optimized.engine as oe
     import optimized.runner as orun
     monkeypatch.setattr(orun, "ops", _standin_ops(launches))
     monkeypatch.setattr(oe, "require_cuda", lambda device: torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
 
-    def make(**kw):
+    def make(use_graphs: bool = False, **kw):
         kw = {"block_size": 4, "max_model_len": 128, "num_blocks": 256, "split_kv": "fixed:8", **kw}
-        return oe.Engine.from_state_dict(TINY, tiny_weights(0), device="cpu", use_graphs=False, **kw)
+        return oe.Engine.from_state_dict(TINY, tiny_weights(0), device="cpu", use_graphs=use_graphs, **kw)
     return make

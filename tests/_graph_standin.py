@@ -1,0 +1,171 @@
+"""A stand-in for torch's CUDA-graph API on the CPU, so that the optimized runner's capture path
+(``CudaRunner._capture``, ``_capture_prefill``, ``_warm_up``, ``_capturing``) runs in the CPU tests with the
+stand-in kernels of ``_standins.py``.
+
+It keeps what a CUDA graph means for the code that captures one:
+
+* **A capture records, a replay repeats the record.** Inside ``torch.cuda.graph(g)`` every torch call the runner
+  makes and every kernel it launches is put on ``g``'s tape with its argument tensors and its result. ``g.replay()``
+  runs the tape again on those same tensors and writes each result into the tensor recorded for it. Python between
+  the calls is not run again: a choice the runner makes from a step's data at capture time stays baked in, as on a
+  GPU.
+* **A capture cannot read the device.** ``.item()``, ``.tolist()``, ``int(t)``, ``bool(t)``, ``.numpy()`` and
+  ``.cpu()`` raise inside a capture. On a GPU they synchronise, which invalidates the capture.
+* **No garbage collection during a capture.** A collection can free CUDA objects and pinned buffers, which a
+  capturing stream forbids, so the runner pauses the collector (``_capturing``); the stand-in fails a capture that
+  begins with it running.
+* A kernel is one unit. Its Python, including host reads of its own inputs, runs at each replay, as a kernel
+  launched from the graph would read the tensors' contents at that time.
+
+Not modelled: the graph memory pool's reuse of memory freed during a capture (the tape keeps every tensor alive),
+and kernels not running during a real capture (here they run; the runner's captures are set up to write nothing
+to the KV cache either way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+#: the calls that read a device tensor on the host: each synchronises, which a capturing stream forbids
+HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.cpu}
+
+#: the stand-in kernels (``_standins._standin_ops``): each is one recorded unit of a graph
+KERNELS = ("store_kvcache", "embedding", "embed_rmsnorm", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
+           "paged_prefill", "split_kv_decode", "sample", "gemm", "skinny_gemm", "skinny_swiglu", "skinny_staged",
+           "skinny_cluster", "skinny_wg")
+
+
+class CaptureError(RuntimeError):
+    """What a capturing stream would refuse (here raised at once)."""
+
+
+def _store(recorded, new) -> None:
+    """Write a replayed call's result ``new`` into the result recorded at capture."""
+    if isinstance(recorded, torch.Tensor):
+        if recorded is new or (recorded.data_ptr() == new.data_ptr() and recorded.shape == new.shape
+                               and recorded.stride() == new.stride()):
+            return                                   # in place, or a view of the same memory
+        recorded.copy_(new)
+    elif isinstance(recorded, (tuple, list)):
+        for r, n in zip(recorded, new):
+            _store(r, n)
+
+
+class Tape(TorchFunctionMode):
+    """The record of one capture: top-level torch calls and kernel launches, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+        self.in_kernel = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.in_kernel:                          # inside a kernel: its own business
+            return func(*args, **kwargs)
+        if func in HOST_READS:
+            raise CaptureError(f"{func.__name__}: a host read of a device tensor while a CUDA graph is being "
+                               f"captured (it would synchronise and invalidate the capture)")
+        out = func(*args, **kwargs)
+        self.calls.append((func, args, kwargs, out))
+        return out
+
+    def replay(self) -> None:
+        for func, args, kwargs, out in self.calls:
+            _store(out, func(*args, **kwargs))
+
+
+class StandinGraphs:
+    """The stand-in ``torch.cuda`` graph and stream API (installed by ``install``) and its counters."""
+
+    def __init__(self) -> None:
+        self.tape: Tape | None = None               # the capture in progress
+        self.captures = self.replays = 0
+
+    # ---------------------------------------------------------------- kernels
+    def kernel(self, fn):
+        """``fn`` as a kernel: inside a capture, run once and recorded as one call."""
+        def launch(*args, **kwargs):
+            tape = self.tape
+            if tape is None:
+                return fn(*args, **kwargs)
+            tape.in_kernel += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                tape.in_kernel -= 1
+            tape.calls.append((fn, args, kwargs, out))
+            return out
+        return launch
+
+    # ---------------------------------------------------------------- torch.cuda's graph API
+    def cuda_graph_class(self):
+        owner = self
+
+        class CUDAGraph:
+            def __init__(self, keep_graph: bool = False) -> None:
+                self.tape: Tape | None = None
+
+            def replay(self) -> None:
+                if self.tape is None:
+                    raise CaptureError("replay of a graph that was never captured")
+                if owner.tape is not None:
+                    raise CaptureError("replay inside a capture")
+                self.tape.replay()
+                owner.replays += 1
+
+        return CUDAGraph
+
+    @contextlib.contextmanager
+    def graph(self, g, pool=None, stream=None):
+        if self.tape is not None:
+            raise CaptureError("a capture inside a capture")
+        if g.tape is not None:
+            raise CaptureError("a graph captured twice")
+        if gc.isenabled():
+            raise CaptureError("a capture with the garbage collector running (a collection inside it can free "
+                               "CUDA objects, which a capturing stream forbids)")
+        tape = Tape()
+        self.tape = tape
+        try:
+            with tape:
+                yield
+        finally:
+            self.tape = None
+        g.tape = tape
+        self.captures += 1
+
+
+class _Stream:
+    """A stream that orders nothing (the CPU runs every call in order)."""
+
+    def __init__(self, device=None, *args, **kwargs) -> None:
+        self.device = device
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+
+def install(monkeypatch, ops_namespace: types.SimpleNamespace) -> StandinGraphs:
+    """Put the stand-in graph and stream API in ``torch.cuda`` and make every stand-in kernel of ``ops_namespace``
+    a recorded unit. Returns the counters."""
+    sg = StandinGraphs()
+    for name in KERNELS:
+        monkeypatch.setattr(ops_namespace, name, sg.kernel(getattr(ops_namespace, name)))
+    default = _Stream()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", sg.cuda_graph_class())
+    monkeypatch.setattr(torch.cuda, "graph", sg.graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: default)
+    return sg

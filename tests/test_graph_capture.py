@@ -1,0 +1,141 @@
+"""The optimized runner's CUDA-graph path on the CPU: ``CudaRunner._capture`` (decode graphs),
+``_capture_prefill`` (the prefill-graph lab switch), ``_warm_up`` and ``_capturing``, run with the stand-in
+kernels and the stand-in graph API of ``_graph_standin.py``. A capture records the step once; every later step
+of its bucket is a replay of the record, with nothing of the runner's Python run again. So an engine on graphs
+gives the eager engine's tokens only if the captured step reads everything that changes from one step to the
+next from its device buffers, and reads nothing back to the host while it is captured."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import reference
+from _graph_standin import CaptureError, install
+from _standins import _standin_ops
+
+#: the last one crosses a graph's context bucket (256 keys) in its first turn
+PROMPTS = [[(7 * i + j) % 512 for j in range(n)] for i, n in enumerate((3, 4, 9, 17, 30, 250))]
+
+
+def _capture(graph, run) -> None:
+    gc.disable()                              # as the runner's ``_capturing`` does
+    try:
+        with torch.cuda.graph(graph):
+            run()
+    finally:
+        gc.enable()
+
+
+def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(monkeypatch):
+    """The stand-in itself: a replay recomputes the recorded calls from the buffers' new contents and keeps the
+    Python choices made at capture; a host read, a running garbage collector, a second capture of one graph and a
+    replay of a graph never captured are refused."""
+    ops = _standin_ops()
+    sg = install(monkeypatch, ops)
+    x = torch.arange(8, dtype=torch.float32).view(1, 8)                      # [1, 8] a device buffer
+    out: dict[str, torch.Tensor] = {}
+    double = [True]
+
+    def run() -> None:
+        y = x * 2 if double[0] else x * 3                                    # a Python choice: baked at capture
+        out["y"] = ops.silu_mul(y)                                           # [1, 4] a kernel
+
+    g = torch.cuda.CUDAGraph()
+    _capture(g, run)
+    recorded = out["y"]
+    double[0] = False
+    x.copy_(torch.arange(8, dtype=torch.float32).view(1, 8) + 1)
+    g.replay()
+    y = 2 * (torch.arange(8, dtype=torch.float32) + 1)
+    want = torch.nn.functional.silu(y[:4]) * y[4:]
+    print("replayed", out["y"].tolist(), "expected", want.tolist())
+    assert out["y"] is recorded and torch.equal(out["y"][0], want), "a replay recomputes from the new contents"
+    assert (sg.captures, sg.replays) == (1, 1)
+
+    with pytest.raises(CaptureError, match="never captured"):
+        torch.cuda.CUDAGraph().replay()
+    with pytest.raises(CaptureError, match="captured twice"):
+        _capture(g, run)
+    for read in (lambda: x.sum().item(), lambda: x.tolist(), lambda: int(x[0, 0]), lambda: bool(x[0, 0]),
+                 lambda: x.cpu()):
+        with pytest.raises(CaptureError, match="host read"):
+            _capture(torch.cuda.CUDAGraph(), read)
+    with pytest.raises(CaptureError, match="garbage collector"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+
+
+def _turns(eng, sps, turns: int = 3) -> tuple[list, list]:
+    """Multi-turn rollouts of ``PROMPTS``: each turn's tokens and every logprob, short observations between."""
+    sids = [eng.rollout_add(p, sp) for p, sp in zip(PROMPTS, sps)]
+    toks, lps = [], []
+    for t in range(turns):
+        outs = eng.rollout_run_turns()
+        toks.append([outs[s].token_ids for s in sids])
+        lps += [lp for s in sids for lp in outs[s].logprobs]
+        if t + 1 < turns:
+            for s in sids:
+                eng.rollout_continue(s, [(s * 11 + t * 5 + i) % 512 for i in range(1 + (s + t) % 7)])
+    for s in sids:
+        eng.rollout_finish(s)
+    assert eng.num_free_blocks == eng.num_blocks
+    return toks, lps
+
+
+#: (engine keywords, runner switches, prefill-graph tokens): the default engine, with the prefill-graph lab switch,
+#: batch-invariant, and with the decode steps' sample hand-off and lookahead off
+MODES = {
+    "default": ({}, {}, 0),
+    "prefill-graphs": ({}, {}, 256),
+    "invariant": ({"batch_invariant": True}, {}, 0),
+    "no-handoff-no-lookahead": ({}, {"decode_handoff": False, "lookahead": False}, 0),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, monkeypatch, mode):
+    """An engine on (stand-in) CUDA graphs against the same engine eager: the same tokens and logprobs, bit for
+    bit, over three turns of six sequences, greedy and sampled, finishing at different steps (so the batch moves
+    between graph buckets), one of them past 256 keys (the next context bucket); every decode launch is a replay of a captured graph, each graph captured once. With
+    ``prefill_graph_tokens`` the short prefill steps replay prefill graphs too."""
+    import optimized.runner as orun
+
+    engine_kw, switches, prefill_graph_tokens = MODES[mode]
+
+    sg = install(monkeypatch, orun.ops)
+    monkeypatch.setattr(orun.ops, "allow_no_hint", prefill_graph_tokens > 0)
+    sps = [reference.SamplingParams(max_tokens=n, stop_token_ids=(), logprobs=True) for n in (3, 6, 9)] + \
+          [reference.SamplingParams(temperature=0.9, top_p=0.9, max_tokens=n, stop_token_ids=(), seed=s,
+                                    logprobs=True) for n, s in ((5, 1), (11, 2), (9, 3))]
+    engine_kw = {"max_model_len": 512, **engine_kw}
+    eager, graphed = opt_engine(**engine_kw), opt_engine(use_graphs=True, **engine_kw)
+    for eng in (eager, graphed):
+        for name, value in switches.items():
+            setattr(eng.runner, name, value)
+    r = graphed.runner
+    r.prefill_graph_max_tokens = prefill_graph_tokens
+    launched = [0]
+    launch = r._launch_decode
+
+    def counted(batch, ids_from=None):
+        launched[0] += 1
+        return launch(batch, ids_from)
+
+    r._launch_decode = counted
+    want = _turns(eager, sps)
+    got = _turns(graphed, sps)
+    keys = sorted(r.graphs)
+    print(f"decode graphs {keys}, prefill graphs {sorted(r.prefill_graphs)}: {sg.captures} captures, "
+          f"{sg.replays} replays ({launched[0]} decode launches, {r.prefill_graph_steps} prefill-graph steps, "
+          f"{r.lookahead_used} lookahead steps used)")
+    assert got[0] == want[0], "a replayed graph changed the tokens"
+    assert got[1] == want[1], "a replayed graph changed the logprobs"
+    assert len({b for b, _ in keys}) >= 3 and len({n for _, n in keys}) == 2, "several batch and context buckets"
+    assert (r.lookahead_used > 0) == r.lookahead
+    slots = sum(len(g["slots"]) for g in r.graphs.values())
+    assert sg.captures == slots + len(r.prefill_graphs), "each graph is captured once"
+    assert sg.replays == launched[0] + r.prefill_graph_steps, "every graphed step is one replay"
+    assert (r.prefill_graph_steps > 0) == (prefill_graph_tokens > 0)
