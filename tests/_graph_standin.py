@@ -11,6 +11,8 @@ It keeps what a CUDA graph means for the code that captures one:
   GPU.
 * **A capture cannot read the device.** ``.item()``, ``.tolist()``, ``int(t)``, ``bool(t)``, ``.numpy()`` and
   ``.cpu()`` raise inside a capture. On a GPU they synchronise, which invalidates the capture.
+* **A graph keeps addresses.** A replay fails if a tensor the capture read has moved (``.data =``, ``set_``); a
+  tensor the runner replaces by a new one is simply not read (the record holds the old one), as on a GPU.
 * **No garbage collection during a capture.** A collection can free CUDA objects and pinned buffers, which a
   capturing stream forbids, so the runner pauses the collector (``_capturing``); the stand-in fails a capture that
   begins with it running.
@@ -45,6 +47,23 @@ class CaptureError(RuntimeError):
     """What a capturing stream would refuse (here raised at once)."""
 
 
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors in a call's arguments (nested in tuples, lists and dicts)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+def _record(calls: list, func, args, kwargs, out) -> None:
+    """One call on a tape, with the addresses of the tensors it reads (a graph keeps addresses, not tensors)."""
+    ptrs = [t.data_ptr() for t in _tensors((args, kwargs))]
+    calls.append((func, args, kwargs, out, ptrs))
+
+
 def _store(recorded, new) -> None:
     """Write a replayed call's result ``new`` into the result recorded at capture."""
     if isinstance(recorded, torch.Tensor):
@@ -73,11 +92,14 @@ class Tape(TorchFunctionMode):
             raise CaptureError(f"{func.__name__}: a host read of a device tensor while a CUDA graph is being "
                                f"captured (it would synchronise and invalidate the capture)")
         out = func(*args, **kwargs)
-        self.calls.append((func, args, kwargs, out))
+        _record(self.calls, func, args, kwargs, out)
         return out
 
     def replay(self) -> None:
-        for func, args, kwargs, out in self.calls:
+        for func, args, kwargs, out, ptrs in self.calls:
+            if [t.data_ptr() for t in _tensors((args, kwargs))] != ptrs:
+                raise CaptureError(f"{getattr(func, '__name__', func)}: a tensor the graph reads has moved since the "
+                                   f"capture (the graph would read the old address)")
             _store(out, func(*args, **kwargs))
 
 
@@ -100,7 +122,7 @@ class StandinGraphs:
                 out = fn(*args, **kwargs)
             finally:
                 tape.in_kernel -= 1
-            tape.calls.append((fn, args, kwargs, out))
+            _record(tape.calls, fn, args, kwargs, out)
             return out
         return launch
 

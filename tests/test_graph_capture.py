@@ -31,8 +31,8 @@ def _capture(graph, run) -> None:
 
 def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(monkeypatch):
     """The stand-in itself: a replay recomputes the recorded calls from the buffers' new contents and keeps the
-    Python choices made at capture; a host read, a running garbage collector, a second capture of one graph and a
-    replay of a graph never captured are refused."""
+    Python choices made at capture; a replay after a buffer has moved, a host read, a running garbage collector, a
+    second capture of one graph and a replay of a graph never captured are refused."""
     ops = _standin_ops()
     sg = install(monkeypatch, ops)
     x = torch.arange(8, dtype=torch.float32).view(1, 8)                      # [1, 8] a device buffer
@@ -55,6 +55,9 @@ def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(
     assert out["y"] is recorded and torch.equal(out["y"][0], want), "a replay recomputes from the new contents"
     assert (sg.captures, sg.replays) == (1, 1)
 
+    x.data = x.clone()                                                       # the buffer moves
+    with pytest.raises(CaptureError, match="has moved"):
+        g.replay()
     with pytest.raises(CaptureError, match="never captured"):
         torch.cuda.CUDAGraph().replay()
     with pytest.raises(CaptureError, match="captured twice"):
@@ -99,8 +102,8 @@ MODES = {
 def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, monkeypatch, mode):
     """An engine on (stand-in) CUDA graphs against the same engine eager: the same tokens and logprobs, bit for
     bit, over three turns of six sequences, greedy and sampled, finishing at different steps (so the batch moves
-    between graph buckets), one of them past 256 keys (the next context bucket); every decode launch is a replay of a captured graph, each graph captured once. With
-    ``prefill_graph_tokens`` the short prefill steps replay prefill graphs too."""
+    between graph buckets), one of them past 256 keys (the next context bucket); every decode launch is a replay
+    of a captured graph, each graph captured once. With prefill graphs on, the short prefill steps replay too."""
     import optimized.runner as orun
 
     engine_kw, switches, prefill_graph_tokens = MODES[mode]
@@ -139,3 +142,112 @@ def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, mo
     assert sg.captures == slots + len(r.prefill_graphs), "each graph is captured once"
     assert sg.replays == launched[0] + r.prefill_graph_steps, "every graphed step is one replay"
     assert (r.prefill_graph_steps > 0) == (prefill_graph_tokens > 0)
+
+
+MACHINES = 30                         # hypothesis machines of up to 40 calls each
+
+
+def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monkeypatch):
+    """hypothesis, stateful: one random sequence of API calls (add, groups, partial and whole runs, continue,
+    finish, abort, weight updates with and without recomputing the KV, preemption and swap in a small pool) goes to
+    two optimized engines, eager and on (stand-in) graphs, drawn in default or batch-invariant mode, the graphed one
+    with or without prefill graphs. Every turn output and every trajectory is the same in both, bit for bit."""
+    import random
+
+    from hypothesis import settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+
+    import optimized.runner as orun
+    from reference.weights import random_weights
+
+    from _helpers import TINY, tiny_weights
+
+    sg = install(monkeypatch, orun.ops)
+    monkeypatch.setattr(orun.ops, "allow_no_hint", True)
+    weights_b = random_weights(TINY, seed=3)
+    seen = {"machines": 0, "calls": 0, "prefill_graph_steps": 0, "weight_updates": 0}
+
+    class Twins(RuleBasedStateMachine):
+        @initialize(invariant=st.booleans(), prefill_graphs=st.sampled_from([16, 0]), swap=st.sampled_from([0, 6]),
+                    blocks=st.sampled_from([14, 24]), seed=st.integers(0, 2**16))
+        def start(self, invariant, prefill_graphs, swap, blocks, seed):
+            kw = dict(block_size=4, num_blocks=blocks, max_model_len=48, max_num_batched_tokens=24, max_num_seqs=6,
+                      swap_space=swap, split_kv="fixed:5", batch_invariant=invariant)
+            self.engs = (opt_engine(**kw), opt_engine(use_graphs=True, **kw))
+            self.engs[1].runner.prefill_graph_max_tokens = prefill_graphs
+            self.rng = random.Random(seed)
+            self.live: list[int] = []
+            seen["machines"] += 1
+
+        def _both(self, name, *args):
+            """The call on both engines: the same result, or the same typed error."""
+            res = []
+            for eng in self.engs:
+                try:
+                    res.append(("ok", getattr(eng, name)(*args)))
+                except reference.TurnKVError as e:
+                    res.append(("error", type(e).__name__))
+            assert res[0] == res[1], (name, args, res)
+            seen["calls"] += 1
+            return res[0]
+
+        def _sp(self):
+            r = self.rng
+            return reference.SamplingParams(temperature=r.choice([0.0, 0.9]), top_p=r.choice([1.0, 0.9]),
+                                            max_tokens=r.randint(1, 10), stop_token_ids=(r.randrange(512),),
+                                            seed=r.randrange(2**32), logprobs=True)
+
+        def _ids(self, n):
+            return [self.rng.randrange(TINY.vocab_size) for _ in range(n)]
+
+        @rule(n=st.integers(1, 20))
+        def add(self, n):
+            if len(self.live) < 8:
+                kind, sid = self._both("rollout_add", self._ids(n), self._sp())
+                self.live.append(sid)
+
+        @rule(n=st.integers(1, 12), k=st.integers(2, 4))
+        def add_group(self, n, k):
+            if len(self.live) < 8:
+                self.live += self._both("rollout_add_group", self._ids(n), [self._sp() for _ in range(k)])[1]
+
+        @rule(steps=st.one_of(st.none(), st.integers(0, 4)))
+        def run(self, steps):
+            self._both("rollout_run_turns", steps)
+
+        @precondition(lambda self: self.live)
+        @rule(i=st.integers(0, 7), n=st.integers(0, 14))
+        def cont(self, i, n):
+            self._both("rollout_continue", self.live[i % len(self.live)], self._ids(n))
+
+        @precondition(lambda self: self.live)
+        @rule(i=st.integers(0, 7))
+        def finish(self, i):
+            self._both("rollout_finish", self.live.pop(i % len(self.live)))
+
+        @precondition(lambda self: self.live)
+        @rule(i=st.integers(0, 7))
+        def abort(self, i):
+            self._both("abort", self.live[i % len(self.live)])
+
+        @rule(recompute=st.booleans())
+        def update_weights(self, recompute):
+            w = weights_b if self.engs[0].weights_version % 2 == 0 else tiny_weights(0)
+            self._both("update_weights", w, recompute)
+            seen["weight_updates"] += 1
+
+        def teardown(self):
+            if not hasattr(self, "engs"):
+                return
+            for sid in list(self.live):
+                self._both("rollout_finish", sid)
+            for eng in self.engs:
+                assert eng.num_free_blocks == eng.num_blocks, "pages leaked"
+            seen["prefill_graph_steps"] += self.engs[1].runner.prefill_graph_steps
+
+    run_state_machine_as_test(Twins, settings=settings(max_examples=MACHINES, stateful_step_count=40, deadline=None))
+    seen.update(captures=sg.captures, replays=sg.replays)
+    print("stateful twins:", seen)
+    assert seen["machines"] >= MACHINES and seen["calls"] >= 20 * MACHINES
+    assert seen["replays"] > 2 * MACHINES and seen["prefill_graph_steps"] > 0 and seen["weight_updates"] > 0
