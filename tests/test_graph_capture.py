@@ -149,9 +149,10 @@ MACHINES = 30                         # hypothesis machines of up to 40 calls ea
 
 def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monkeypatch):
     """hypothesis, stateful: one random sequence of API calls (add, groups, partial and whole runs, continue,
-    finish, abort, weight updates with and without recomputing the KV, preemption and swap in a small pool) goes to
-    two optimized engines, eager and on (stand-in) graphs, drawn in default or batch-invariant mode, the graphed one
-    with or without prefill graphs. Every turn output and every trajectory is the same in both, bit for bit."""
+    finish, abort, teacher-forced scores, weight updates with and without recomputing the KV, preemption and swap in
+    a small pool) goes to two optimized engines, eager and on (stand-in) graphs, drawn in default or batch-invariant
+    mode, the graphed one with or without prefill graphs. Every result (turn outputs, trajectories, scores, typed
+    errors) is the same in both, bit for bit."""
     import random
 
     from hypothesis import settings
@@ -166,7 +167,7 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
     sg = install(monkeypatch, orun.ops)
     monkeypatch.setattr(orun.ops, "allow_no_hint", True)
     weights_b = random_weights(TINY, seed=3)
-    seen = {"machines": 0, "calls": 0, "prefill_graph_steps": 0, "weight_updates": 0}
+    seen = {"machines": 0, "calls": 0, "prefill_graph_steps": 0, "weight_updates": 0, "scores": 0}
 
     class Twins(RuleBasedStateMachine):
         @initialize(invariant=st.booleans(), prefill_graphs=st.sampled_from([16, 0]), swap=st.sampled_from([0, 6]),
@@ -185,7 +186,8 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
             res = []
             for eng in self.engs:
                 try:
-                    res.append(("ok", getattr(eng, name)(*args)))
+                    out = getattr(eng, name)(*args)
+                    res.append(("ok", out.tolist() if isinstance(out, torch.Tensor) else out))
                 except reference.TurnKVError as e:
                     res.append(("error", type(e).__name__))
             assert res[0] == res[1], (name, args, res)
@@ -231,6 +233,11 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
         def abort(self, i):
             self._both("abort", self.live[i % len(self.live)])
 
+        @rule(n=st.integers(1, 30))
+        def score(self, n):
+            self._both("score", self._ids(n))
+            seen["scores"] += 1
+
         @rule(recompute=st.booleans())
         def update_weights(self, recompute):
             w = weights_b if self.engs[0].weights_version % 2 == 0 else tiny_weights(0)
@@ -250,4 +257,5 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
     seen.update(captures=sg.captures, replays=sg.replays)
     print("stateful twins:", seen)
     assert seen["machines"] >= MACHINES and seen["calls"] >= 20 * MACHINES
-    assert seen["replays"] > 2 * MACHINES and seen["prefill_graph_steps"] > 0 and seen["weight_updates"] > 0
+    assert seen["replays"] > 2 * MACHINES and seen["prefill_graph_steps"] > 0
+    assert seen["weight_updates"] > 0 and seen["scores"] > 0
