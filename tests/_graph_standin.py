@@ -19,9 +19,12 @@ It keeps what a CUDA graph means for the code that captures one:
 * A kernel is one unit. Its Python, including host reads of its own inputs, runs at each replay, as a kernel
   launched from the graph would read the tensors' contents at that time.
 
+* **A capture runs nothing.** The calls run while they are recorded, since the runner's Python needs their results,
+  but when the capture ends every tensor they were handed is put back as it was, and every tensor they made is
+  filled with garbage (NaN, or -12345) until a replay writes it.
+
 Not modelled: the graph memory pool's reuse of memory freed during a capture (the tape keeps every tensor alive),
-and kernels not running during a real capture (here they run; the runner's captures are set up to write nothing
-to the KV cache either way).
+and the ordering of streams and events (the CPU runs every call in order).
 """
 
 from __future__ import annotations
@@ -58,10 +61,19 @@ def _tensors(obj) -> list[torch.Tensor]:
     return []
 
 
-def _record(calls: list, func, args, kwargs, out) -> None:
-    """One call on a tape, with the addresses of the tensors it reads (a graph keeps addresses, not tensors)."""
-    ptrs = [t.data_ptr() for t in _tensors((args, kwargs))]
-    calls.append((func, args, kwargs, out, ptrs))
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s memory (None for an empty tensor, which has none)."""
+    return t.untyped_storage().data_ptr() if t.numel() else None
+
+
+def _garbage(t: torch.Tensor) -> None:
+    """Fill ``t`` as memory nobody has written yet might be filled."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(-12345)
 
 
 def _store(recorded, new) -> None:
@@ -77,23 +89,57 @@ def _store(recorded, new) -> None:
 
 
 class Tape(TorchFunctionMode):
-    """The record of one capture: top-level torch calls and kernel launches, in order."""
+    """The record of one capture: top-level torch calls and kernel launches, in order.
+
+    The calls run while they are recorded (the runner's Python needs their results), but on a GPU a capture runs
+    nothing. So ``undo``, at the capture's end, puts every tensor that existed before the capture and was handed to
+    a call back as it was before the first such call, and fills the tensors the calls made with garbage."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple] = []
-        self.in_kernel = 0
+        self.in_kernel = 0                           # > 0: the stand-in's own work, passed through
+        self._before: list[tuple[torch.Tensor, torch.Tensor]] = []      # (tensor, its contents before the capture)
+        self._old: set[int] = set()                  # storages that existed before the capture
+        self._made: set[int] = set()                 # storages the capture's calls made
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.in_kernel:                          # inside a kernel: its own business
+        if self.in_kernel:
             return func(*args, **kwargs)
         if func in HOST_READS:
             raise CaptureError(f"{func.__name__}: a host read of a device tensor while a CUDA graph is being "
                                f"captured (it would synchronise and invalidate the capture)")
-        out = func(*args, **kwargs)
-        _record(self.calls, func, args, kwargs, out)
+        return self.record(func, args, kwargs)
+
+    def record(self, func, args, kwargs):
+        """Run one call and put it on the tape with the addresses of the tensors it is handed (a graph keeps
+        addresses, not tensors)."""
+        handed = _tensors((args, kwargs))
+        self.in_kernel += 1                          # (the bookkeeping's own torch calls are not the runner's)
+        try:
+            for t in handed:
+                key = _storage(t)
+                if key is not None and key not in self._made:
+                    self._old.add(key)
+                    self._before.append((t, t.clone()))
+            out = func(*args, **kwargs)
+            for t in _tensors(out):
+                key = _storage(t)
+                if key is not None and key not in self._old:
+                    self._made.add(key)
+            self.calls.append((func, args, kwargs, out, [t.data_ptr() for t in handed]))
+        finally:
+            self.in_kernel -= 1
         return out
+
+    def undo(self) -> None:
+        for _, _, _, out, _ in self.calls:
+            for t in _tensors(out):
+                if _storage(t) in self._made:
+                    _garbage(t)
+        for t, before in reversed(self._before):     # the earliest copy of any memory is put back last
+            t.copy_(before)
 
     def replay(self) -> None:
         for func, args, kwargs, out, ptrs in self.calls:
@@ -117,13 +163,7 @@ class StandinGraphs:
             tape = self.tape
             if tape is None:
                 return fn(*args, **kwargs)
-            tape.in_kernel += 1
-            try:
-                out = fn(*args, **kwargs)
-            finally:
-                tape.in_kernel -= 1
-            _record(tape.calls, fn, args, kwargs, out)
-            return out
+            return tape.record(fn, args, kwargs)
         return launch
 
     # ---------------------------------------------------------------- torch.cuda's graph API
@@ -160,6 +200,7 @@ class StandinGraphs:
                 yield
         finally:
             self.tape = None
+        tape.undo()
         g.tape = tape
         self.captures += 1
 
