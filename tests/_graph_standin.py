@@ -9,8 +9,10 @@ It keeps what a CUDA graph means for the code that captures one:
   runs the tape again on those same tensors and writes each result into the tensor recorded for it. Python between
   the calls is not run again: a choice the runner makes from a step's data at capture time stays baked in, as on a
   GPU.
-* **A capture cannot read the device.** ``.item()``, ``.tolist()``, ``int(t)``, ``bool(t)``, ``.numpy()`` and
-  ``.cpu()`` raise inside a capture. On a GPU they synchronise, which invalidates the capture.
+* **A capture cannot read the device, nor copy from the host.** ``.item()``, ``.tolist()``, ``int(t)``, ``bool(t)``,
+  ``.numpy()`` and ``.cpu()`` raise inside a capture: on a GPU they synchronise, which invalidates the capture.
+  ``torch.tensor``, ``torch.as_tensor`` and ``torch.from_numpy`` raise too: a step's data must reach the graph
+  through its buffers, not through a copy baked in at capture.
 * **A graph keeps addresses.** A replay fails if a tensor the capture read has moved (``.data =``, ``set_``); a
   tensor the runner replaces by a new one is simply not read (the record holds the old one), as on a GPU.
 * **No garbage collection during a capture.** A collection can free CUDA objects and pinned buffers, which a
@@ -39,6 +41,9 @@ from torch.overrides import TorchFunctionMode
 #: the calls that read a device tensor on the host: each synchronises, which a capturing stream forbids
 HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
               torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.cpu}
+#: the calls that make a device tensor from host data (a copy from pageable memory): refused in a capture too
+#: (``torch.from_numpy``, which no torch-function mode sees, is wrapped by ``install``)
+HOST_COPIES = {torch.tensor, torch.as_tensor}
 
 #: the stand-in kernels (``_standins._standin_ops``): each is one recorded unit of a graph
 KERNELS = ("store_kvcache", "embedding", "embed_rmsnorm", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
@@ -59,6 +64,11 @@ def _tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors(o)]
     return []
+
+
+def _refuse_copy(name: str) -> None:
+    raise CaptureError(f"{name}: a copy from host memory while a CUDA graph is being captured (the graph would keep "
+                       f"the capture's values, if the capture survived it)")
 
 
 def _storage(t: torch.Tensor) -> int | None:
@@ -110,6 +120,8 @@ class Tape(TorchFunctionMode):
         if func in HOST_READS:
             raise CaptureError(f"{func.__name__}: a host read of a device tensor while a CUDA graph is being "
                                f"captured (it would synchronise and invalidate the capture)")
+        if func in HOST_COPIES:
+            _refuse_copy(func.__name__)
         return self.record(func, args, kwargs)
 
     def record(self, func, args, kwargs):
@@ -225,6 +237,14 @@ def install(monkeypatch, ops_namespace: types.SimpleNamespace) -> StandinGraphs:
     for name in KERNELS:
         monkeypatch.setattr(ops_namespace, name, sg.kernel(getattr(ops_namespace, name)))
     default = _Stream()
+    from_numpy = torch.from_numpy
+
+    def guarded_from_numpy(array):
+        if sg.tape is not None and not sg.tape.in_kernel:
+            _refuse_copy("from_numpy")
+        return from_numpy(array)
+
+    monkeypatch.setattr(torch, "from_numpy", guarded_from_numpy)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", sg.cuda_graph_class())
     monkeypatch.setattr(torch.cuda, "graph", sg.graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,8 +33,8 @@ def _capture(graph, run) -> None:
 def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(monkeypatch):
     """The stand-in itself: a capture leaves the buffers as they were and its results unwritten; a replay recomputes
     the recorded calls from the buffers' new contents and keeps the Python choices made at capture; a replay after
-    a buffer has moved, a host read, a running garbage collector, a second capture of one graph and a replay of a
-    graph never captured are refused."""
+    a buffer has moved, a host read, a copy from the host, a running garbage collector, a second capture of one graph
+    and a replay of a graph never captured are refused."""
     ops = _standin_ops()
     sg = install(monkeypatch, ops)
     x = torch.arange(8, dtype=torch.float32).view(1, 8)                      # [1, 8] a device buffer
@@ -72,6 +73,10 @@ def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(
                  lambda: x.cpu()):
         with pytest.raises(CaptureError, match="host read"):
             _capture(torch.cuda.CUDAGraph(), read)
+    host = np.arange(4, dtype=np.int32)
+    for copy in (lambda: torch.tensor([1, 2]), lambda: torch.as_tensor([1.0]), lambda: torch.from_numpy(host)):
+        with pytest.raises(CaptureError, match="copy from host"):
+            _capture(torch.cuda.CUDAGraph(), copy)
     with pytest.raises(CaptureError, match="garbage collector"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             pass
