@@ -118,7 +118,6 @@ def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, mo
     import optimized.runner as orun
 
     engine_kw, switches, prefill_graph_tokens = MODES[mode]
-
     sg = install(monkeypatch, orun.ops)
     monkeypatch.setattr(orun.ops, "allow_no_hint", prefill_graph_tokens > 0)
     sps = [reference.SamplingParams(max_tokens=n, stop_token_ids=(), logprobs=True) for n in (3, 6, 9)] + \
@@ -218,8 +217,7 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
         @rule(n=st.integers(1, 20))
         def add(self, n):
             if len(self.live) < 8:
-                kind, sid = self._both("rollout_add", self._ids(n), self._sp())
-                self.live.append(sid)
+                self.live.append(self._both("rollout_add", self._ids(n), self._sp())[1])
 
         @rule(n=st.integers(1, 12), k=st.integers(2, 4))
         def add_group(self, n, k):
