@@ -155,7 +155,18 @@ def _null_driver(monkeypatch, log: list[str]) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("path", ("wrappers", "driver"))
+def _no_pure_checks(monkeypatch) -> None:
+    """On top of ``stubbed_ops``: the wrappers' checks that only check (they return nothing a launch needs) made
+    no-ops, as a launch path that trusted its caller would skip them. What is left is the shape arithmetic, the
+    kernel choice and the argument packing: the floor of such a lean path."""
+    from optimized import ops
+
+    for name in ("_contig", "_aligned16", "_same_device", "_int_vec", "_block_size"):
+        monkeypatch.setattr(ops, name, lambda *a, **k: None)
+    monkeypatch.setattr(ops, "_tensor", lambda name, t, dtype, dims=None: t)
+
+
+@pytest.mark.parametrize("path", ("wrappers", "unchecked", "driver"))
 @pytest.mark.parametrize("tokens", PREFILL_TOKENS)
 def test_host_prefill(tokens, path, stubbed_ops, monkeypatch, results):
     """The host time of one eager prefill forward of the optimized runner (``CudaRunner._prefill``: the uploads,
@@ -163,9 +174,11 @@ def test_host_prefill(tokens, path, stubbed_ops, monkeypatch, results):
     qwen3-0.6b's shapes, ``PREFILL_LAYERS`` layers, with the GEMM rules of an H200 (``ops.gemm`` at 9-16 rows, the
     warpgroup GEMM at 17-64); the GPU's work is not done. ``path``: ``wrappers`` stops at ``ops._launch``;
     ``driver`` also runs ``ops._launch`` and ``launch.launch_pdl`` (argument packing, the ``ctypes`` call) into a
-    stand-in driver (``_null_driver``). Checked first: the output's shape and dtype, the embedding's launch, then
-    the same kernels in every layer, and with ``driver`` that every launch reached the driver. This is the part of
-    an eager step the GPU waits for when its kernels are short (docs/performance.md, "Host cost of eager ops")."""
+    stand-in driver (``_null_driver``); ``unchecked`` is ``wrappers`` without the checks that only check
+    (``_no_pure_checks``), what a lean launch path could save at most. Checked first: the output's shape and dtype,
+    the embedding's launch, then the same kernels in every layer, with ``unchecked`` the same kernels as with the
+    checks, and with ``driver`` that every launch reached the driver. This is the part of an eager step the GPU
+    waits for when its kernels are short (docs/performance.md, "Host cost of eager ops")."""
     import dataclasses
 
     import torch
@@ -196,9 +209,16 @@ def test_host_prefill(tokens, path, stubbed_ops, monkeypatch, results):
     args = (np.arange(T, dtype=np.int64) % 1000, pos, slots, tables, np.array([PREFILL_CTX], dtype=np.int32),
             np.zeros(T, dtype=np.int32))
     calls = _null_driver(monkeypatch, stubbed_ops) if path == "driver" else None
+    checked = None
+    if path == "unchecked":                   # the kernels and their order must not depend on the checks
+        r._prefill(*args)
+        checked = list(stubbed_ops)
+        stubbed_ops.clear()
+        _no_pure_checks(monkeypatch)
     out = r._prefill(*args)                                                                 # warm-up, checked
     assert tuple(out.shape) == (T, cfg.hidden_size) and out.dtype == torch.bfloat16
     log = list(stubbed_ops)
+    assert checked is None or log == checked, (log, checked)
     assert calls is None or calls[0] == len(log), (calls, len(log))
     assert log[0] == "embed_rmsnorm" and (len(log) - 1) % PREFILL_LAYERS == 0, log
     per_layer = (len(log) - 1) // PREFILL_LAYERS
