@@ -347,8 +347,8 @@ class CudaRunner:
         self.lookahead_used = self.lookahead_dropped = 0      # lookahead steps used / dropped (counters)
         #: default-mode prefill steps of at most this many tokens (and ``PREFILL_GRAPH_MAX_ROWS`` sequences) replay
         #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). A lab
-        #: switch, off (0): built in the thirty-eighth session without a GPU, so never captured or timed yet
-        #: (docs/performance.md, "Host cost of eager ops")
+        #: switch, off (0): on the H200 it replays greedy chunking's short tail steps and is level with even chunks,
+        #: which leave the agentic bench no short step (docs/performance.md, "Agentic workload")
         self.prefill_graph_max_tokens = 0
         self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
         self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)

@@ -140,6 +140,24 @@ def drive(engine: Engine, specs, turns: int, obs_fn, finish: bool = True, check_
     return recs
 
 
+def rollout_turns(eng, prompts: list[list[int]], sps: list[SamplingParams], turns: int = 3) -> tuple[list, list]:
+    """Multi-turn rollouts of ``prompts`` on ``eng`` with short observations between turns (0-6 tokens), then
+    finished, every page returned: each turn's tokens per sequence, and every logprob in order."""
+    sids = [eng.rollout_add(p, sp) for p, sp in zip(prompts, sps)]
+    toks, lps = [], []
+    for t in range(turns):
+        outs = eng.rollout_run_turns()
+        toks.append([outs[s].token_ids for s in sids])
+        lps += [lp for s in sids for lp in outs[s].logprobs]
+        if t + 1 < turns:
+            for s in sids:
+                eng.rollout_continue(s, [(s * 11 + t * 5 + i) % 512 for i in range((s + t) % 7)])
+    for s in sids:
+        eng.rollout_finish(s)
+    assert eng.num_free_blocks == eng.num_blocks
+    return toks, lps
+
+
 def check_pool_accounting(engine: Engine) -> None:
     """Pages of live sequences are disjoint, and with the free list they make up the whole pool."""
     snap = engine.snapshot()

@@ -15,6 +15,7 @@ import torch
 
 import reference
 from _graph_standin import CaptureError, install
+from _helpers import TINY, rollout_turns, tiny_weights
 from _standins import _standin_ops
 
 #: the last one crosses a graph's context bucket (256 keys) in its first turn
@@ -82,23 +83,6 @@ def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(
             pass
 
 
-def _turns(eng, sps, turns: int = 3) -> tuple[list, list]:
-    """Multi-turn rollouts of ``PROMPTS``: each turn's tokens and every logprob, short observations between."""
-    sids = [eng.rollout_add(p, sp) for p, sp in zip(PROMPTS, sps)]
-    toks, lps = [], []
-    for t in range(turns):
-        outs = eng.rollout_run_turns()
-        toks.append([outs[s].token_ids for s in sids])
-        lps += [lp for s in sids for lp in outs[s].logprobs]
-        if t + 1 < turns:
-            for s in sids:
-                eng.rollout_continue(s, [(s * 11 + t * 5 + i) % 512 for i in range(1 + (s + t) % 7)])
-    for s in sids:
-        eng.rollout_finish(s)
-    assert eng.num_free_blocks == eng.num_blocks
-    return toks, lps
-
-
 #: (engine keywords, runner switches, prefill-graph tokens): the default engine, with the prefill-graph lab switch,
 #: batch-invariant, and with the decode steps' sample hand-off and lookahead off
 MODES = {
@@ -138,8 +122,8 @@ def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, mo
         return launch(batch, ids_from)
 
     r._launch_decode = counted
-    want = _turns(eager, sps)
-    got = _turns(graphed, sps)
+    want = rollout_turns(eager, PROMPTS, sps)
+    got = rollout_turns(graphed, PROMPTS, sps)
     keys = sorted(r.graphs)
     print(f"decode graphs {keys}, prefill graphs {sorted(r.prefill_graphs)}: {sg.captures} captures, "
           f"{sg.replays} replays ({launched[0]} decode launches, {r.prefill_graph_steps} prefill-graph steps, "
@@ -172,8 +156,6 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
 
     import optimized.runner as orun
     from reference.weights import random_weights
-
-    from _helpers import TINY, tiny_weights
 
     sg = install(monkeypatch, orun.ops)
     monkeypatch.setattr(orun.ops, "allow_no_hint", True)

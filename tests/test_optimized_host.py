@@ -15,7 +15,7 @@ import torch
 import reference
 from reference.weights import random_weights
 
-from _helpers import TINY, rope_rollout, target_logits, tiny_weights
+from _helpers import TINY, rollout_turns, rope_rollout, target_logits, tiny_weights
 
 
 def _reference(**kw):
@@ -727,18 +727,7 @@ def test_prefill_graph_switch_pads_short_prefills_into_buckets(opt_engine, max_t
     toks: dict[str, list] = {}
     lps: dict[str, list] = {}
     for name, eng in (("eager", eager), ("graphed", graphed)):
-        sids = [eng.rollout_add(p, sp) for p, sp in zip(PROMPTS, sps)]
-        toks[name], lps[name] = [], []
-        for t in range(3):
-            outs = eng.rollout_run_turns()
-            toks[name].append([outs[s].token_ids for s in sids])
-            lps[name] += [lp for s in sids for lp in outs[s].logprobs]
-            for s in sids:
-                if t < 2:
-                    eng.rollout_continue(s, [(s * 11 + t * 5 + i) % 512 for i in range((s + t) % 7)])
-        for s in sids:
-            eng.rollout_finish(s)
-        assert eng.num_free_blocks == eng.num_blocks
+        toks[name], lps[name] = rollout_turns(eng, PROMPTS, sps)
     assert toks["graphed"] == toks["eager"], "a padded prefill bucket changed the tokens"
     print(f"prefill buckets up to {max_tokens} tokens: {graphed.runner.prefill_graph_steps} graphed steps, "
           f"keys {sorted(graphed.runner.prefill_graphs)}")

@@ -7,8 +7,8 @@
 # canon variants (the default engine's steps of some rows with every GEMM on the batch-invariant kernels; CANON_VARIANTS,
 # default canon8 / canon16) at CANON_BATCHES (default 1 8 16) of both models. AGENTIC=0 skips the profile;
 # AGENTIC_ARGS: more of profile_agentic.py's arguments (thirty-eighth session: "--cprofile" profiles the resumed turns'
-# prefill steps on the host, "--prefill-ab 2" times prefill_chunking even, greedy, and greedy with prefill graphs). CHECKS=1 first runs the conformance suite at CI scale beside
-# the engine smoke test (untimed). TAG: the logs' suffix.
+# prefill steps on the host, "--prefill-ab 2" times prefill_chunking even, greedy, and greedy with prefill graphs).
+# CHECKS=1 first runs the conformance suite at CI scale beside the engine smoke test (untimed). TAG: the logs' suffix.
 source benches/gpu/_env.sh
 tag=${TAG:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
