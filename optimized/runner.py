@@ -624,12 +624,15 @@ class CudaRunner:
             self.lookahead_dropped += pending is not None
             if self._prefill_graphed(batch):
                 return self._run_prefill_graph(batch)
+            # the sampling rows and parameters go up before the forward is queued: a blocking upload (``.to``
+            # from unpinned memory) synchronises the stream, so after the forward it would hold the host there
+            rows = self._upload(batch.sample_rows, torch.int64)                       # [S]
+            ints, flts = _sampling_arrays(*_sampling_of(batch), len(batch.sample_seqs))
+            ints_d, flts_d = self._upload(ints, torch.int32), self._upload(flts, torch.float32)
             hidden = self._prefill(batch.input_ids, batch.positions, batch.slot_mapping, batch.block_tables,
                                    batch.seq_lens, batch.q_seq_idx)
-            rows = self._upload(batch.sample_rows, torch.int64)
             logits = self.logits(hidden.index_select(0, rows))                        # [S, V]
-            ints, flts = _sampling_arrays(*_sampling_of(batch), len(batch.sample_seqs))
-            toks, lps = _sample(logits, self._upload(flts, torch.float32), self._upload(ints, torch.int32))
+            toks, lps = _sample(logits, flts_d, ints_d)
             return StepResult(toks.tolist(), lps.tolist(), None, logits.cpu() if self.record_logits else None)
         run = None
         if pending is not None:
