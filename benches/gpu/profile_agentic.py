@@ -2,6 +2,7 @@
 decode steps, against the decode steps' memory floor.
 
     python benches/gpu/profile_agentic.py [--turns 8] [--out DIR] [--cprofile] [--prefill-ab ROUNDS]
+        [--trickle-ab ROUNDS [--trickle TURNS OBS GROUP STEPS]] [--no-profile]
 
 Diagnostic, not a benchmark of record (the numbers of record are ``benches/test_agentic.py``). The
 workload is that bench's (``test_agentic.Workload``: qwen3-0.6b, 64 sequences, prompt 1024, turns of
@@ -273,27 +274,79 @@ def prefill_ab(w: "ag.Workload", rounds: int) -> dict:
     return {"totals_s": totals, "token_agreement": agree, "graphed_prefill_steps": graphed}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--turns", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--cprofile", action="store_true",
-                    help="then run the turns again with cProfile on during the resumed turns' prefill steps")
-    ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
-    ap.add_argument("--prefill-ab", type=int, default=0, metavar="ROUNDS",
-                    help="then time the workload with each of PREFILL_AB's prefill rules, ROUNDS rounds of each")
-    args = ap.parse_args()
-    scale = Scale(args.scale)
-    ceiling = measure_ceilings(scale)["copy_GBps"]
-    print(f"device {torch.cuda.get_device_name() if scale.gpu else 'cpu'}, copy ceiling {ceiling:.0f} GB/s")
-    w = ag.Workload(scale)
-    cfg = w.cfg
-    wbytes, kv_tok = weight_bytes_per_step(cfg), kv_bytes_per_token(cfg)
+#: ``--trickle-ab``'s variants: ``runner.prefill_graph_max_tokens`` (0: every prefill step eager)
+TRICKLE_AB = {"eager prefill": 0, "prefill graphs": 256}
 
-    def floor_ms(rows: float, ctx: float) -> float:
-        return (wbytes + rows * ctx * kv_tok) / (ceiling * 1e9) * 1e3
 
-    args.turns = args.turns or ag.TURNS[args.scale]
+def trickle(eng, w: "ag.Workload", turns: int, obs_len: int, group: int, steps: int, gen: int) -> dict:
+    """The workload's sequences with their observations arriving a few at a time, as tool calls that return at
+    different moments: turn 1 as the bench's; in each later turn the first ``obs_len`` tokens of each sequence's
+    observation are handed over ``group`` sequences at a time, and ``steps`` engine steps run after each hand-over
+    (the scheduler runs prefill first, so the first of them is the hand-over's prefill step of ``group * (1 +
+    obs_len)`` tokens while the others wait), then the turn runs out. Returns the wall time (s, device synced) and every turn's
+    tokens per sequence; every sequence must produce ``gen`` tokens a turn."""
+    sp = ag.SamplingParams(temperature=0.0, max_tokens=gen, stop_token_ids=(), logprobs=True)
+    toks: dict[int, list[list[int]]] = {}
+    w.scale.sync()
+    t = time.perf_counter()
+    sids = [eng.rollout_add(p + o[0], sp) for p, o in zip(w.prompts, w.obs)]
+    for sid, o in eng.rollout_run_turns().items():
+        toks.setdefault(sid, []).append(o.token_ids)
+    for k in range(1, turns):
+        for g in range(0, len(sids), group):
+            for i in range(g, min(g + group, len(sids))):
+                eng.rollout_continue(sids[i], w.obs[i][k][:obs_len])
+            for sid, o in eng.rollout_run_turns(max_steps=steps).items():
+                toks.setdefault(sid, []).append(o.token_ids)
+        for sid, o in eng.rollout_run_turns().items():
+            toks.setdefault(sid, []).append(o.token_ids)
+    w.scale.sync()
+    wall = time.perf_counter() - t
+    for sid in sids:
+        eng.rollout_finish(sid)
+    got = [toks.get(sid, []) for sid in sids]
+    assert all(len(ts) == turns and all(len(x) == gen for x in ts) for ts in got), "trickle: wrong lengths"
+    return {"wall_s": wall, "tokens": got}
+
+
+def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: int, steps: int) -> dict:
+    """``trickle`` on one engine per ``TRICKLE_AB`` variant, in one process: each engine warmed up by one untimed
+    run, then ``rounds`` rounds of every variant in turn (the order reversed every other round). Returns each
+    variant's totals (s), its graphed prefill steps, and the share of the first variant's tokens it matched
+    (reported, not asserted: on the GPU a graphed step is padded to its bucket, which CPU tests find bitwise
+    equal but which no contract fixes)."""
+    names = list(TRICKLE_AB)
+    gen = ag.GEN[w.s]
+    engines, totals, tokens = {}, {m: [] for m in names}, {}
+    w._engine = None
+    free_cuda()
+    try:
+        for name in names:
+            w._engine = None
+            engines[name] = w.engine()
+            if hasattr(engines[name].runner, "prefill_graph_max_tokens"):     # (the CPU dry run: the reference's)
+                engines[name].runner.prefill_graph_max_tokens = TRICKLE_AB[name]
+            trickle(engines[name], w, turns, obs_len, group, steps, gen)
+        for r in range(rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                out = trickle(engines[name], w, turns, obs_len, group, steps, gen)
+                totals[name].append(out["wall_s"])
+                tokens[name] = out["tokens"]
+        graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
+    finally:
+        w._engine = None
+    agree = {}
+    for name in names:
+        pairs = [(x, y) for a, b in zip(tokens[name], tokens[names[0]]) for ta, tb in zip(a, b) for x, y in zip(ta, tb)]
+        agree[name] = sum(x == y for x, y in pairs) / max(1, len(pairs))
+    return {"totals_s": totals, "token_agreement": agree, "graphed_prefill_steps": graphed,
+            "problem": {"seqs": len(w.prompts), "turns": turns, "obs_len": obs_len, "group": group, "steps": steps,
+                        "gen": gen}}
+
+
+def profiled(args, w: "ag.Workload", scale: Scale, floor_ms) -> dict:
+    """The warm-up, the timed run and the profiled run of the workload (the engine resuming), their report printed;
+    then, with ``--cprofile``, the host profile of the resumed turns' prefill steps."""
     warm = w.warm_up("resume")
     assert all(len(t) == ag.WARM_GEN for seq in warm["tokens"] for t in seq), "warm-up: wrong lengths"
     timed = w.run("resume")
@@ -348,20 +401,58 @@ def main() -> None:
           f"{sum(r['decode_floor_ms'] * r['decode_steps'] for r in rows):.1f}")
     if args.cprofile:
         cprofile_prefills(w, eng, args.turns)
+    return {"timed_turn_s": timed["turn_s"], "profiled_turn_s": turn_s, "turns": rows, "steps": log}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--turns", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cprofile", action="store_true",
+                    help="then run the turns again with cProfile on during the resumed turns' prefill steps")
+    ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
+    ap.add_argument("--prefill-ab", type=int, default=0, metavar="ROUNDS",
+                    help="then time the workload with each of PREFILL_AB's prefill rules, ROUNDS rounds of each")
+    ap.add_argument("--trickle-ab", type=int, default=0, metavar="ROUNDS",
+                    help="then time `trickle` (observations handed over a few sequences at a time) with prefill "
+                         "steps eager and from prefill graphs, ROUNDS rounds of each")
+    ap.add_argument("--trickle", type=int, nargs=4, default=(3, 31, 1, 2), metavar=("TURNS", "OBS", "GROUP", "STEPS"),
+                    help="the trickle's turns, observation tokens, sequences a hand-over and steps between two")
+    ap.add_argument("--no-profile", action="store_true", help="skip the timed and the profiled runs (A/Bs only)")
+    args = ap.parse_args()
+    scale = Scale(args.scale)
+    ceiling = measure_ceilings(scale)["copy_GBps"]
+    print(f"device {torch.cuda.get_device_name() if scale.gpu else 'cpu'}, copy ceiling {ceiling:.0f} GB/s")
+    w = ag.Workload(scale)
+    cfg = w.cfg
+    wbytes, kv_tok = weight_bytes_per_step(cfg), kv_bytes_per_token(cfg)
+
+    def floor_ms(rows: float, ctx: float) -> float:
+        return (wbytes + rows * ctx * kv_tok) / (ceiling * 1e9) * 1e3
+
+    args.turns = args.turns or ag.TURNS[args.scale]
+    prof = None if args.no_profile else profiled(args, w, scale, floor_ms)
     ab = None
     if args.prefill_ab:
-        del eng
         ab = prefill_ab(w, args.prefill_ab)
         print("prefill A/B (the bench's clock, whole runs in s): "
               + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f}, tokens matching "
                           f"{next(iter(PREFILL_AB))}'s {100 * ab['token_agreement'][m]:.1f}%, "
                           f"{ab['graphed_prefill_steps'][m]} graphed prefill steps)"
                           for m, ts in ab["totals_s"].items()))
+    tr = None
+    if args.trickle_ab:
+        turns, obs_len, group, steps = args.trickle
+        tr = trickle_ab(w, args.trickle_ab, turns, obs_len, group, steps)
+        print(f"trickle A/B ({tr['problem']}; whole runs in s): "
+              + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f}, tokens matching "
+                          f"{next(iter(TRICKLE_AB))}'s {100 * tr['token_agreement'][m]:.1f}%, "
+                          f"{tr['graphed_prefill_steps'][m]} graphed prefill steps)"
+                          for m, ts in tr["totals_s"].items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_agentic.json").write_text(json.dumps(
-            {"copy_GBps": ceiling, "timed_turn_s": timed["turn_s"], "profiled_turn_s": turn_s, "turns": rows,
-             "steps": log, "prefill_ab": ab}, indent=1))
+            {"copy_GBps": ceiling, **(prof or {}), "prefill_ab": ab, "trickle_ab": tr}, indent=1))
     w.close()
 
 
