@@ -347,8 +347,9 @@ class CudaRunner:
         self.lookahead_used = self.lookahead_dropped = 0      # lookahead steps used / dropped (counters)
         #: default-mode prefill steps of at most this many tokens (and ``PREFILL_GRAPH_MAX_ROWS`` sequences) replay
         #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). A lab
-        #: switch, off (0): on the H200 it replays greedy chunking's short tail steps and is level with even chunks,
-        #: which leave the agentic bench no short step (docs/performance.md, "Agentic workload")
+        #: switch, off (0): on the H200 it is level with even chunks on the agentic bench (no short step there) and
+        #: 1.55x faster when observations arrive one sequence at a time (fortieth session's trickle A/B); off until a
+        #: conformance run with it on (docs/performance.md, "Agentic workload")
         self.prefill_graph_max_tokens = 0
         self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
         self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)

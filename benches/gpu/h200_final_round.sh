@@ -11,8 +11,6 @@
 #                                                 # CudaRunner._staged_kw) (reports in bench_engine.tgz)
 #   bash benches/gpu/h200_final_round.sh rest     # invariant_overhead, group_sharing, host_overhead (bench_rest.tgz)
 # Each bench group measures the ceilings (copy, bf16 GEMM) in its own run. TAG: the logs' suffix (default _MODE).
-# ENGINE_K: the `engine` call's pytest -k expression (fortieth session: "engine_decode", the agentic bench of record
-# having run on the tree before).
 source benches/gpu/_env.sh
 mode=${1:-checks}
 tag=${TAG:-_$mode}
@@ -29,7 +27,7 @@ if [ "$mode" = checks ]; then
   mv "$OUT/bench.tgz" "$OUT/bench_labs.tgz"
 fi
 if [ "$mode" = engine ]; then
-  bench_packed 560 "${ENGINE_K:-engine_decode or agentic or kernel_gemm}" run_gpu_engine_final$tag.log
+  bench_packed 560 "engine_decode or agentic or kernel_gemm" run_gpu_engine_final$tag.log
   mv "$OUT/bench.tgz" "$OUT/bench_engine.tgz"
 fi
 if [ "$mode" = rest ]; then

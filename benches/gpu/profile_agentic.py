@@ -229,6 +229,19 @@ def cprofile_prefills(w, eng, turns: int) -> None:
         print("\n".join(line[:150] for line in buf.getvalue().splitlines() if line.strip()))
 
 
+def _agreement(tokens: dict[str, list], names: list[str]) -> dict[str, float]:
+    """Per variant, the share of the first variant's tokens it matched (``tokens[name]``: per sequence, per turn)."""
+    agree = {}
+    for name in names:
+        same = total = 0
+        for a, b in zip(tokens[name], tokens[names[0]]):
+            for ta, tb in zip(a, b):
+                same += sum(x == y for x, y in zip(ta, tb))
+                total += len(tb)
+        agree[name] = same / max(1, total)
+    return agree
+
+
 #: ``--prefill-ab``'s variants: (``prefill_chunking``, ``runner.prefill_graph_max_tokens``)
 PREFILL_AB = {"even": ("even", 0), "greedy": ("greedy", 0), "greedy+graphs": ("greedy", 256)}
 
@@ -263,15 +276,7 @@ def prefill_ab(w: "ag.Workload", rounds: int) -> dict:
     finally:
         ag.ENGINE_KW[w.s] = base
         w._engine = None
-    agree = {}
-    for name in names:
-        same = total = 0
-        for a, b in zip(tokens[name], tokens[names[0]]):
-            for ta, tb in zip(a, b):
-                same += sum(x == y for x, y in zip(ta, tb))
-                total += len(tb)
-        agree[name] = same / max(1, total)
-    return {"totals_s": totals, "token_agreement": agree, "graphed_prefill_steps": graphed}
+    return {"totals_s": totals, "token_agreement": _agreement(tokens, names), "graphed_prefill_steps": graphed}
 
 
 #: ``--trickle-ab``'s variants: ``runner.prefill_graph_max_tokens`` (0: every prefill step eager)
@@ -335,11 +340,7 @@ def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: i
         graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
     finally:
         w._engine = None
-    agree = {}
-    for name in names:
-        pairs = [(x, y) for a, b in zip(tokens[name], tokens[names[0]]) for ta, tb in zip(a, b) for x, y in zip(ta, tb)]
-        agree[name] = sum(x == y for x, y in pairs) / max(1, len(pairs))
-    return {"totals_s": totals, "token_agreement": agree, "graphed_prefill_steps": graphed,
+    return {"totals_s": totals, "token_agreement": _agreement(tokens, names), "graphed_prefill_steps": graphed,
             "problem": {"seqs": len(w.prompts), "turns": turns, "obs_len": obs_len, "group": group, "steps": steps,
                         "gen": gen}}
 
