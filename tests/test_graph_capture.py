@@ -255,3 +255,33 @@ def test_graphed_and_eager_engines_agree_under_random_api_calls(opt_engine, monk
     assert seen["machines"] >= MACHINES and seen["calls"] >= 10 * MACHINES
     assert seen["replays"] > 2 * MACHINES and seen["prefill_graph_steps"] > 0
     assert seen["weight_updates"] > 0 and seen["scores"] > 0
+
+
+def test_count_prefill_graphs_switches_them_on_and_counts_every_replayed_step(opt_engine, monkeypatch):
+    """``benches/gpu/count_prefill_graphs.py`` (the device scripts run the conformance suite through it, with the
+    prefill graphs on): every runner on graphs gets the switch, one without graphs keeps it off, and its counts
+    are the runner's own (steps, captured keys)."""
+    import importlib.util
+    import pathlib
+
+    import optimized.runner as orun
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benches" / "gpu" / "count_prefill_graphs.py"
+    spec = importlib.util.spec_from_file_location("count_prefill_graphs", path)
+    cpg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpg)
+    install(monkeypatch, orun.ops)
+    monkeypatch.setattr(orun.ops, "allow_no_hint", True)
+    for name in ("__init__", "_run_prefill_graph", "_capture_prefill"):     # so the patches go after the test
+        monkeypatch.setattr(orun.CudaRunner, name, getattr(orun.CudaRunner, name))
+    cpg.install(64)
+    eager, graphed = opt_engine(max_model_len=512), opt_engine(use_graphs=True, max_model_len=512)
+    assert eager.runner.prefill_graph_max_tokens == 0 and graphed.runner.prefill_graph_max_tokens == 64
+    sps = [reference.SamplingParams(max_tokens=n, stop_token_ids=(), logprobs=True) for n in (3, 6, 9, 4, 5, 7)]
+    want, got = rollout_turns(eager, PROMPTS, sps), rollout_turns(graphed, PROMPTS, sps)
+    print(cpg.summary())
+    assert got == want, "the prefill graphs changed the tokens or logprobs"
+    r = graphed.runner
+    assert sum(cpg.steps.values()) == r.prefill_graph_steps > 0
+    assert sorted(cpg.captures) == sorted(r.prefill_graphs) and set(cpg.steps) <= {n for n, _, _ in r.prefill_graphs}
+    assert eager.runner.prefill_graph_steps == 0

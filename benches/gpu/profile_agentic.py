@@ -242,18 +242,22 @@ def _agreement(tokens: dict[str, list], names: list[str]) -> dict[str, float]:
     return agree
 
 
-#: ``--prefill-ab``'s variants: (``prefill_chunking``, ``runner.prefill_graph_max_tokens``)
-PREFILL_AB = {"even": ("even", 0), "greedy": ("greedy", 0), "greedy+graphs": ("greedy", 256)}
+#: ``--prefill-ab``'s variants: (``prefill_chunking``, ``runner.prefill_graph_max_tokens``); ``--prefill-variants``
+#: picks some (each engine holds the whole workload's pages: about 30 GB at the GPU scale, so three at a time)
+PREFILL_AB = {"even": ("even", 0), "greedy": ("greedy", 0), "greedy+graphs": ("greedy", 256),
+              "even+graphs": ("even", 256)}
+PREFILL_AB_DEFAULT = ("even", "greedy", "greedy+graphs")
 
 
-def prefill_ab(w: "ag.Workload", rounds: int) -> dict:
-    """The resumed workload on the bench's clock with each of ``PREFILL_AB``'s prefill rules, one engine each, in one
-    process: each engine warmed up, then ``rounds`` rounds of all in turn (the order reversed every other round).
-    ``greedy`` leaves each resumed turn a 64-token step of one sequence; ``greedy+graphs`` replays that step from a
-    prefill graph. Returns each variant's run totals (s) and the share of the first variant's tokens each matched
-    (bf16: another cut of the same prefill may move a near tie, so the share is reported, not asserted)."""
+def prefill_ab(w: "ag.Workload", rounds: int, names: list[str] | None = None) -> dict:
+    """The resumed workload on the bench's clock with each of ``names`` (``PREFILL_AB``'s prefill rules; default
+    ``PREFILL_AB_DEFAULT``), one engine each, in one process: each engine warmed up, then ``rounds`` rounds of all in
+    turn (the order reversed every other round). ``greedy`` leaves each resumed turn a 64-token step of one sequence;
+    ``greedy+graphs`` replays that step from a prefill graph; ``even+graphs`` replays the even chunks of at most 256
+    tokens. Returns each variant's run totals (s) and the share of the first variant's tokens each matched (bf16:
+    another cut of the same prefill may move a near tie, so the share is reported, not asserted)."""
     base = dict(ag.ENGINE_KW[w.s])
-    names = list(PREFILL_AB)
+    names = list(names or PREFILL_AB_DEFAULT)
     engines, totals, tokens = {}, {m: [] for m in names}, {}
     w._engine = None                         # the profiled engine's pool and graphs go before these are built
     free_cuda()
@@ -414,6 +418,9 @@ def main() -> None:
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a host-only dry run of the script")
     ap.add_argument("--prefill-ab", type=int, default=0, metavar="ROUNDS",
                     help="then time the workload with each of PREFILL_AB's prefill rules, ROUNDS rounds of each")
+    ap.add_argument("--prefill-variants", default=",".join(PREFILL_AB_DEFAULT), metavar="NAMES",
+                    help=f"--prefill-ab's variants, comma-separated, the first the tokens' baseline "
+                         f"(of {', '.join(PREFILL_AB)})")
     ap.add_argument("--trickle-ab", type=int, default=0, metavar="ROUNDS",
                     help="then time `trickle` (observations handed over a few sequences at a time) with prefill "
                          "steps eager and from prefill graphs, ROUNDS rounds of each")
@@ -421,6 +428,9 @@ def main() -> None:
                     help="the trickle's turns, observation tokens, sequences a hand-over and steps between two")
     ap.add_argument("--no-profile", action="store_true", help="skip the timed and the profiled runs (A/Bs only)")
     args = ap.parse_args()
+    variants = args.prefill_variants.split(",")
+    if not variants or any(v not in PREFILL_AB for v in variants) or len(set(variants)) < len(variants):
+        ap.error(f"--prefill-variants: distinct names of {', '.join(PREFILL_AB)}, not {args.prefill_variants!r}")
     scale = Scale(args.scale)
     ceiling = measure_ceilings(scale)["copy_GBps"]
     print(f"device {torch.cuda.get_device_name() if scale.gpu else 'cpu'}, copy ceiling {ceiling:.0f} GB/s")
@@ -435,10 +445,10 @@ def main() -> None:
     prof = None if args.no_profile else profiled(args, w, scale, floor_ms)
     ab = None
     if args.prefill_ab:
-        ab = prefill_ab(w, args.prefill_ab)
+        ab = prefill_ab(w, args.prefill_ab, variants)
         print("prefill A/B (the bench's clock, whole runs in s): "
               + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f}, tokens matching "
-                          f"{next(iter(PREFILL_AB))}'s {100 * ab['token_agreement'][m]:.1f}%, "
+                          f"{variants[0]}'s {100 * ab['token_agreement'][m]:.1f}%, "
                           f"{ab['graphed_prefill_steps'][m]} graphed prefill steps)"
                           for m, ts in ab["totals_s"].items()))
     tr = None

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Device calls written in the forty-first session (which was lent no device machine; run from the repository root),
+# to decide whether the prefill graphs go on by default (runner.prefill_graph_max_tokens = 256 with graphs), in
+# order of worth:
+#   bash benches/gpu/h200_fortyfirst_round.sh first    # the conformance suite on the optimized engine with the
+#                                                       # prefill graphs on, each run through count_prefill_graphs.py
+#                                                       # (its log says how many prefill steps replayed a graph),
+#                                                       # concurrently: the CI scale, then the engine smoke test and
+#                                                       # check_kernels.py (every section); the GPU scale's TURN tests
+#                                                       # (every shape); the GPU scale's qwen3-8b subset (H200 only),
+#                                                       # then its other qwen3-0.6b tests
+#   bash benches/gpu/h200_fortyfirst_round.sh second   # the trickle A/B over groups of 4, the prefill A/B on the
+#                                                       # agentic bench's workload (even chunks with and without the
+#                                                       # prefill graphs among its variants), invariant_overhead,
+#                                                       # group_sharing, host_overhead
+# TAG: the logs' suffix (default _MODE).
+source benches/gpu/_env.sh
+mode=${1:-first}
+tag=${TAG:-_$mode}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
+date +%T; build_kernels; date +%T
+
+# conf SECONDS LOG ARGS...: the conformance suite on the optimized engine through count_prefill_graphs.py, with
+# the prefill graphs on
+conf() {
+  local secs=$1 log=$2; shift 2
+  timeout "$secs" python3 benches/gpu/count_prefill_graphs.py --prefill-graph-tokens 256 \
+    conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 "$@" > "$OUT/$log" 2>&1
+  echo "== $log rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$log" | head -8
+  grep -E " passed| failed|^prefill graphs:" "$OUT/$log" | tail -2
+}
+
+if [ "$mode" = first ]; then
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  ( conf 150 "conformance_ci$tag.log"; smoke 130; mv "$OUT/engine_smoke.log" "$OUT/engine_smoke$tag.log"
+    checks 200 "check_kernels$tag.log" ) > "$OUT/ci.summary" &
+  ( conf 450 "conformance_gpu_turn$tag.log" --conformance-scale gpu --oracle-device cuda -k test_turn ) \
+    > "$OUT/turn.summary" &
+  if [ "${mem:-0}" -ge 100000 ]; then      # the qwen3-8b subset peaks at 70-90 GB: beside the others on an H200 only
+    conf 150 "conformance_gpu_qwen3-8b$tag.log" --conformance-scale gpu --oracle-device cuda -k qwen3-8b
+  else
+    echo "qwen3-8b conformance skipped: ${mem} MiB of GPU memory"
+  fi
+  conf 280 "conformance_gpu_qwen3-0.6b$tag.log" --conformance-scale gpu --oracle-device cuda \
+    -k "qwen3-0.6b and not test_turn"
+  wait; cat "$OUT/ci.summary" "$OUT/turn.summary"; rm -f "$OUT/ci.summary" "$OUT/turn.summary"
+fi
+if [ "$mode" = second ]; then
+  timeout 130 python3 benches/gpu/profile_agentic.py --no-profile --trickle-ab 2 --trickle 3 63 4 4 --out "$OUT" \
+    > "$OUT/profile_agentic_trickle_four$tag.log" 2>&1
+  echo "trickle four rc=$?"; grep -E "^trickle A/B|Error" "$OUT/profile_agentic_trickle_four$tag.log" | tail -3
+  mv "$OUT/profile_agentic.json" "$OUT/profile_agentic_trickle_four$tag.json" 2>/dev/null
+  timeout 230 python3 benches/gpu/profile_agentic.py --no-profile --prefill-ab 2 --prefill-variants even,even+graphs \
+    --out "$OUT" > "$OUT/profile_agentic_prefill_ab$tag.log" 2>&1
+  echo "prefill A/B rc=$?"; grep -E "^prefill A/B|Error" "$OUT/profile_agentic_prefill_ab$tag.log" | tail -6
+  mv "$OUT/profile_agentic.json" "$OUT/profile_agentic_prefill_ab$tag.json" 2>/dev/null
+  bench_packed 170 "invariant_overhead or group_sharing or host_overhead" "run_gpu_rest$tag.log"
+  mv "$OUT/bench.tgz" "$OUT/bench_rest.tgz"
+fi
+exit 0
