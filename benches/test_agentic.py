@@ -20,6 +20,7 @@ each turn (a resumed turn's cost must not grow with the context: turn-8 / turn-1
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from reference import SamplingParams, named_config
 
 GROUP = "agentic"
 TURNS_GROUP = "agentic_turns"
+TRICKLE_GROUP = "agentic_trickle"
 
 # ---------------------------------------------------------------- problem sizes (one table)
 MODEL = {"cpu": "tiny", "gpu": "qwen3-0.6b"}
@@ -41,11 +43,19 @@ ENGINE_KW = {"cpu": dict(block_size=8, max_num_batched_tokens=512),
              "gpu": dict(block_size=16, max_num_batched_tokens=16384)}
 WARM_GEN = 3                                # tokens per turn of the warm-up run (2 turns), which is also checked
 VARIANTS = ("resume", "re-prefill", "transformers + cache", "transformers re-prefill")
+#: the trickle (``Workload.trickle``): turns, observation tokens handed over, engine steps after each hand-over
+TRICKLE = {"cpu": dict(turns=3, obs_len=5, steps=2), "gpu": dict(turns=3, obs_len=31, steps=2)}
+TRICKLE_GROUPS = (1, 4)                     # sequences a hand-over
+#: the trickle's variants: ``runner.prefill_graph_max_tokens`` (the optimized engine's; 0: every prefill step eager)
+TRICKLE_VARIANTS = {"eager prefill": 0, "prefill graphs": 256}
 
 
 def pytest_generate_tests(metafunc):
     if "variant" in metafunc.fixturenames:
         metafunc.parametrize("variant", VARIANTS)
+    if "trickle_variant" in metafunc.fixturenames:
+        metafunc.parametrize("group", TRICKLE_GROUPS)
+        metafunc.parametrize("trickle_variant", list(TRICKLE_VARIANTS))
 
 
 class Workload:
@@ -134,6 +144,39 @@ class Workload:
                 ids = torch.cat([seqs, obs[k + 1]], 1)
         return {"turn_s": times, "tokens": toks}
 
+    def trickle(self, eng, turns: int, obs_len: int, group: int, steps: int, gen: int) -> dict:
+        """The sequences with their observations arriving a few at a time, as tool calls that return at different
+        moments: turn 1 as the bench's; in each later turn the first ``obs_len`` tokens of each sequence's observation
+        are handed over ``group`` sequences at a time, and ``steps`` engine steps run after each hand-over (the
+        scheduler runs prefill first, so the first of them is the hand-over's prefill step of ``group * (1 +
+        obs_len)`` tokens while the others wait), then the turn runs out. Returns the wall time (s, device synced),
+        every turn's tokens per sequence and the count of hand-overs; every sequence must produce ``gen`` tokens a
+        turn."""
+        sp = SamplingParams(temperature=0.0, max_tokens=gen, stop_token_ids=(), logprobs=True)
+        toks: dict[int, list[list[int]]] = {}
+        hand_overs = 0
+        self.scale.sync()
+        t = time.perf_counter()
+        sids = [eng.rollout_add(p + o[0], sp) for p, o in zip(self.prompts, self.obs)]
+        for sid, o in eng.rollout_run_turns().items():
+            toks.setdefault(sid, []).append(o.token_ids)
+        for k in range(1, turns):
+            for g in range(0, len(sids), group):
+                for i in range(g, min(g + group, len(sids))):
+                    eng.rollout_continue(sids[i], self.obs[i][k][:obs_len])
+                hand_overs += 1
+                for sid, o in eng.rollout_run_turns(max_steps=steps).items():
+                    toks.setdefault(sid, []).append(o.token_ids)
+            for sid, o in eng.rollout_run_turns().items():
+                toks.setdefault(sid, []).append(o.token_ids)
+        self.scale.sync()
+        wall = time.perf_counter() - t
+        for sid in sids:
+            eng.rollout_finish(sid)
+        got = [toks.get(sid, []) for sid in sids]
+        assert all(len(ts) == turns and all(len(x) == gen for x in ts) for ts in got), "trickle: wrong lengths"
+        return {"wall_s": wall, "tokens": got, "hand_overs": hand_overs}
+
     def run(self, variant: str) -> dict:
         s = self.s
         if variant == "resume":
@@ -170,6 +213,18 @@ def work(scale: Scale, results):
         ("turn", "turn", ""), ("variant", "variant", ""), ("turn_s", "seconds", ".4g"), ("context", "context at start", ""),
         ("prefilled", "tokens prefilled", "")],
         plots=[dict(x="turn", y="turn_s", series="variant", logy=True, ylabel="seconds", title="time per turn")])
+    t = TRICKLE[s]
+    results.describe(TRICKLE_GROUP, f"Agentic workload, observations trickling in ({MODEL[s]})", columns=[
+        ("variant", "prefill steps", ""), ("group", "sequences a hand-over", ""),
+        ("step_tokens", "tokens a hand-over's prefill", ""), ("hand_overs", "hand-overs", ""),
+        ("wall_s", "wall s", ".4g"), ("speedup", "eager / this", ".3f"),
+        ("graphed_steps", "graphed prefill steps", ""), ("agree", "matched prefix vs eager", ".3f")],
+        plots=[dict(x="group", y="wall_s", series="variant", ylabel="seconds", xlabel="sequences a hand-over",
+                    title="whole run")])
+    results.note(TRICKLE_GROUP, f"{SEQS[s]} sequences, prompt {PROMPT[s]} + observation {OBS[s]}, {t['turns']} turns of "
+                                f"{GEN[s]} greedy tokens; in turns 2-{t['turns']} each sequence gets {t['obs_len']} "
+                                f"observation tokens, handed over a few sequences at a time, {t['steps']} engine steps "
+                                f"after each hand-over, then the turn runs out (`Workload.trickle`).")
     w = Workload(scale)
     yield w
     w.close()
@@ -235,3 +290,48 @@ def test_agentic_targets(scale: Scale, results, work: Workload):
     results.target(GROUP, f"resumed turn cost: turn {TURNS[s]} / turn 1", t[-1] / t[0], 1.3, op="<=",
                    detail=f"{t[-1]:.3f} s / {t[0]:.3f} s; turn {TURNS[s]} / turn 2 = {t[-1] / t[1]:.2f} "
                           f"(turn 1 also prefills the {PROMPT[s]}-token prompt)")
+
+
+def test_agentic_trickle(benchmark, scale: Scale, results, work: Workload, group: int, trickle_variant: str):
+    """The workload's sequences with their observations handed over ``group`` at a time (``Workload.trickle``): each
+    hand-over is a short prefill step while the others wait, eager or replayed from the optimized runner's prefill
+    graphs (``TRICKLE_VARIANTS``; the same engine, the switch set for the run). One untimed run first (it captures
+    the graphs), then the timed one. Checked: every sequence's lengths, turn 1 (a long prefill, eager in both) the
+    same tokens as the eager variant's, and on the GPU scale the graphed variant's short steps replayed. The share of
+    later tokens equal to the eager variant's is reported (a graphed step is padded to its bucket: no contract fixes
+    its bits in bf16). On the CPU scale the engine is the reference, which has no prefill graphs, so the two variants
+    are the same engine there (a check of the harness)."""
+    s = scale.name
+    t = TRICKLE[s]
+    eng = work.engine()
+    runner = getattr(eng, "runner", None)
+    graphs = hasattr(runner, "prefill_graph_max_tokens")
+    if graphs:
+        default, runner.prefill_graph_max_tokens = runner.prefill_graph_max_tokens, TRICKLE_VARIANTS[trickle_variant]
+    else:
+        results.note(TRICKLE_GROUP, f"The {type(eng).__module__} engine has no prefill graphs: both variants ran the "
+                                    "same engine the same way (a check of the harness, not of the graphs).")
+    try:
+        work.trickle(eng, t["turns"], t["obs_len"], group, t["steps"], GEN[s])           # warm-up: the captures
+        before = runner.prefill_graph_steps if graphs else 0
+        out: dict = {}
+        benchmark.pedantic(lambda: out.update(work.trickle(eng, t["turns"], t["obs_len"], group, t["steps"], GEN[s])),
+                           rounds=1, iterations=1, warmup_rounds=0)
+        graphed = (runner.prefill_graph_steps if graphs else 0) - before
+    finally:
+        if graphs:
+            runner.prefill_graph_max_tokens = default
+    work.out[("trickle", group, trickle_variant)] = out
+    rec = {"variant": trickle_variant, "group": group, "step_tokens": min(group, SEQS[s]) * (1 + t["obs_len"]),
+           "hand_overs": out["hand_overs"], "wall_s": out["wall_s"], "graphed_steps": graphed}
+    base = work.out.get(("trickle", group, "eager prefill"))
+    if base is not None:
+        assert [seq[0] for seq in out["tokens"]] == [seq[0] for seq in base["tokens"]], \
+            f"trickle ({trickle_variant}, {group} a hand-over): turn 1 differs from the eager variant's"
+        rec["agree"] = agreement([sum(seq[1:], []) for seq in base["tokens"]],
+                                 [sum(seq[1:], []) for seq in out["tokens"]])["prefix_share"]
+        rec["speedup"] = base["wall_s"] / out["wall_s"]
+    if scale.gpu and TRICKLE_VARIANTS[trickle_variant] > 0:
+        assert graphed >= out["hand_overs"], f"trickle ({group} a hand-over): the hand-overs' prefill steps not graphed"
+    results.add(TRICKLE_GROUP, **rec)
+    benchmark.extra_info.update({k: v for k, v in rec.items() if k != "variant"})

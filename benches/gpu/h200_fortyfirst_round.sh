@@ -9,7 +9,8 @@
 #                                                       # check_kernels.py (every section); the GPU scale's TURN tests
 #                                                       # (every shape); the GPU scale's qwen3-8b subset (H200 only),
 #                                                       # then its other qwen3-0.6b tests
-#   bash benches/gpu/h200_fortyfirst_round.sh second   # the trickle A/B over groups of 4, the prefill A/B on the
+#   bash benches/gpu/h200_fortyfirst_round.sh second   # the trickle bench (test_agentic_trickle: 1 and 4 sequences a
+#                                                       # hand-over, eager and from prefill graphs), the prefill A/B on the
 #                                                       # agentic bench's workload (even chunks with and without the
 #                                                       # prefill graphs among its variants), invariant_overhead,
 #                                                       # group_sharing, host_overhead
@@ -46,10 +47,7 @@ if [ "$mode" = first ]; then
   wait; cat "$OUT/ci.summary" "$OUT/turn.summary"; rm -f "$OUT/ci.summary" "$OUT/turn.summary"
 fi
 if [ "$mode" = second ]; then
-  timeout 130 python3 benches/gpu/profile_agentic.py --no-profile --trickle-ab 2 --trickle 3 63 4 4 --out "$OUT" \
-    > "$OUT/profile_agentic_trickle_four$tag.log" 2>&1
-  echo "trickle four rc=$?"; grep -E "^trickle A/B|Error" "$OUT/profile_agentic_trickle_four$tag.log" | tail -3
-  mv "$OUT/profile_agentic.json" "$OUT/profile_agentic_trickle_four$tag.json" 2>/dev/null
+  bench_packed 150 "agentic_trickle" "run_gpu_trickle$tag.log"; mv "$OUT/bench.tgz" "$OUT/bench_trickle.tgz"
   timeout 230 python3 benches/gpu/profile_agentic.py --no-profile --prefill-ab 2 --prefill-variants even,even+graphs \
     --out "$OUT" > "$OUT/profile_agentic_prefill_ab$tag.log" 2>&1
   echo "prefill A/B rc=$?"; grep -E "^prefill A/B|Error" "$OUT/profile_agentic_prefill_ab$tag.log" | tail -6

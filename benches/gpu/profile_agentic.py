@@ -283,47 +283,16 @@ def prefill_ab(w: "ag.Workload", rounds: int, names: list[str] | None = None) ->
     return {"totals_s": totals, "token_agreement": _agreement(tokens, names), "graphed_prefill_steps": graphed}
 
 
-#: ``--trickle-ab``'s variants: ``runner.prefill_graph_max_tokens`` (0: every prefill step eager)
-TRICKLE_AB = {"eager prefill": 0, "prefill graphs": 256}
-
-
-def trickle(eng, w: "ag.Workload", turns: int, obs_len: int, group: int, steps: int, gen: int) -> dict:
-    """The workload's sequences with their observations arriving a few at a time, as tool calls that return at
-    different moments: turn 1 as the bench's; in each later turn the first ``obs_len`` tokens of each sequence's
-    observation are handed over ``group`` sequences at a time, and ``steps`` engine steps run after each hand-over
-    (the scheduler runs prefill first, so the first of them is the hand-over's prefill step of ``group * (1 +
-    obs_len)`` tokens while the others wait), then the turn runs out. Returns the wall time (s, device synced) and every turn's
-    tokens per sequence; every sequence must produce ``gen`` tokens a turn."""
-    sp = ag.SamplingParams(temperature=0.0, max_tokens=gen, stop_token_ids=(), logprobs=True)
-    toks: dict[int, list[list[int]]] = {}
-    w.scale.sync()
-    t = time.perf_counter()
-    sids = [eng.rollout_add(p + o[0], sp) for p, o in zip(w.prompts, w.obs)]
-    for sid, o in eng.rollout_run_turns().items():
-        toks.setdefault(sid, []).append(o.token_ids)
-    for k in range(1, turns):
-        for g in range(0, len(sids), group):
-            for i in range(g, min(g + group, len(sids))):
-                eng.rollout_continue(sids[i], w.obs[i][k][:obs_len])
-            for sid, o in eng.rollout_run_turns(max_steps=steps).items():
-                toks.setdefault(sid, []).append(o.token_ids)
-        for sid, o in eng.rollout_run_turns().items():
-            toks.setdefault(sid, []).append(o.token_ids)
-    w.scale.sync()
-    wall = time.perf_counter() - t
-    for sid in sids:
-        eng.rollout_finish(sid)
-    got = [toks.get(sid, []) for sid in sids]
-    assert all(len(ts) == turns and all(len(x) == gen for x in ts) for ts in got), "trickle: wrong lengths"
-    return {"wall_s": wall, "tokens": got}
+#: ``--trickle-ab``'s variants: ``runner.prefill_graph_max_tokens`` (0: every prefill step eager), the bench's
+TRICKLE_AB = ag.TRICKLE_VARIANTS
 
 
 def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: int, steps: int) -> dict:
-    """``trickle`` on one engine per ``TRICKLE_AB`` variant, in one process: each engine warmed up by one untimed
-    run, then ``rounds`` rounds of every variant in turn (the order reversed every other round). Returns each
-    variant's totals (s), its graphed prefill steps, and the share of the first variant's tokens it matched
-    (reported, not asserted: on the GPU a graphed step is padded to its bucket, which CPU tests find bitwise
-    equal but which no contract fixes)."""
+    """``Workload.trickle`` (``benches/test_agentic.py``) on one engine per ``TRICKLE_AB`` variant, in one process:
+    each engine warmed up by one untimed run, then ``rounds`` rounds of every variant in turn (the order reversed every
+    other round). Returns each variant's totals (s), its graphed prefill steps, and the share of the first variant's
+    tokens it matched (reported, not asserted: on the GPU a graphed step is padded to its bucket, which CPU tests find
+    bitwise equal but which no contract fixes)."""
     names = list(TRICKLE_AB)
     gen = ag.GEN[w.s]
     engines, totals, tokens = {}, {m: [] for m in names}, {}
@@ -335,10 +304,10 @@ def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: i
             engines[name] = w.engine()
             if hasattr(engines[name].runner, "prefill_graph_max_tokens"):     # (the CPU dry run: the reference's)
                 engines[name].runner.prefill_graph_max_tokens = TRICKLE_AB[name]
-            trickle(engines[name], w, turns, obs_len, group, steps, gen)
+            w.trickle(engines[name], turns, obs_len, group, steps, gen)
         for r in range(rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                out = trickle(engines[name], w, turns, obs_len, group, steps, gen)
+                out = w.trickle(engines[name], turns, obs_len, group, steps, gen)
                 totals[name].append(out["wall_s"])
                 tokens[name] = out["tokens"]
         graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
