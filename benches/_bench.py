@@ -173,19 +173,50 @@ def time_fn(benchmark, fn: Callable[[int], Any], scale: Scale, *, sets: int = 1,
                   statistics.median(host) if host else None)
 
 
+class GcClock:
+    """Time spent in Python's garbage collector while installed (``gc.callbacks``): seconds and collections per
+    generation. A host-bound region (eager launches) slows down when collections over a large heap fall in it."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._t: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            g = info["generation"]
+            self.seconds[g] += time.perf_counter() - self._t
+            self.collections[g] += 1
+            self._t = None
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+
 class Stopwatch:
-    """Wall time of a region that ends with a host synchronisation (CUDA events alongside on the GPU)."""
+    """Wall time of a region that ends with a host synchronisation (CUDA events alongside on the GPU), with the
+    process's CPU time over it (every thread) and the garbage collector's share (``GcClock``): a wall time that grows
+    with the CPU time is host work, one that grows without it is waiting."""
 
     def __init__(self, scale: Scale) -> None:
         self.scale = scale
-        self.wall_s = 0.0
+        self.wall_s = self.cpu_s = 0.0
         self.event_s: float | None = None
+        self.gc = GcClock()
 
     def __enter__(self) -> "Stopwatch":
         self.scale.sync()
         if self.scale.gpu:
             self._e0, self._e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self._e0.record()
+        self.gc.__enter__()
+        self.c0 = time.process_time()
         self.t0 = time.perf_counter()
         return self
 
@@ -194,8 +225,14 @@ class Stopwatch:
             self._e1.record()
         self.scale.sync()
         self.wall_s = time.perf_counter() - self.t0
+        self.cpu_s = time.process_time() - self.c0
+        self.gc.__exit__()
         if self.scale.gpu:
             self.event_s = self._e0.elapsed_time(self._e1) / 1e3
+
+    @property
+    def gc_s(self) -> float:
+        return sum(self.gc.seconds)
 
 
 # =====================================================================================================

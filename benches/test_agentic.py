@@ -20,7 +20,6 @@ each turn (a resumed turn's cost must not grow with the context: turn-8 / turn-1
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
@@ -150,32 +149,30 @@ class Workload:
         are handed over ``group`` sequences at a time, and ``steps`` engine steps run after each hand-over (the
         scheduler runs prefill first, so the first of them is the hand-over's prefill step of ``group * (1 +
         obs_len)`` tokens while the others wait), then the turn runs out. Returns the wall time (s, device synced),
-        every turn's tokens per sequence and the count of hand-overs; every sequence must produce ``gen`` tokens a
-        turn."""
+        the process's CPU time and the garbage collector's time over it (``Stopwatch``), every turn's tokens per
+        sequence and the count of hand-overs; every sequence must produce ``gen`` tokens a turn."""
         sp = SamplingParams(temperature=0.0, max_tokens=gen, stop_token_ids=(), logprobs=True)
         toks: dict[int, list[list[int]]] = {}
         hand_overs = 0
-        self.scale.sync()
-        t = time.perf_counter()
-        sids = [eng.rollout_add(p + o[0], sp) for p, o in zip(self.prompts, self.obs)]
-        for sid, o in eng.rollout_run_turns().items():
-            toks.setdefault(sid, []).append(o.token_ids)
-        for k in range(1, turns):
-            for g in range(0, len(sids), group):
-                for i in range(g, min(g + group, len(sids))):
-                    eng.rollout_continue(sids[i], self.obs[i][k][:obs_len])
-                hand_overs += 1
-                for sid, o in eng.rollout_run_turns(max_steps=steps).items():
-                    toks.setdefault(sid, []).append(o.token_ids)
+        with Stopwatch(self.scale) as sw:
+            sids = [eng.rollout_add(p + o[0], sp) for p, o in zip(self.prompts, self.obs)]
             for sid, o in eng.rollout_run_turns().items():
                 toks.setdefault(sid, []).append(o.token_ids)
-        self.scale.sync()
-        wall = time.perf_counter() - t
+            for k in range(1, turns):
+                for g in range(0, len(sids), group):
+                    for i in range(g, min(g + group, len(sids))):
+                        eng.rollout_continue(sids[i], self.obs[i][k][:obs_len])
+                    hand_overs += 1
+                    for sid, o in eng.rollout_run_turns(max_steps=steps).items():
+                        toks.setdefault(sid, []).append(o.token_ids)
+                for sid, o in eng.rollout_run_turns().items():
+                    toks.setdefault(sid, []).append(o.token_ids)
         for sid in sids:
             eng.rollout_finish(sid)
         got = [toks.get(sid, []) for sid in sids]
         assert all(len(ts) == turns and all(len(x) == gen for x in ts) for ts in got), "trickle: wrong lengths"
-        return {"wall_s": wall, "tokens": got, "hand_overs": hand_overs}
+        return {"wall_s": sw.wall_s, "cpu_s": sw.cpu_s, "gc_s": sw.gc_s, "gc_collections": list(sw.gc.collections),
+                "tokens": got, "hand_overs": hand_overs}
 
     def run(self, variant: str) -> dict:
         s = self.s
@@ -217,7 +214,8 @@ def work(scale: Scale, results):
     results.describe(TRICKLE_GROUP, f"Agentic workload, observations trickling in ({MODEL[s]})", columns=[
         ("variant", "prefill steps", ""), ("group", "sequences a hand-over", ""),
         ("step_tokens", "tokens a hand-over's prefill", ""), ("hand_overs", "hand-overs", ""),
-        ("wall_s", "wall s", ".4g"), ("speedup", "eager / this", ".3f"),
+        ("wall_s", "wall s", ".4g"), ("speedup", "eager / this", ".3f"), ("cpu_s", "process CPU s", ".4g"),
+        ("gc_s", "GC s", ".3g"), ("gc_gen2", "full GCs", ""),
         ("graphed_steps", "graphed prefill steps", ""), ("agree", "matched prefix vs eager", ".3f")],
         plots=[dict(x="group", y="wall_s", series="variant", ylabel="seconds", xlabel="sequences a hand-over",
                     title="whole run")])
@@ -323,7 +321,8 @@ def test_agentic_trickle(benchmark, scale: Scale, results, work: Workload, group
             runner.prefill_graph_max_tokens = default
     work.out[("trickle", group, trickle_variant)] = out
     rec = {"variant": trickle_variant, "group": group, "step_tokens": min(group, SEQS[s]) * (1 + t["obs_len"]),
-           "hand_overs": out["hand_overs"], "wall_s": out["wall_s"], "graphed_steps": graphed}
+           "hand_overs": out["hand_overs"], "wall_s": out["wall_s"], "cpu_s": out["cpu_s"], "gc_s": out["gc_s"],
+           "gc_gen2": out["gc_collections"][2], "graphed_steps": graphed}
     base = work.out.get(("trickle", group, "eager prefill"))
     if base is not None:
         assert [seq[0] for seq in out["tokens"]] == [seq[0] for seq in base["tokens"]], \

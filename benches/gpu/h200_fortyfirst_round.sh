@@ -10,7 +10,10 @@
 #                                                       # (every shape); the GPU scale's qwen3-8b subset (H200 only),
 #                                                       # then its other qwen3-0.6b tests
 #   bash benches/gpu/h200_fortyfirst_round.sh second   # the trickle bench (test_agentic_trickle: 1 and 4 sequences a
-#                                                       # hand-over, eager and from prefill graphs), the prefill A/B on the
+#                                                       # hand-over, eager and from prefill graphs), the fortieth
+#                                                       # session's trickle A/B again (its eager engine's second round
+#                                                       # was 1.15 s slower: now with each run's process CPU time and
+#                                                       # GC time), the prefill A/B on the
 #                                                       # agentic bench's workload (even chunks with and without the
 #                                                       # prefill graphs among its variants), invariant_overhead,
 #                                                       # group_sharing, host_overhead
@@ -48,6 +51,10 @@ if [ "$mode" = first ]; then
 fi
 if [ "$mode" = second ]; then
   bench_packed 150 "agentic_trickle" "run_gpu_trickle$tag.log"; mv "$OUT/bench.tgz" "$OUT/bench_trickle.tgz"
+  timeout 120 python3 benches/gpu/profile_agentic.py --no-profile --trickle-ab 2 --trickle 3 31 1 2 --out "$OUT" \
+    > "$OUT/profile_agentic_trickle_one$tag.log" 2>&1
+  echo "trickle one rc=$?"; grep -E "^trickle A/B|Error" "$OUT/profile_agentic_trickle_one$tag.log" | tail -3
+  mv "$OUT/profile_agentic.json" "$OUT/profile_agentic_trickle_one$tag.json" 2>/dev/null
   timeout 230 python3 benches/gpu/profile_agentic.py --no-profile --prefill-ab 2 --prefill-variants even,even+graphs \
     --out "$OUT" > "$OUT/profile_agentic_prefill_ab$tag.log" 2>&1
   echo "prefill A/B rc=$?"; grep -E "^prefill A/B|Error" "$OUT/profile_agentic_prefill_ab$tag.log" | tail -6

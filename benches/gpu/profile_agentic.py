@@ -290,12 +290,14 @@ TRICKLE_AB = ag.TRICKLE_VARIANTS
 def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: int, steps: int) -> dict:
     """``Workload.trickle`` (``benches/test_agentic.py``) on one engine per ``TRICKLE_AB`` variant, in one process:
     each engine warmed up by one untimed run, then ``rounds`` rounds of every variant in turn (the order reversed every
-    other round). Returns each variant's totals (s), its graphed prefill steps, and the share of the first variant's
-    tokens it matched (reported, not asserted: on the GPU a graphed step is padded to its bucket, which CPU tests find
-    bitwise equal but which no contract fixes)."""
+    other round). Returns each variant's totals (s) with the process's CPU time and the garbage collector's time over
+    each run (so a slow round shows whether the host worked more or waited), its graphed prefill steps, and the
+    share of the first variant's tokens it matched (reported, not asserted: on the GPU a graphed step is padded to its
+    bucket, which CPU tests find bitwise equal but which no contract fixes)."""
     names = list(TRICKLE_AB)
     gen = ag.GEN[w.s]
     engines, totals, tokens = {}, {m: [] for m in names}, {}
+    cpu, gcs = {m: [] for m in names}, {m: [] for m in names}
     w._engine = None
     free_cuda()
     try:
@@ -309,11 +311,14 @@ def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: i
             for name in (names if r % 2 == 0 else names[::-1]):
                 out = w.trickle(engines[name], turns, obs_len, group, steps, gen)
                 totals[name].append(out["wall_s"])
+                cpu[name].append(out["cpu_s"])
+                gcs[name].append({"s": out["gc_s"], "collections": out["gc_collections"]})
                 tokens[name] = out["tokens"]
         graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
     finally:
         w._engine = None
-    return {"totals_s": totals, "token_agreement": _agreement(tokens, names), "graphed_prefill_steps": graphed,
+    return {"totals_s": totals, "cpu_s": cpu, "gc": gcs, "token_agreement": _agreement(tokens, names),
+            "graphed_prefill_steps": graphed,
             "problem": {"seqs": len(w.prompts), "turns": turns, "obs_len": obs_len, "group": group, "steps": steps,
                         "gen": gen}}
 
@@ -427,7 +432,9 @@ def main() -> None:
         print(f"trickle A/B ({tr['problem']}; whole runs in s): "
               + "; ".join(f"{m} " + " ".join(f"{t:.3f}" for t in ts) + f" (best {min(ts):.3f}, tokens matching "
                           f"{next(iter(TRICKLE_AB))}'s {100 * tr['token_agreement'][m]:.1f}%, "
-                          f"{tr['graphed_prefill_steps'][m]} graphed prefill steps)"
+                          f"{tr['graphed_prefill_steps'][m]} graphed prefill steps; process CPU s "
+                          + " ".join(f"{c:.3f}" for c in tr["cpu_s"][m]) + ", GC s "
+                          + " ".join(f"{g['s']:.3f} ({g['collections'][2]} full)" for g in tr["gc"][m]) + ")"
                           for m, ts in tr["totals_s"].items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
