@@ -15,6 +15,10 @@ Checked: every resumed turn of (a) prefilled exactly ``1 + OBS`` tokens and ever
 ``GEN`` tokens; turn 1 of (a) and (b) (the same computation) agree; the engine's first tokens
 agree with transformers' (same weights). Reported: the wall times, speedups, and the time of
 each turn (a resumed turn's cost must not grow with the context: turn-8 / turn-1 <= 1.3).
+
+``test_agentic_trickle`` (group ``agentic_trickle``, not an issue target): the same sequences with their
+observations handed over a few at a time, as tool calls that return at different moments, the optimized engine's
+short prefill steps eager and replayed from prefill graphs (``Workload.trickle``).
 """
 
 from __future__ import annotations
