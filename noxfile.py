@@ -1,7 +1,8 @@
 """nox sessions for turnkv.
 
 ``nox`` alone runs what CI runs (no GPU needed): ``tests``, ``conformance`` on the reference
-engine, ``kernels`` (nvcc compile check for sm_90), ``docs`` and ``lint``. ``benches`` and
+engine, ``conformance-host`` (the optimized engine's host side on stand-in kernels), ``kernels`` (nvcc compile check
+for sm_90), ``docs`` and ``lint``. ``benches`` and
 ``conformance -- --engine optimized`` need a CUDA GPU.
 
 Torch: ``torch==2.13.0`` is pinned for the CPU machines, where pip finds a CPU wheel locally;
@@ -14,7 +15,8 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests", "distributed", "conformance", "kernels", "benches-cpu", "docs", "lint"]
+nox.options.sessions = ["tests", "distributed", "conformance", "conformance-host", "kernels", "benches-cpu", "docs",
+                        "lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = os.environ.get("TURNKV_TORCH", "torch==2.13.0")
@@ -41,6 +43,16 @@ def conformance(session: nox.Session, engine: str) -> None:
     if not any(a.startswith("--engine") for a in args):
         args = ["--engine", engine, *args]
     session.run("pytest", "conformance", "-q", *args)
+
+
+@nox.session(name="conformance-host")
+@nox.parametrize("factory", ["optimized_host", "optimized_host_prefill_graphs"])
+def conformance_host(session: nox.Session, factory: str) -> None:
+    """The optimized engine's host side on the CPU (stand-in kernels and CUDA graphs, ``tests/_standin_engine.py``)
+    judged by the engine-level clauses; the tests that call the engine's kernels directly are left out."""
+    _install(session, "test")
+    session.run("pytest", "conformance", "-q", "--engine", f"_standin_engine:{factory}", "-m", "not kernel_api",
+                *session.posargs, env={"PYTHONPATH": "tests"})
 
 
 @nox.session

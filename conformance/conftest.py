@@ -41,6 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(int(threads or 1))
     config.addinivalue_line("markers", "clause(id): the contract clause a conformance test checks (exactly one)")
     config.addinivalue_line("markers", "meta: a test of the conformance harness itself (no clause)")
+    config.addinivalue_line("markers", "kernel_api: a test that calls the engine's kernels directly (engine.kernels); "
+                                       "-m 'not kernel_api' leaves the engine-level tests")
     for c in CLAUSES.values():
         config.addinivalue_line("markers", f"{c.id}: contract clause {c.id}: {c.title}")
     spec = _engine_spec(config)

@@ -18,6 +18,7 @@ def _kv(case, lens, seed=3, **kw):
                         block_size=case.block_size, lens=tuple(lens), **kw)
 
 
+@pytest.mark.kernel_api
 def test_empty_prefix(conf, scale, model):
     """Fresh prompts (prefix 0) of 1, bs - 1, bs, bs + 1 and 3 bs + 2 tokens, one launch each and all together."""
     case = conf.case(model, "PAGED")
@@ -29,6 +30,7 @@ def test_empty_prefix(conf, scale, model):
     check_prefill(case, kern, cases.PrefillSpec(_kv(case, lens, seed=4), tuple(0 for _ in lens), 2))
 
 
+@pytest.mark.kernel_api
 def test_block_boundaries(conf, scale, model):
     """Continued prefill whose cached prefix and new chunk start / end on, just before and just after block
     boundaries (the resume case: [pending] + observation over a cached prefix)."""
@@ -42,6 +44,7 @@ def test_block_boundaries(conf, scale, model):
         check_prefill(case, kern, cases.PrefillSpec(_kv(case, [prefix + new], seed=10 + k), (prefix,), 0))
 
 
+@pytest.mark.kernel_api
 def test_several_sequences_with_padding(conf, scale, model):
     """Hypothesis: 1-4 sequences in one launch, random prefixes (0, boundaries, anywhere), interleaved padding rows
     (q_pos = -1, exact zeros), shuffled pages, NaN in every unwritten slot."""

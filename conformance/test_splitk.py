@@ -17,6 +17,7 @@ from conformance.tolerance import MIN_COMPARED_SHARE
 pytestmark = pytest.mark.clause("SPLITK")
 
 
+@pytest.mark.kernel_api
 def test_every_split_size(conf, scale, model):
     """One batch (lengths 0, 1, on and around block boundaries; stale NaN pages; shuffled pages) decoded with every
     split size from 1 to beyond the longest sequence, and unsplit (None)."""
@@ -32,6 +33,7 @@ def test_every_split_size(conf, scale, model):
     conf.note(f"[SPLITK] {model}: {n} split sizes x {len(lens)} sequences NaN-free and within the LOGIT rule")
 
 
+@pytest.mark.kernel_api
 def test_split_decode_cases(conf, scale, model):
     """Hypothesis: random batches (empty sequences, boundaries, GQA of the shape, NaN stale pages) x split sizes
     (1, below / at / above the block size, more splits than blocks, beyond the sequence)."""
@@ -44,6 +46,7 @@ def test_split_decode_cases(conf, scale, model):
                  lambda x: check_split_decode(case, kern, x[0], x[1]))
 
 
+@pytest.mark.kernel_api
 def test_partials_empty_splits_and_merge(conf, scale, model):
     """split_kv_partials with more splits than needed: empty splits are o = 0, lse = -inf exactly; the others match
     the oracle's partial states; merge_states of the shuffled partials equals the unsplit oracle, NaN-free."""

@@ -1,0 +1,74 @@
+"""The optimized engine's host side as a conformance engine on the CPU: ``optimized.Engine`` with the stand-in
+kernels of ``_standins.py`` and the stand-in CUDA-graph API of ``_graph_standin.py``, so that the engine-level
+clauses of the shared suite (TURN, STATE, MEM, SAMPLE, LOGIT, ORACLE, INVARIANT) judge the runner's scheduling,
+metadata, graph capture and replay, lookahead and prefill-graph paths without a GPU:
+
+    PYTHONPATH=tests python -m pytest conformance --engine _standin_engine:optimized_host -m "not PAGED and not SPLITK"
+
+The kernel-level clauses (PAGED, SPLITK) call the engine's CUDA kernels directly (``engine.kernels``), which the
+stand-ins do not replace: they are deselected, not judged (``nox -s conformance-host``). The stand-ins are the
+reference's functions, so what is judged here is the host code around the kernels, not the kernels' arithmetic
+(the GPU conformance run and ``benches/gpu/check_kernels.py`` judge those).
+
+The first factory call patches the process for good (``optimized.runner.ops``, ``torch.cuda``'s graph API): a
+conformance run builds every engine through one factory."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from _graph_standin import install
+from _standins import _standin_ops
+
+from conformance.engines import _config, _optimized_supports, _weights
+
+
+class _NoLog(list):
+    """The stand-ins' launch log, discarded (a conformance run launches millions of stand-in kernels)."""
+
+    def append(self, item: Any) -> None:
+        pass
+
+
+_PATCH = pytest.MonkeyPatch()
+_INSTALLED: list[bool] = []
+
+
+def _install() -> None:
+    if _INSTALLED:
+        return
+    import optimized.engine as oe
+    import optimized.runner as orun
+    ops = _standin_ops(_NoLog())
+    ops.allow_no_hint = True                 # a prefill graph's replay chooses its kernel without the hint
+    _PATCH.setattr(orun, "ops", ops)
+    _PATCH.setattr(oe, "require_cuda", lambda device: torch.device("cpu"))
+    _PATCH.setattr(torch.cuda, "set_device", lambda dev: None)
+    install(_PATCH, ops)
+    _INSTALLED.append(True)
+
+
+def _build(model: Any, weights: dict | None, prefill_graph_tokens: int | None, **engine_kwargs: Any):
+    import optimized
+    _install()
+    cfg = _config(model)
+    eng = optimized.Engine.from_state_dict(cfg, _weights(cfg, weights), device="cpu", use_graphs=True,
+                                           **engine_kwargs)
+    if prefill_graph_tokens is not None:
+        eng.runner.prefill_graph_max_tokens = prefill_graph_tokens
+    return eng
+
+
+def optimized_host(model: Any, weights: dict | None = None, **engine_kwargs: Any):
+    """The optimized engine as built by default (on graphs, every runner switch at its default)."""
+    return _build(model, weights, None, **engine_kwargs)
+
+
+def optimized_host_prefill_graphs(model: Any, weights: dict | None = None, **engine_kwargs: Any):
+    """The same with the prefill graphs on (``runner.prefill_graph_max_tokens = 256``)."""
+    return _build(model, weights, 256, **engine_kwargs)
+
+
+optimized_host.supports = optimized_host_prefill_graphs.supports = _optimized_supports
