@@ -14,6 +14,7 @@ The first factory call patches the process for good (``optimized.runner.ops``, `
 conformance run builds every engine through one factory."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -71,4 +72,18 @@ def optimized_host_prefill_graphs(model: Any, weights: dict | None = None, **eng
     return _build(model, weights, 256, **engine_kwargs)
 
 
-optimized_host.supports = optimized_host_prefill_graphs.supports = _optimized_supports
+def broken_prefill_graph_positions(model: Any, weights: dict | None = None, **engine_kwargs: Any):
+    """Broken on purpose (``tests/test_graph_capture.py`` checks that the TURN clause catches it through this
+    harness): with the prefill graphs on, every prefill step replayed from a graph sees its positions one too far."""
+    eng = _build(model, weights, 256, **engine_kwargs)
+    run = eng.runner._run_prefill_graph
+
+    def shifted(batch):
+        return run(dataclasses.replace(batch, positions=batch.positions + 1))
+
+    eng.runner._run_prefill_graph = shifted
+    return eng
+
+
+for _factory in (optimized_host, optimized_host_prefill_graphs, broken_prefill_graph_positions):
+    _factory.supports = _optimized_supports

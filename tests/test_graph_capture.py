@@ -285,3 +285,30 @@ def test_count_prefill_graphs_switches_them_on_and_counts_every_replayed_step(op
     assert sum(cpg.steps.values()) == r.prefill_graph_steps > 0
     assert sorted(cpg.captures) == sorted(r.prefill_graphs) and set(cpg.steps) <= {n for n, _, _ in r.prefill_graphs}
     assert eager.runner.prefill_graph_steps == 0
+
+
+@pytest.mark.parametrize("factory, caught", [("optimized_host_prefill_graphs", False),
+                                             ("broken_prefill_graph_positions", True)])
+def test_the_host_conformance_run_catches_a_broken_prefill_graph(factory, caught):
+    """``nox -s conformance-host`` judges the optimized engine's host side through ``tests/_standin_engine.py``. Here
+    its TURN tests at one shape, in a subprocess: the engine with the prefill graphs on passes, and the same engine
+    with the replayed prefill steps' positions one too far fails with a TURN failure (so that run is no rubber
+    stamp for the prefill graphs)."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}
+    res = subprocess.run([sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "-x",
+                          "--engine", f"_standin_engine:{factory}", "-m", "TURN", "-k", "gqa2"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    out = res.stdout + res.stderr
+    print(out[-1500:])
+    if caught:
+        assert res.returncode == 1, f"the broken engine was not caught (rc {res.returncode}):\n{out[-3000:]}"
+        assert set(re.findall(r"CONFORMANCE FAILURE \[(\w+)\]", out)) == {"TURN"}, out[-3000:]
+    else:
+        assert res.returncode == 0 and " passed" in out, out[-3000:]
