@@ -1,12 +1,13 @@
 """The optimized engine's host side as a conformance engine on the CPU: ``optimized.Engine`` with the stand-in
 kernels of ``_standins.py`` and the stand-in CUDA-graph API of ``_graph_standin.py``, so that the engine-level
-clauses of the shared suite (TURN, STATE, MEM, SAMPLE, LOGIT, ORACLE, INVARIANT) judge the runner's scheduling,
-metadata, graph capture and replay, lookahead and prefill-graph paths without a GPU:
+tests of the shared suite (TURN, STATE, MEM, SAMPLE, LOGIT, ORACLE, INVARIANT, SPLITK's policy test) judge the
+runner's scheduling, step metadata, graph capture and replay, lookahead and prefill-graph paths without a GPU
+(``nox -s conformance-host``):
 
-    PYTHONPATH=tests python -m pytest conformance --engine _standin_engine:optimized_host -m "not PAGED and not SPLITK"
+    PYTHONPATH=tests python -m pytest conformance --engine _standin_engine:optimized_host -m "not kernel_api"
 
-The kernel-level clauses (PAGED, SPLITK) call the engine's CUDA kernels directly (``engine.kernels``), which the
-stand-ins do not replace: they are deselected, not judged (``nox -s conformance-host``). The stand-ins are the
+The six tests marked ``kernel_api`` (PAGED's and SPLITK's kernel tests) call the engine's CUDA kernels directly
+(``engine.kernels``), which the stand-ins do not replace: they are deselected, not judged. The stand-ins are the
 reference's functions, so what is judged here is the host code around the kernels, not the kernels' arithmetic
 (the GPU conformance run and ``benches/gpu/check_kernels.py`` judge those).
 
