@@ -61,6 +61,21 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("trickle_variant", list(TRICKLE_VARIANTS))
 
 
+def set_prefill_graphs(eng, tokens: int) -> int | None:
+    """Set the optimized runner's ``prefill_graph_max_tokens`` to ``tokens``; returns the value before (``None``: the
+    engine has no prefill graphs, as the reference at the CPU scale, and nothing is set)."""
+    runner = getattr(eng, "runner", None)
+    if not hasattr(runner, "prefill_graph_max_tokens"):
+        return None
+    before, runner.prefill_graph_max_tokens = runner.prefill_graph_max_tokens, tokens
+    return before
+
+
+def prefill_graph_steps(eng) -> int:
+    """The prefill steps the engine's runner has replayed from prefill graphs so far (0 for an engine without)."""
+    return getattr(getattr(eng, "runner", None), "prefill_graph_steps", 0)
+
+
 class Workload:
     def __init__(self, scale: Scale) -> None:
         s = self.s = scale.name
@@ -306,23 +321,20 @@ def test_agentic_trickle(benchmark, scale: Scale, results, work: Workload, group
     s = scale.name
     t = TRICKLE[s]
     eng = work.engine()
-    runner = getattr(eng, "runner", None)
-    graphs = hasattr(runner, "prefill_graph_max_tokens")
-    if graphs:
-        default, runner.prefill_graph_max_tokens = runner.prefill_graph_max_tokens, TRICKLE_VARIANTS[trickle_variant]
-    else:
+    default = set_prefill_graphs(eng, TRICKLE_VARIANTS[trickle_variant])
+    if default is None:
         results.note(TRICKLE_GROUP, f"The {type(eng).__module__} engine has no prefill graphs: both variants ran the "
                                     "same engine the same way (a check of the harness, not of the graphs).")
     try:
         work.trickle(eng, t["turns"], t["obs_len"], group, t["steps"], GEN[s])           # warm-up: the captures
-        before = runner.prefill_graph_steps if graphs else 0
+        before = prefill_graph_steps(eng)
         out: dict = {}
         benchmark.pedantic(lambda: out.update(work.trickle(eng, t["turns"], t["obs_len"], group, t["steps"], GEN[s])),
                            rounds=1, iterations=1, warmup_rounds=0)
-        graphed = (runner.prefill_graph_steps if graphs else 0) - before
+        graphed = prefill_graph_steps(eng) - before
     finally:
-        if graphs:
-            runner.prefill_graph_max_tokens = default
+        if default is not None:
+            set_prefill_graphs(eng, default)
     work.out[("trickle", group, trickle_variant)] = out
     rec = {"variant": trickle_variant, "group": group, "step_tokens": min(group, SEQS[s]) * (1 + t["obs_len"]),
            "hand_overs": out["hand_overs"], "wall_s": out["wall_s"], "cpu_s": out["cpu_s"], "gc_s": out["gc_s"],

@@ -17,7 +17,7 @@ import pytest
 import optimized.runner as orun
 
 steps: collections.Counter[int] = collections.Counter()     # token bucket -> prefill steps replayed through it
-captures: list[tuple[int, int, int]] = []                   # (token bucket, row bucket, context bucket) captured
+captures: list[tuple[int, int, int]] = []                   # the keys captured: (token, row, context bucket)
 
 
 def _switched_on(init, tokens: int):
@@ -31,23 +31,18 @@ def _switched_on(init, tokens: int):
 def _counted_run(run):
     def counted(self, batch):
         steps[next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens)] += 1
-        return run(self, batch)
-    return counted
-
-
-def _counted_capture(capture):
-    def counted(self, n, r, M):
-        captures.append((n, r, M * self.block_size))
-        return capture(self, n, r, M)
+        known = set(self.prefill_graphs)
+        out = run(self, batch)
+        captures.extend(k for k in self.prefill_graphs if k not in known)     # a step captures its key at first use
+        return out
     return counted
 
 
 def install(tokens: int) -> None:
-    """Patch ``CudaRunner`` (and so its subclasses): the switch (``tokens`` > 0) and the two counters."""
+    """Patch ``CudaRunner`` (and so its subclasses): the switch (``tokens`` > 0) and the counts."""
     if tokens > 0:
         orun.CudaRunner.__init__ = _switched_on(orun.CudaRunner.__init__, tokens)
     orun.CudaRunner._run_prefill_graph = _counted_run(orun.CudaRunner._run_prefill_graph)
-    orun.CudaRunner._capture_prefill = _counted_capture(orun.CudaRunner._capture_prefill)
 
 
 def summary() -> str:

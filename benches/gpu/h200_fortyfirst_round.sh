@@ -13,10 +13,9 @@
 #                                                       # hand-over, eager and from prefill graphs), the fortieth
 #                                                       # session's trickle A/B again (its eager engine's second round
 #                                                       # was 1.15 s slower: now with each run's process CPU time and
-#                                                       # GC time), the prefill A/B on the
-#                                                       # agentic bench's workload (even chunks with and without the
-#                                                       # prefill graphs among its variants), invariant_overhead,
-#                                                       # group_sharing, host_overhead
+#                                                       # GC time), the prefill A/B on the agentic
+#                                                       # bench's workload (even chunks with and without the prefill
+#                                                       # graphs), invariant_overhead, group_sharing, host_overhead
 # TAG: the logs' suffix (default _MODE).
 source benches/gpu/_env.sh
 mode=${1:-first}

@@ -242,6 +242,11 @@ def _agreement(tokens: dict[str, list], names: list[str]) -> dict[str, float]:
     return agree
 
 
+def _alternating(names: list[str], rounds: int) -> list[str]:
+    """The order in which an A/B runs its variants: ``rounds`` rounds of all, the order reversed every other round."""
+    return [name for r in range(rounds) for name in (names if r % 2 == 0 else names[::-1])]
+
+
 #: ``--prefill-ab``'s variants: (``prefill_chunking``, ``runner.prefill_graph_max_tokens``); ``--prefill-variants``
 #: picks some (each engine holds the whole workload's pages: about 30 GB at the GPU scale, so three at a time)
 PREFILL_AB = {"even": ("even", 0), "greedy": ("greedy", 0), "greedy+graphs": ("greedy", 256),
@@ -267,16 +272,14 @@ def prefill_ab(w: "ag.Workload", rounds: int, names: list[str] | None = None) ->
             ag.ENGINE_KW[w.s] = {**base, "prefill_chunking": chunking}
             w._engine = None
             engines[name] = w.engine()
-            if hasattr(engines[name].runner, "prefill_graph_max_tokens"):     # (the CPU dry run: the reference's)
-                engines[name].runner.prefill_graph_max_tokens = graph_tokens
+            ag.set_prefill_graphs(engines[name], graph_tokens)
             w.warm_up("resume")
-        for r in range(rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                w._engine = engines[name]
-                out = w.resume(ag.TURNS[w.s], w.sp)
-                totals[name].append(sum(out["turn_s"]))
-                tokens[name] = out["tokens"]
-        graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
+        for name in _alternating(names, rounds):
+            w._engine = engines[name]
+            out = w.resume(ag.TURNS[w.s], w.sp)
+            totals[name].append(sum(out["turn_s"]))
+            tokens[name] = out["tokens"]
+        graphed = {name: ag.prefill_graph_steps(engines[name]) for name in names}
     finally:
         ag.ENGINE_KW[w.s] = base
         w._engine = None
@@ -304,17 +307,15 @@ def trickle_ab(w: "ag.Workload", rounds: int, turns: int, obs_len: int, group: i
         for name in names:
             w._engine = None
             engines[name] = w.engine()
-            if hasattr(engines[name].runner, "prefill_graph_max_tokens"):     # (the CPU dry run: the reference's)
-                engines[name].runner.prefill_graph_max_tokens = TRICKLE_AB[name]
+            ag.set_prefill_graphs(engines[name], TRICKLE_AB[name])
             w.trickle(engines[name], turns, obs_len, group, steps, gen)
-        for r in range(rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                out = w.trickle(engines[name], turns, obs_len, group, steps, gen)
-                totals[name].append(out["wall_s"])
-                cpu[name].append(out["cpu_s"])
-                gcs[name].append({"s": out["gc_s"], "collections": out["gc_collections"]})
-                tokens[name] = out["tokens"]
-        graphed = {name: getattr(engines[name].runner, "prefill_graph_steps", 0) for name in names}
+        for name in _alternating(names, rounds):
+            out = w.trickle(engines[name], turns, obs_len, group, steps, gen)
+            totals[name].append(out["wall_s"])
+            cpu[name].append(out["cpu_s"])
+            gcs[name].append({"s": out["gc_s"], "collections": out["gc_collections"]})
+            tokens[name] = out["tokens"]
+        graphed = {name: ag.prefill_graph_steps(engines[name]) for name in names}
     finally:
         w._engine = None
     return {"totals_s": totals, "cpu_s": cpu, "gc": gcs, "token_agreement": _agreement(tokens, names),
