@@ -19,10 +19,9 @@ import dataclasses
 from typing import Any
 
 import pytest
-import torch
 
 from _graph_standin import install
-from _standins import _standin_ops
+from _standins import _standin_ops, run_on_cpu
 
 from conformance.engines import _config, _optimized_supports, _weights
 
@@ -41,13 +40,9 @@ _INSTALLED: list[bool] = []
 def _install() -> None:
     if _INSTALLED:
         return
-    import optimized.engine as oe
-    import optimized.runner as orun
     ops = _standin_ops(_NoLog())
     ops.allow_no_hint = True                 # a prefill graph's replay chooses its kernel without the hint
-    _PATCH.setattr(orun, "ops", ops)
-    _PATCH.setattr(oe, "require_cuda", lambda device: torch.device("cpu"))
-    _PATCH.setattr(torch.cuda, "set_device", lambda dev: None)
+    run_on_cpu(_PATCH.setattr, ops)
     install(_PATCH, ops)
     _INSTALLED.append(True)
 

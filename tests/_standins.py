@@ -187,15 +187,22 @@ def launches() -> list:
     return []
 
 
+def run_on_cpu(patch, ops) -> None:
+    """Point the optimized engine at the CPU and its runner at ``ops`` (the stand-in kernels). ``patch``:
+    ``setattr``-like, e.g. ``monkeypatch.setattr``."""
+    import optimized.engine as oe
+    import optimized.runner as orun
+    patch(orun, "ops", ops)
+    patch(oe, "require_cuda", lambda device: torch.device("cpu"))
+    patch(torch.cuda, "set_device", lambda dev: None)
+
+
 @pytest.fixture
 def opt_engine(monkeypatch, launches):
     """``factory(use_graphs=False, **engine_kwargs)`` -> an optimized.Engine on the CPU with the stand-in kernels
     (``use_graphs=True`` needs the stand-in graph API of ``_graph_standin.py``)."""
     import optimized.engine as oe
-    import optimized.runner as orun
-    monkeypatch.setattr(orun, "ops", _standin_ops(launches))
-    monkeypatch.setattr(oe, "require_cuda", lambda device: torch.device("cpu"))
-    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: None)
+    run_on_cpu(monkeypatch.setattr, _standin_ops(launches))
 
     def make(use_graphs: bool = False, **kw):
         kw = {"block_size": 4, "max_model_len": 128, "num_blocks": 256, "split_kv": "fixed:8", **kw}

@@ -24,7 +24,7 @@ from reference.parallel import FollowerError
 from reference.weights import random_weights
 
 from _helpers import TINY, run_grids, tiny_weights
-from _standins import _standin_ops
+from _standins import _standin_ops, run_on_cpu
 from test_optimized_host import PROMPTS, _agree, _reference, _rollout
 
 KW = {"block_size": 4, "max_model_len": 128, "num_blocks": 256, "split_kv": "fixed:8"}
@@ -53,11 +53,7 @@ def _standins() -> types.SimpleNamespace:
 
 
 def _install(patch) -> None:
-    import optimized.engine as oe
-    import optimized.runner as orun
-    patch(orun, "ops", _standins())
-    patch(oe, "require_cuda", lambda device: torch.device("cpu"))
-    patch(torch.cuda, "set_device", lambda dev: None)
+    run_on_cpu(patch, _standins())
 
 
 def _scenario(eng) -> dict:
