@@ -1,0 +1,108 @@
+"""``benches/floors.py``: the floor-and-achieved table of docs/performance.md, built from a bench run's JSON.
+
+Checked against the fortieth session's H200 files: each row carries its record's own numbers, and the
+worst and best ratios the table shows are the ones the benches computed for their targets independently.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import sys
+
+import pytest
+
+BENCHES = pathlib.Path(__file__).resolve().parents[1] / "benches"
+RUN = BENCHES / "results" / "h200" / "fortieth_session"
+# the benches import each other by file name (their folder is on the path when pytest runs them)
+sys.path.insert(0, str(BENCHES))
+_bench = importlib.import_module("_bench")
+floors = importlib.import_module("floors")
+sys.path.remove(str(BENCHES))
+GROUPS, FloorRow, floor_rows, floors_markdown, load_groups, main = (
+    floors.GROUPS, floors.FloorRow, floors.floor_rows, floors.floors_markdown, floors.load_groups, floors.main)
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[dict, dict]:
+    return load_groups(RUN)
+
+
+def _targets(group: str) -> list[dict]:
+    return json.loads((RUN / f"{group}.json").read_text())["targets"]
+
+
+def test_rows_carry_their_records_numbers(run) -> None:
+    groups, _ = run
+    assert set(groups) == set(GROUPS)
+    rows = floor_rows(groups)
+    counts = {name: len(r) for name, r in rows.items()}
+    print("rows per group:", counts)
+    # every batch x context of the decode lab, every chunk x prefix of the prefill lab, the seven small
+    # kernels at 64 rows and at their largest, the five GEMMs at M = 1 and 16, both models at five batches
+    assert counts == {"kernel_decode": 12, "kernel_prefill": 12, "kernel_small": 14, "kernel_gemm": 10,
+                      "engine_decode": 10}
+    dec = {r.problem: r for r in rows["kernel_decode"]}
+    rec = next(r for r in groups["kernel_decode"] if (r["batch"], r["ctx"], r["impl"]) == (32, 16384, "turnkv auto"))
+    assert (dec["32 × 16384"].floor_ms, dec["32 × 16384"].achieved_ms) == (rec["floor_ms"], rec["median_ms"])
+
+
+def test_ratios_are_the_benches_own(run) -> None:
+    rows = floor_rows(run[0])
+    # decode attention against cuDNN: the lab's "worst case, all contexts" target
+    worst_decode = min(r.peer_over_ours for r in rows["kernel_decode"])
+    assert worst_decode == pytest.approx(_targets("kernel_decode")[1]["value"], rel=1e-9)
+    # paged prefill against flash: the lab's worst-case target
+    worst_prefill = min(r.peer_over_ours for r in rows["kernel_prefill"])
+    assert worst_prefill == pytest.approx(_targets("kernel_prefill")[0]["value"], rel=1e-9)
+    # engine decode: qwen3-0.6b batch 32 x transformers, qwen3-8b batch 1 % of roofline, qwen3-8b batch 32 x
+    eng = {r.problem: r for r in rows["engine_decode"]}
+    t = {x["target"]: x["value"] for x in _targets("engine_decode")}
+    assert eng["qwen3-0.6b, batch 32"].peer_over_ours == pytest.approx(
+        t["qwen3-0.6b decode at batch 32: x transformers"], rel=1e-9)
+    assert eng["qwen3-8b, batch 1"].pct_of_floor == pytest.approx(
+        t["qwen3-8b decode at batch 1: % of the memory roofline"], rel=1e-9)
+    assert eng["qwen3-8b, batch 32"].peer_over_ours == pytest.approx(
+        t["qwen3-8b decode at batch 32: x transformers"], rel=1e-9)
+
+
+def test_markdown_and_cli(run, tmp_path, capsys) -> None:
+    text = floors_markdown(*run)
+    assert "| decode attention (turnkv auto) | 32 × 16384 | 516 µs | 477 µs | 108.3% | SDPA cuDNN, dense 466 µs | " \
+           "0.977× |" in text
+    assert "| decode step (turnkv) | qwen3-8b, batch 1 | 3.634 ms | 4.185 ms | 86.8% |" in text
+    assert "Not in this run" not in text
+    out = tmp_path / "floors.md"
+    assert main([str(RUN), "--out", str(out)]) == 0
+    assert out.read_text() == floors_markdown(*run, source=f"`{RUN.as_posix()}`")
+    assert main([str(RUN)]) == 0
+    assert capsys.readouterr().out == out.read_text()
+
+
+def test_write_reports_adds_the_table(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHES))   # write_reports imports floors.py beside it
+    col = _bench.Collector()
+    col.add("kernel_small", kernel="rmsnorm", n=64, shape="[64, 4096]", median_ms=0.004, floor_ms=0.001)
+    col.add("ceilings", kind="copy", GBps=4000.0)
+    written = _bench.write_reports(col, tmp_path, _bench.Scale("cpu"))
+    assert tmp_path / "floors.md" in written
+    text = (tmp_path / "floors.md").read_text()
+    assert "| `rmsnorm` | 64 rows | 1.0 µs | 4.0 µs | 25.0% | – | – |" in text
+    assert "Not in this run: kernel_decode, kernel_prefill, kernel_gemm, engine_decode." in text
+
+
+def test_no_table_without_its_groups(tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHES))
+    col = _bench.Collector()
+    col.add("ceilings", kind="copy", GBps=4000.0)
+    written = _bench.write_reports(col, tmp_path, _bench.Scale("cpu"))
+    assert not (tmp_path / "floors.md").exists() and written
+    with pytest.raises(ValueError, match="no bench group"):
+        floors_markdown({})
+
+
+@pytest.mark.parametrize("floor, achieved", [(0.0, 1.0), (1.0, 0.0), (-1.0, 1.0), (float("nan"), 1.0)])
+def test_row_rejects_times_that_are_not_positive(floor, achieved) -> None:
+    with pytest.raises(ValueError, match="positive times"):
+        FloorRow("k", "p", floor, achieved, "", None)
