@@ -178,7 +178,7 @@ def test_host_prefill(tokens, path, stubbed_ops, monkeypatch, results):
     (``_no_pure_checks``), what a lean launch path could save at most. Checked first: the output's shape and dtype,
     the embedding's launch, then the same kernels in every layer, with ``unchecked`` the same kernels as with the
     checks, and with ``driver`` that every launch reached the driver. This is the part of an eager step the GPU
-    waits for when its kernels are short (docs/performance.md, "Host cost of eager ops")."""
+    waits for when its kernels are short (docs/performance/agentic.md, "Host cost of eager ops")."""
     import dataclasses
 
     import torch

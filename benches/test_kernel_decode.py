@@ -34,7 +34,7 @@ IMPLS = {"cpu": ("reference fixed:16", "reference fixed:16 (pages in order)", "s
                  "sdpa flash", "sdpa cudnn", "copy (same bytes)")}
 # "(pages in order)": the same launch over a cache whose every sequence has consecutive pages, where the others
 # read pages in one random order over the whole cache (the lab's problem, the targets' figures): what the
-# scatter costs a paged kernel beside the dense peers (docs/performance.md, "Decode attention")
+# scatter costs a paged kernel beside the dense peers (docs/performance/decode_attention.md, "Decode attention")
 IN_ORDER = " (pages in order)"
 # "copy (same bytes)": a device-to-device copy moving as many bytes (read + write) as the attention
 # reads -- the share of the copy ceiling a plain copy reaches at this size (launch and latency bound

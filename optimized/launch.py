@@ -206,7 +206,7 @@ def launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: Sequence[np.gener
     serialization allowed (and, ``cluster_x > 1``, clusters of that many CTAs along x: the grid's x must be
     a multiple of it). Raises ``RuntimeError`` with the driver's error name on failure. The arguments go
     through ``_params_of`` (``pack_params``' bytes in a buffer kept per signature): an eager step makes
-    hundreds of these calls, and this one is on its host's path (docs/performance.md, "Host cost of eager ops")."""
+    hundreds of these calls, and this one is on its host's path (docs/performance/agentic.md, "Host cost of eager ops")."""
     lib = _driver()
     if lib is None:
         raise RuntimeError("the CUDA driver has no cuLaunchKernelEx")

@@ -81,7 +81,7 @@ WS_CTAS_PER_SM = 1
 #: ... used where a step's mean chunk (query tokens per sequence, T / B) is at most this: there the items are
 #: short and alike. Over longer chunks the causal items differ in work and the static assignment left CTAs idle:
 #: one CTA per item, scheduled by the hardware, was faster (H200: 8 x 1024 over no prefix 1.11x flash against
-#: 1.02x persistent; 32 x 256 over none 0.94x against 1.05x; docs/performance.md, "Warp specialisation")
+#: 1.02x persistent; 32 x 256 over none 0.94x against 1.05x; docs/performance/prefill.md, "Warp specialisation")
 WS_PERSISTENT_MAX_CHUNK = 256
 
 
@@ -115,7 +115,7 @@ def prefill_variants(head_dim: int, dev: int) -> list[str]:
 #: ``reference.attention.AUTO_CTAS_PER_SM``, counts on it). Its K/V copies go through L1 (``cp.async.ca``), and
 #: they want that L1: at 166 registers the kernel fits three CTAs, for which the driver picks the largest
 #: shared-memory configuration (about 28 KB of L1 left), and there it ran 8-33% slower than at two
-#: CTAs with 88 KB of L1 (H200; docs/performance.md). So it asks for the configuration that holds two.
+#: CTAs with 88 KB of L1 (H200; docs/performance/decode_attention.md). So it asks for the configuration that holds two.
 DECODE_CTAS_PER_SM = 2
 
 #: query heads of one KV head a ``split_kv_partials`` CTA serves (``DecodeCfg::NQ`` in attention.cu: the
@@ -707,7 +707,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 #: average (when the caller says): on short fresh chunks its one CTA a multiprocessor does not beat x2's two (H200,
 #: 32 sequences x 256 new tokens over no prefix, 128.5 keys a row: ws 0.95x x2 on the persistent grid without the
 #: consumers' turns, about 0.99x with them; 64 x 128 over 128, 192.5 keys: 0.99x; 8 x 1024 over none, 512.5 keys:
-#: 1.08x; docs/performance.md, "Warp specialisation")
+#: 1.08x; docs/performance/prefill.md, "Warp specialisation")
 WS_MIN_MEAN_KEYS = 256
 
 
@@ -719,8 +719,8 @@ def prefill_variant(T: int, n_q: int, n_kv: int, D: int, num_sms: int, ws: bool 
     compute-capability-9.0 GPU) unless the caller's ``mean_keys`` is below ``WS_MIN_MEAN_KEYS``, else
     x2. Smaller grids get the 64-row kernel (short prefills keep more, smaller CTAs in flight). Every
     choice gives the same bits (``PREFILL_VARIANTS``). Never ``wg64`` / ``wg128``: they gave no speed
-    over the mma.sync kernels; a caller may name them. Measured on the H200 in docs/performance.md
-    (paged prefill section)."""
+    over the mma.sync kernels; a caller may name them. Measured on the H200 in
+    docs/performance/prefill.md."""
     if "x2" not in PREFILL_VARIANTS.get(D, {}):
         return "default"
     block_m = PREFILL_VARIANTS[D]["x2"][2]
@@ -859,7 +859,7 @@ def gemm_wide_available(ref: torch.Tensor) -> bool:
 
 #: ``split_kv_decode`` fuses its reduce into the partials launch up to this many rows, and at any row count
 #: when each sequence has one split (then nothing is folded: each CTA writes its output, where two launches
-#: would write fp32 partials and copy them). Measured on the H200 (kernel lab, docs/performance.md): one
+#: would write fp32 partials and copy them). Measured on the H200 (kernel lab, docs/performance/decode_attention.md): one
 #: launch wins at batch 1-8 (latency-bound), two launches won by 3-9% at batch 32-128 with several splits,
 #: where the separate reduce is fully parallel and the fused kernel's last CTAs fold in the tail.
 FUSED_DECODE_MAX_B = 16
@@ -1028,7 +1028,7 @@ GEMM_WIDE: dict[str, tuple[int, int, int, int, int]] = {
 
 #: a wide gemm launch copies its first stages' weights before its PDL wait (all of its stages) where the weight has at
 #: least this many elements, none below (the H200, with it on every GEMM: qwen3-0.6b steps of 1-8 rows 3-6% slower;
-#: qwen3-8b's 0.5-1.7% faster with the SwiGLU launch's early trigger, level with the late one; docs/performance.md,
+#: qwen3-8b's 0.5-1.7% faster with the SwiGLU launch's early trigger, level with the late one; docs/performance/batch_invariant.md,
 #: "The wide kernel's launches")
 GEMM_WIDE_PRE_MIN_ELEMS = 16 << 20
 #: stages copied before the wait when ``gemm`` is not told, whatever the weight's size (``None``: the rule above; a lab
@@ -1081,7 +1081,7 @@ def gemm_tile(M: int, N: int, K: int) -> str:
 
 def gemm_choice(M: int, N: int, K: int, tensor_maps: bool = True) -> str:
     """The kernel ``gemm`` uses for an ``M x N x K`` product -- a speed choice only, every kernel computes the
-    canonical order. From the H200's figures (docs/performance.md, "The wide kernel of the batch-invariant GEMM"):
+    canonical order. From the H200's figures (docs/performance/batch_invariant.md, "The wide kernel of the batch-invariant GEMM"):
 
     * up to 128 rows with K a multiple of 64: the wide kernel (up to 16 rows only for N >= 4096; below that its
       64-row tiles leave most multiprocessors idle), the build by rows and N; at 65-96 rows of N >= 6144, sixteen
@@ -1345,7 +1345,7 @@ SKINNY_STAGED_CONFIGS = ((512, 2, 16), (512, 3, 16), (512, 4, 16), (1024, 3, 16)
 #: the wider staged kernels (``skinny_staged_k{KC}s{S}p{PL}t{TP}_m{16,32}_*``): rows (16 or 32) -> the
 #: (chunk columns KC, stages S, producer lanes PL, 16-row tiles a stage TP) built for that many rows. The engine
 #: runs the first of the 16-row ones (``runner.STAGED_WIDE16``); the others are kept for the A/B measurements
-#: (at 32 rows none beat cuBLAS on the H200; docs/performance.md, "The staged GEMM above 8 rows")
+#: (at 32 rows none beat cuBLAS on the H200; docs/performance/gemm.md, "The staged GEMM above 8 rows")
 SKINNY_STAGED_WIDE = {16: ((512, 3, 16, 1), (512, 4, 16, 1)),
                       32: ((512, 3, 16, 1), (512, 2, 16, 2))}
 #: the most rows a staged launch takes
@@ -1575,7 +1575,7 @@ def skinny_wg_rows(M: int) -> int:
 
 #: the warpgroup kernel's split rule (``skinny_wg_split``): weights of at least ``WG_SPLIT_BYTES`` want at least
 #: ``WG_MIN_CTAS[1]`` CTAs at work, smaller ones ``WG_MIN_CTAS[0]``. Measured on the H200 (132 SMs) at the qwen3-0.6b
-#: and qwen3-8b GEMMs, 32 and 64 rows (docs/performance.md, "The warpgroup GEMM"): a small GEMM pays for a split
+#: and qwen3-8b GEMMs, 32 and 64 rows (docs/performance/gemm.md, "The warpgroup GEMM"): a small GEMM pays for a split
 #: with its reduction (qwen3-0.6b's qkv: 3.9 µs on 64 CTAs, 4.9 on 128), a large one needs every SM pulling (qwen3-8b's
 #: o_proj: 11.8 µs on 64 CTAs, 9.8 on 128)
 WG_SPLIT_BYTES = 16 << 20

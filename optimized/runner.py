@@ -132,7 +132,7 @@ STAGED_EVICT_FIRST = True
 #: qwen3-8b's qkv weight is 384 tiles of 16 rows, about 1.45 waves of the default's 264 CTAs, and one wave of
 #: 396: in one process on the H200 the 8B batch-1 step went from 4.213 to 4.178 ms (batch 8: 4.631 -> 4.552),
 #: qwen3-0.6b's from 0.816 to 0.799 (0.977 -> 0.962); the chunks alone at 2 a multiprocessor were slower (4.251),
-#: and the same for the gate/up GEMM slower at qwen3-8b (4.239) -- docs/performance.md, "The decode step's fixed
+#: and the same for the gate/up GEMM slower at qwen3-8b (4.239) -- docs/performance/decode_step.md, "The decode step's fixed
 #: costs and the qkv GEMM's waves"
 STAGED_QKV = (512, 4, 16, 3, 2)
 #: the wide staged kernel for decode GEMMs of 9-16 rows (``CudaRunner.staged_wide``): 512-column chunks, 3 stages,
@@ -141,7 +141,7 @@ STAGED_QKV = (512, 4, 16, 3, 2)
 #: ms a step, batch 12 1.237 -> 1.106; qwen3-8b (qkv and o_proj staged) 4.910 -> 4.893 and 4.877 -> 4.812, and
 #: slower with its gate/up and down staged too (4.966 at batch 16; alone, gate/up 50.4 against 53.5 us, down 29.1
 #: against 31.2). At 17-32 rows every configuration lost to cuBLAS at both sizes (the x rows each 16-row tile reads
-#: from L2 are twice its weight bytes there) -- docs/performance.md, "The staged GEMM above 8 rows"
+#: from L2 are twice its weight bytes there) -- docs/performance/gemm.md, "The staged GEMM above 8 rows"
 STAGED_WIDE16 = (512, 3, 16, 3, 2, 1)
 STAGED_WIDE_MAX_ELEMS = 32 << 20
 #: the kernels ``CudaRunner.blas_pdl`` (a measurement switch) puts behind programmatic edges (``re.search`` on the
@@ -151,12 +151,12 @@ BLAS_PDL_KERNELS = r"^nvjet_"
 #: its cuBLASLt path, where cuBLASLt 13.1 runs qwen3-8b's o_proj and down at 32 rows without splitting K (no
 #: reduction kernel). In one process on the H200 the qwen3-8b step went 4.959 -> 4.854 ms at batch 32 and 5.516 ->
 #: 5.384 at batch 64 (4.990 -> 4.886 and 5.544 -> 5.441 in a second run); at batch 16 it was slower (4.801 -> 4.875),
-#: at 128 and 256 within the rounds' spread, and qwen3-0.6b runs the same kernels either way -- docs/performance.md,
+#: at 128 and 256 within the rounds' spread, and qwen3-0.6b runs the same kernels either way -- docs/performance/gemm.md,
 #: "Decode GEMMs on cuBLAS: launches and backends"
 DECODE_BLAS = "cublaslt"
 DECODE_BLAS_ROWS = (17, 64)
 #: the decode GEMMs of 17-64 rows on the warpgroup kernel by default (``CudaRunner.wg_gemm``): every role at both x
-#: tiles, one 64-row tile a unit and ``ops.skinny_wg_split``'s split of K -- docs/performance.md, "The warpgroup GEMM"
+#: tiles, one 64-row tile a unit and ``ops.skinny_wg_split``'s split of K -- docs/performance/gemm.md, "The warpgroup GEMM"
 WG_GEMM: dict[int, dict[str, tuple[int, int] | None]] = {32: {r: None for r in GEMM_ROLES},
                                                         64: {r: None for r in GEMM_ROLES}}
 #: (first, last) rows of the GEMMs that run on ``ops.gemm`` -- the batch-invariant mode's kernels: the wide one, its
@@ -164,7 +164,7 @@ WG_GEMM: dict[int, dict[str, tuple[int, int] | None]] = {32: {r: None for r in G
 #: (``ops.gemm_wide_available``: the driver's launch path, sm_90+) and the weights are not TP shards (unmeasured).
 #: In one process on the H200 (``benches/gpu/profile_decode.py``, the 16-row graph): qwen3-8b 4.800 -> 4.551 ms a
 #: step at batch 12 and 4.867 -> 4.664 at 16, qwen3-0.6b 1.095 -> 1.099 and 1.140 -> 1.118; the 32- and 48-row
-#: graphs were 5-16% slower that way, the 1- and 8-row ones up to 11% -- docs/performance.md, "The wide kernel in
+#: graphs were 5-16% slower that way, the 1- and 8-row ones up to 11% -- docs/performance/gemm.md, "The wide kernel in
 #: default mode"
 CANONICAL_GEMM_ROWS = (9, 16)
 
@@ -232,17 +232,17 @@ class CudaRunner:
         #: GEMMs of at most this many rows run through ``ops.skinny_gemm`` (default mode; 0: always cuBLAS, the
         #: staged kernels' ``staged`` and ``staged_wide`` too).
         #: 8, not the kernel's 16: on the H200 its two-tile variant was slower than cuBLAS at M = 16
-        #: (docs/performance.md, "Skinny GEMM")
+        #: (docs/performance/gemm.md, "Skinny GEMM")
         self.skinny_max_m = 8
         #: ... and whose weights have at most this many elements (larger ones: cuBLAS at any M, unless
         #: ``skinny_max_n`` takes them). With PDL on, the skinny kernel won every qwen3-0.6b layer GEMM,
         #: while the 0.6b LM head (156M elements) was faster on cuBLAS, and so were qwen3-8b's qkv, gate/up
-        #: and LM head (docs/performance.md, "Which GEMM a decode step uses")
+        #: and LM head (docs/performance/gemm.md, "Which GEMM a decode step uses")
         self.skinny_max_elems = 8 << 20
         #: ... or whose weights have at most this many rows (output features), whatever their size (0: none).
         #: 4096: qwen3-8b's o_proj and down, where cuBLAS splits K (a second, reducing kernel) and the
         #: skinny kernel's 256 CTAs stream without one: the 8B batch-1 step 4.876 -> 4.669 ms with the
-        #: prefetch rule below, batch 8 5.205 -> 5.044 ms (docs/performance.md, "Which GEMM a decode step uses")
+        #: prefetch rule below, batch 8 5.205 -> 5.044 ms (docs/performance/gemm.md, "Which GEMM a decode step uses")
         self.skinny_max_n = 4096
         #: a skinny o_proj asks L2 for its first round of weights before its PDL wait -- while the attention
         #: runs -- only if its weight has at most this many elements: at qwen3-8b that round is 16 MiB, and
@@ -259,7 +259,7 @@ class CudaRunner:
         #: a multiprocessor, two stages before the wait. In one process on the H200 the qwen3-8b batch-1 step went from 4.602 to
         #: 4.456 ms with all three stages early (batch 8: 5.012 -> 4.891), and from 4.460 to 4.404 ms with two
         #: (batch 8: 4.899 -> 4.845); qwen3-0.6b from 1.071 to 0.900 ms (batch 8: 1.195 -> 1.075) --
-        #: docs/performance.md, "The staged skinny GEMM"
+        #: docs/performance/gemm.md, "The staged skinny GEMM"
         self.staged: dict[str, tuple[int, int, int, int, int]] = {role: STAGED_DEFAULT for role in GEMM_ROLES}
         self.staged["qkv"] = STAGED_QKV
         #: roles that take another configuration when their 16-row tiles fit in one wave of it (at most its
@@ -281,7 +281,7 @@ class CudaRunner:
         #: decode GEMMs of 17-64 rows (default mode) on the cluster kernel (``ops.skinny_cluster``), by role ->
         #: (chunk columns, stages, 16-row tiles a unit, CTAs a cluster, stages fetched before the PDL wait[, consumer
         #: warps]), the first four one of ``ops.SKINNY_CLUSTER_CONFIGS``; a role not named takes cuBLAS. Default:
-        #: none (measured in docs/performance.md, "The cluster GEMM, diagnosed")
+        #: none (measured in docs/performance/gemm.md, "The cluster GEMM, diagnosed")
         self.cluster_gemm: dict[str, tuple[int, ...]] = {}
         #: ... for weights of at most this many elements
         self.cluster_max_elems = 1 << 62
@@ -310,7 +310,7 @@ class CudaRunner:
         #: ... for decode steps of at most this many rows: measured faster in one process at batch 1 and 8 on
         #: the H200 (qwen3-8b 4.326 -> 4.238 ms with the cluster fold, batch 8 4.696 -> 4.629); above it the
         #: A/B was not run, and two engine benches hinted at a few percent lost at qwen3-0.6b batch 64, so
-        #: larger steps keep the two launches (docs/performance.md, "qk_norm_rope in the attention launch")
+        #: larger steps keep the two launches (docs/performance/decode_step.md, "qk_norm_rope in the attention launch")
         self.fuse_qk_max_rows = 16
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
@@ -330,7 +330,7 @@ class CudaRunner:
         #: so each such GEMM launches while the kernel before it runs. That is correct only for kernels that wait
         #: on the grid dependency, and cuBLASLt 13.1's do not (``benches/gpu/probe_blas_pdl.py``): behind such an
         #: edge they read their input before it is written, and qwen3-8b's tokens changed. A capture with it on
-        #: warns. (``profile_decode.py``'s ``blas-pdl`` variant; docs/performance.md, "Decode GEMMs on cuBLAS:
+        #: warns. (``profile_decode.py``'s ``blas-pdl`` variant; docs/performance/gemm.md, "Decode GEMMs on cuBLAS:
         #: launches and backends".) Fixed per graph at its capture.
         self.blas_pdl = False
         self.blas_pdl_kernels = BLAS_PDL_KERNELS
@@ -349,7 +349,7 @@ class CudaRunner:
         #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). A lab
         #: switch, off (0): on the H200 it is level with even chunks on the agentic bench (no short step there) and
         #: 1.55x faster when observations arrive one sequence at a time (fortieth session's trickle A/B); off until a
-        #: conformance run with it on (docs/performance.md, "Agentic workload")
+        #: conformance run with it on (docs/performance/agentic.md, "Agentic workload")
         self.prefill_graph_max_tokens = 0
         self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
         self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)

@@ -318,7 +318,7 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
 
 
-#: ``auto``'s rule, fitted to split-KV decode timings on an H200 (docs/performance.md, "Split size of a
+#: ``auto``'s rule, fitted to split-KV decode timings on an H200 (docs/performance/decode_attention.md, "Split size of a
 #: decode step"): one wave of work items (sequence x KV head x split), this many per multiprocessor --
 #: the optimized decode kernel's occupancy at head dim 128 (two 128-thread CTAs per multiprocessor, the
 #: shared-memory configuration its launch asks for: ``optimized.ops.DECODE_CTAS_PER_SM``, kept equal to

@@ -87,7 +87,7 @@ def test_sampling_constants_agree_with_the_source():
 
 
 def test_gemm_choice_is_a_speed_choice_only():
-    """The rule measured on the H200 (docs/performance.md, "The wide kernel of the batch-invariant GEMM"): the wide
+    """The rule measured on the H200 (docs/performance/batch_invariant.md, "The wide kernel of the batch-invariant GEMM"): the wide
     kernel for up to 128 rows with K a multiple of 64 (for up to 16 rows only with N >= 4096), its build by rows
     and N; the staged kernel for up to 8 rows over K > 1024 and for up to 16 / 32 rows of small weights; split
     (K-parallel) tiles for the other decode steps with at least two chunks and a small workspace; folding tiles
@@ -454,7 +454,7 @@ def test_spill_allowances_name_inventoried_kernels_with_reasons():
 
 
 def test_copies_take_their_cache_operator_per_kernel():
-    """The measured choice of docs/performance.md ("The copies' cache operator"), which no output can
+    """The measured choice of docs/performance/decode_attention.md ("The copies' cache operator"), which no output can
     show (a cache hint leaves every bit as it is, so only the source can hold it): the split-KV decode's
     K/V copies and the GEMM's tiles of at most 16 rows allocate in L1 (``cp.async.ca``), paged prefill's
     K/V copies bypass it (``.cg``), and ``-DTK_CP_ASYNC_CG`` makes every copy ``.cg`` again."""

@@ -690,7 +690,7 @@ def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
 
 def test_skinny_wg_split_rule_at_the_measured_shapes():
     """``ops.skinny_wg_split``: the fewest CTAs splitting K that put the units on 64 CTAs (weights under 16 MB) or 128
-    (from 16 MB), as measured on the H200 at the qwen3 shapes (docs/performance.md, "The warpgroup GEMM"), and no
+    (from 16 MB), as measured on the H200 at the qwen3 shapes (docs/performance/gemm.md, "The warpgroup GEMM"), and no
     more than K takes."""
     from optimized import ops
 

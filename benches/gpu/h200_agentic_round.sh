@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-seventh session: where the agentic workload's time goes (docs/performance.md, "Agentic workload").
+# Thirty-seventh session: where the agentic workload's time goes (docs/performance/agentic.md, "Agentic workload").
 # Device call, from the repository root:
 #   bash benches/gpu/h200_agentic_round.sh
 # profile_agentic.py (the bench's workload, the engine resuming: per turn the GPU's busy and idle time, the prefill

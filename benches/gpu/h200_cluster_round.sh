@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-first session's device calls: why the cluster kernel (skinny_cluster_*, 17-64 rows) streams its weights
-# at a fifth of cuBLAS's rate (docs/performance.md, "Decode GEMMs on cuBLAS"; run from the repository root):
+# at a fifth of cuBLAS's rate (docs/performance/gemm.md, "Decode GEMMs on cuBLAS"; run from the repository root):
 #   bash benches/gpu/h200_cluster_round.sh MODE
 #   trace:  check_kernels.py --only cluster (bits), then trace_cluster.py at 32 and 64 rows for the qwen3-0.6b and
 #           qwen3-8b GEMMs: the driver's cluster capacity and the grid, each build's time (default, local-x,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-sixth session: the wide kernel of the batch-invariant GEMM copies its first stages' weights before its PDL
-# wait, and the invariant gate/up GEMM has a SwiGLU epilogue (docs/performance.md, "Batch-invariant mode: weights
-# before the wait and the SwiGLU epilogue"). Device calls, from the repository root:
+# wait, and the invariant gate/up GEMM has a SwiGLU epilogue (docs/performance/batch_invariant.md, "The wide kernel's
+# launches"). Device calls, from the repository root:
 #   PART=check bash benches/gpu/h200_invariant_epilogue_round.sh   # checks and smoke, the A/B, the overhead bench
 #   PART=conf bash benches/gpu/h200_invariant_epilogue_round.sh    # the GPU-scale conformance clauses
 #   PART=final bash benches/gpu/h200_invariant_epilogue_round.sh   # the clauses beside the checks and smoke, then check's

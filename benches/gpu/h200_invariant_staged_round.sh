@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth session: gemm.cu's staged kernel, the batch-invariant GEMM's decode rows (docs/performance.md,
+# Thirty-fourth session: gemm.cu's staged kernel, the batch-invariant GEMM's decode rows (docs/performance/batch_invariant.md,
 # "The staged kernel of the batch-invariant GEMM"). One device call, from the repository root:
 #   bash benches/gpu/h200_invariant_staged_round.sh
 # First, side by side and untimed: check_kernels.py's gemm and invariant sections (every GEMM kernel bitwise

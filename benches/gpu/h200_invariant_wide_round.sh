@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fifth session: gemm.cu's wide kernel, the batch-invariant GEMM at 17-128 decode rows (docs/performance.md,
+# Thirty-fifth session: gemm.cu's wide kernel, the batch-invariant GEMM at 17-128 decode rows (docs/performance/batch_invariant.md,
 # "The wide kernel of the batch-invariant GEMM"). Device calls, from the repository root:
 #   PART=check bash benches/gpu/h200_invariant_wide_round.sh   # checks, smoke, then the probe
 #   PART=bench bash benches/gpu/h200_invariant_wide_round.sh   # conformance clauses, then the engine benches

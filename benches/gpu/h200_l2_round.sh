@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-fifth session's device calls: the decode attention at large batch against cuDNN -- where the pages lie,
 # the CTAs' waves, the K/V tiles by tensor copies, and an L2 prefetch of the K/V rows further ahead (the lab switch TK_DECODE_L2_AHEAD of attention.cu;
-# docs/performance.md, "Decode attention"; run from the repository root):
+# docs/performance/decode_attention.md, "Decode attention"; run from the repository root):
 #   bash benches/gpu/h200_l2_round.sh MODE
 #   probe: probe_decode_l2.py on the four shapes where the kernel trails cuDNN and four where it leads: the engine's
 #          build and prefetch builds (distances 3, 4 and 6 tiles; plain per-line prefetches; one row a page) over the

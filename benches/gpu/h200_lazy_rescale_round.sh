@@ -3,7 +3,7 @@
 # 66fc77f): the split-KV decode's online softmax with a lazy rescale (a query's reference maximum moves only when a
 # score passes it by more than kRescaleSlack = 8 log2 units; otherwise one vote replaces the reduction over lanes
 # and the rescale: attention.cu, online_softmax_t) against the reduce-every-tile softmax before it
-# (docs/performance.md, "Decode attention"; run from the repository root):
+# (docs/performance/decode_attention.md, "Decode attention"; run from the repository root):
 #   bash benches/gpu/h200_lazy_rescale_round.sh MODE
 #   ab:     check_kernels.py on the decode sections (splitkv -- with its rising-scores cases, which drive the
 #           rescale path --, fused, qk, fused_rope, invariant), ab_attention.py --bits-may-differ against

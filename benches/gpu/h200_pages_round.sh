@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-eighth session's device calls: what the decode attention's gap to cuDNN at batch 32-128 owes to the cache's
 # 16-token pages, its layout and its arithmetic, and whether the copies' L2 prefetch size changes it
-# (docs/performance.md, "Page size, layout and a kernel without arithmetic"; run from the repository root):
+# (docs/performance/decode_attention.md, "Page size, layout and a kernel without arithmetic"; run from the repository root):
 #   bash benches/gpu/h200_pages_round.sh MODE
 #   probe:  probe_decode_cudnn.py at the four shapes where the kernel trails cuDNN and two beside them, the same keys
 #           in pages of 16, 64 and 256 tokens (shuffled and in order), with the tree's build (base) and builds whose

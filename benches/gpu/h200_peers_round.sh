@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Thirty-second session's device call: the decode attention against other paged decode kernels over the same pages,
-# cuDNN on the dense cache beside them (docs/performance.md, "Other paged decode kernels on the same pages"). Run from
+# cuDNN on the dense cache beside them (docs/performance/decode_attention.md, "Other paged decode kernels on the same pages"). Run from
 # the repository root with .whl carried (bash benches/gpu/fetch_peers.sh fills it):
 #   bash benches/gpu/h200_peers_round.sh checks   # install, build FlashInfer's kernels, every output's check at 8 x 4k
 #   bash benches/gpu/h200_peers_round.sh          # probe_decode_peers.py at its six shapes, three rounds

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-ninth session's device calls: does a decode kernel whose K/V tiles come through registers (128-bit
 # global loads, then shared-memory stores) read faster at batch 32 than the cp.async copies
-# (docs/performance.md, "K/V tiles through registers"; run from the repository root):
+# (docs/performance/decode_attention.md, "K/V tiles through registers"; run from the repository root):
 #   bash benches/gpu/h200_regs_round.sh MODE
 #   regs:  probe_decode_cudnn.py at the shapes where the kernel trails cuDNN and three beside them, pages shuffled and in
 #          order, with the tree's build (base) and

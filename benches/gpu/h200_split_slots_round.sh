@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Thirty-first session's device call: can a short remainder split fill the 8 slots that batch 32's one-split grid leaves
-# empty (256 CTAs for 264 slots of two a multiprocessor)? (docs/performance.md, "Remainder splits at batch 32";
+# empty (256 CTAs for 264 slots of two a multiprocessor)? (docs/performance/decode_attention.md, "Remainder splits at batch 32";
 # run from the repository root):
 #   bash benches/gpu/h200_split_slots_round.sh
 # probe_decode_cudnn.py at 32 x 4k, 8k and 16k over shuffled pages (auto's one split also over pages in order) with

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-sixth session's device calls: the split-KV decode's key loop with one pipeline a warp (each warp waits
 # for its own rows of a tile and refills them with tile j + 2 as soon as it has read them, no barrier across the
-# CTA) against the CTA-wide loop before it (docs/performance.md, "Decode attention"; run from the repository root):
+# CTA) against the CTA-wide loop before it (docs/performance/decode_attention.md, "Decode attention"; run from the repository root):
 #   bash benches/gpu/h200_warp_pipe_round.sh MODE
 #   ab:   check_kernels.py on the decode sections (splitkv, fused, qk, fused_rope, invariant), ab_attention.py
 #         against benches/gpu/ab_variants/cta_pipe_attention.cu (the tree's attention.cu before the change: bits

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-second and twenty-third sessions' device calls: the warpgroup GEMM (skinny_wg.cu, 17-64 rows) against cuBLAS
-# (docs/performance.md, "The warpgroup GEMM"; run from the repository root):
+# (docs/performance/gemm.md, "The warpgroup GEMM"; run from the repository root):
 #   bash benches/gpu/h200_wg_round.sh MODE
 #   first:  check_kernels.py --only wg (stops here on a failure), probe_wg.py on the qwen3-0.6b and qwen3-8b GEMMs at
 #           32 and 64 rows, then the engine A/B (profile_decode.py: default against the wg-* variants) at qwen3-8b

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-fourth session's device calls: the warp-specialised wgmma prefill (paged_prefill_d128_ws, variant "ws";
-# docs/performance.md, "Warp specialisation"; run from the repository root):
+# docs/performance/prefill.md, "Warp specialisation"; run from the repository root):
 #   bash benches/gpu/h200_ws_round.sh MODE
 #   first:  one small ws launch against x2 under a 60 s guard (a hang of the new barriers stops the call there),
 #           check_kernels.py --only prefill fused_rope (every variant, bits equal within a tile size; stops on a

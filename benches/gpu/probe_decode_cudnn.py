@@ -44,7 +44,7 @@ checked against ``base`` on ``shuffled`` before any timing: the bits must be equ
 otherwise. Then rounds alternate over every (variant, layout) and cuDNN, each timed as a CUDA graph of
 ``--reps`` calls (CUDA events, after warm-up; 0.27-2.1 GB of keys a call, so they come from DRAM), best
 round kept. (The twenty-fifth session ran it, as ``probe_decode_l2.py``, with two switches that have left
-the tree since: an L2 prefetch and tensor copies, commit 6ead9e2; docs/performance.md, "Decode attention".)
+the tree since: an L2 prefetch and tensor copies, commit 6ead9e2; docs/performance/decode_attention.md, "Decode attention".)
 """
 
 from __future__ import annotations

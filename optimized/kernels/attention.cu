@@ -404,7 +404,7 @@ __device__ __forceinline__ void load_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* s
 // loads its 16-byte chunks of the tile's rows (the same rows and chunk as load_kv_tile's copies) with
 // 128-bit global loads (ld.global.nc), the zero-filled rows as zeros; sts_kv_tile stores them where
 // load_kv_tile's copies would have written them. (A kernel built this way, one tile ahead in registers,
-// was 9-12% slower than the cp.async copies: docs/performance.md, "K/V tiles through registers".)
+// was 9-12% slower than the cp.async copies: docs/performance/decode_attention.md, "K/V tiles through registers".)
 __device__ __forceinline__ uint4 ldg_kv16(const uint4* p) {
   uint4 x;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "l"(p));
@@ -736,7 +736,7 @@ template <int D, int BN_, int BM_, int MT_, bool WG_ = false>
 struct PrefillCfg {
   // MT = 1: one warp per 16 query rows (BM = 64: 4 warps), Q fragments held in registers; the Q tile
   //   [BM][LD] lives in stage 1 until they are loaded. (BM = 128 with 8 such warps measured slower
-  //   than both kernels kept: docs/performance.md.) Dynamic shared memory:
+  //   than both kernels kept: docs/performance/prefill.md.) Dynamic shared memory:
   //   2 stages x (K [BN][LD], V [BN][LD]) bf16 = 4 * BN * LD * 2 bytes (BN = 64: D=128 69632, D=64
   //   36864, D=32 20480).
   // MT = 2: one warp per 32 query rows, two 16-row tiles sharing every K/V fragment it loads from
@@ -801,7 +801,7 @@ __device__ __forceinline__ void paged_prefill_impl(const __nv_bfloat16* __restri
   // (n_kv, tiles) and take every KV head of the last (heaviest) tile first, then of the tile before:
   // the longest CTAs of a causal prefill all start in the first wave. The wgmma kernels get (tiles,
   // n_kv) and keep a KV head's tiles together, heaviest first, then the next head's: CTAs running
-  // together share that head's keys in L2. Measured on the H200 in one process (docs/performance.md,
+  // together share that head's keys in L2. Measured on the H200 in one process (docs/performance/prefill.md,
   // "The CTAs' order"); ops.paged_prefill builds the grid to match (PREFILL_WGMMA).
   constexpr bool heavy_first = !C::WG;
   const int tile = heavy_first ? gridDim.y - 1 - blockIdx.y : gridDim.x - 1 - blockIdx.x;
@@ -1217,7 +1217,7 @@ __device__ __forceinline__ void paged_prefill_ws_impl(const __nv_bfloat16* __res
   // The consumers take turns to issue their MMAs (flash-attention 3's ping-pong): warpgroup w issues S and P V
   // after a barrier (5 + w) that the other one arrives on once it has issued its own, so one's softmax runs
   // under the other's MMAs; the second lets the first go first. (-DTK_WS_NO_PINGPONG, a lab switch: free
-  // drift. The turns were 0.4-4.6% faster on the H200, docs/performance.md.)
+  // drift. The turns were 0.4-4.6% faster on the H200, docs/performance/prefill.md.)
 #ifndef TK_WS_NO_PINGPONG
 #define TK_WS_TURN_DONE named_bar_arrive(5 + (wg ^ 1), 2 * 128)
   if (wg == 1) named_bar_arrive(5, 2 * 128);
@@ -1513,7 +1513,7 @@ __device__ __forceinline__ float merge_o(float oa, float ob, const MergeW& w) {
 // the sums s = sum w and a = sum (w > 0 ? o w : 0) in index order, then o = a / s, lse = m + log(s)
 // (s = 0: o = 0, lse = -inf). Four adjacent dims of one row. The weights are independent of one another
 // and there is one division per element: a pairwise fold (merge_two) chained an exp, a log and a
-// division per split, 0.4 us a split in the fused reduce (docs/performance.md).
+// division per split, 0.4 us a split in the fused reduce (docs/performance/decode_attention.md).
 struct SplitFold {
   float ms, s;
   float4 a;

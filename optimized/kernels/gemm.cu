@@ -287,7 +287,7 @@ __device__ __forceinline__ void gemm_split_impl(const __nv_bfloat16* __restrict_
 //     lanes issue one bulk copy per row (weights at L2 evict-first priority, x without a hint). A copy carries
 //     CPS chunks: on the H200, with one copy per row and chunk (CPS = 1), a CTA of 8 stages streamed no faster
 //     than one of 4 while two CTAs a multiprocessor did, which points to the producer's copies rather than the
-//     bytes in flight; with two chunks a copy one CTA of 4 stages ran as fast as the two (docs/performance.md,
+//     bytes in flight; with two chunks a copy one CTA of 4 stages ran as fast as the two (docs/performance/batch_invariant.md,
 //     "The staged kernel of the batch-invariant GEMM");
 //   * every consumer warp waits for every stage in order and arrives on its "empty" barrier, and warp i % 4
 //     computes stage i: for each of its chunks c, x as the A operand (ldmatrix.x4, rows g and g + 8 of each 16)
@@ -448,7 +448,7 @@ __device__ __forceinline__ void gemm_staged_impl(const __nv_bfloat16* __restrict
 // Why: the staged kernel's producer copies every x row of a stage beside 16 weight rows, one bulk copy a row (~45 ns
 // each, whatever its size: skinny_gemm.cu's cluster kernel); above 8 rows at the 8B shapes it lost to the split
 // tiles, which themselves stream the weights at 1.2-1.7 TB/s at 17-64 rows. This kernel copies a stage by two tensor
-// copies and shares each copy of x among TW weight rows (docs/performance.md, "The wide kernel of the
+// copies and shares each copy of x among TW weight rows (docs/performance/batch_invariant.md, "The wide kernel of the
 // batch-invariant GEMM": from 1 row on, level with cuBLAS or faster up to 32 rows of the qwen3 GEMMs):
 //   * work: the TW-row tiles of W (TW = 32 or 64), whole; CTA b takes tiles b, b + G, .. (G CTAs). A tile's
 //     stages are its KS-column slices in order (KS = 128, 256 or 512, so a chunk is KC / KS stages); stage i holds

@@ -20,7 +20,7 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
 // 16-byte asynchronous global -> shared copy; pred == false zero-fills the 16 bytes and reads nothing.
 //
 // Cache operator: L1 = false bypasses L1 (.cg), L1 = true allocates in it (.ca). Which is faster
-// depends on the kernel (H200, one process, the same bits; docs/performance.md "The copies' cache
+// depends on the kernel (H200, one process, the same bits; docs/performance/decode_attention.md "The copies' cache
 // operator"):
 // * the split-KV decode's K/V tiles, read once: with .cg the SMs received 806 MB from L2 for the
 //   537 MB of keys and values a 32 x 4096 launch copies (a third of the sector requests came a second

@@ -90,7 +90,7 @@ __device__ __forceinline__ void sq_chunk(const float (&f)[8], float& ss) {
 // stays in registers for the second pass; the loops after it (wider rows) load the rest after the reduction.
 // Both give the same bits (the same chunk functions). The one round saves a trip to L2 on the critical path of
 // a latency-bound launch: qwen3-8b batch 1 4.353 -> 4.330 ms a step, batch 8 4.777 -> 4.715, with RoPE's early
-// loads (docs/performance.md, "The decode step's latency at small batch").
+// loads (docs/performance/decode_step.md, "The decode step's latency at small batch").
 __device__ __forceinline__ void rmsnorm_impl(const __nv_bfloat16* __restrict__ x, int x_stride,
                                              const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out,
                                              int out_stride, int H, float eps) {

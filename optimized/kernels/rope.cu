@@ -33,7 +33,7 @@ namespace {
 // Every load a warp needs that waits for no other -- its row, the norm weight, the position, the slot and
 // the V row -- is issued first, then the table entries at the position, all before the sum of squares'
 // reduction (loading the weight, the tables and the V row after it, as before the sixteenth session, put one
-// more trip to L2 on the critical path of this latency-bound launch; the same bits: docs/performance.md,
+// more trip to L2 on the critical path of this latency-bound launch; the same bits: docs/performance/decode_step.md,
 // "The decode step's latency at small batch").
 __device__ __forceinline__ void qk_norm_rope_impl(__nv_bfloat16* __restrict__ q, int q_stride,
                                                   __nv_bfloat16* __restrict__ k, int k_stride,

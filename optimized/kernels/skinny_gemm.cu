@@ -16,7 +16,7 @@
 // silu_mul computes from the bf16 GEMM output (activation.cu) -- and the [M, 2I] intermediate never
 // exists. (A residual add + RMSNorm epilogue for o_proj / down_proj -- the last CTAs to finish fold
 // the rows -- was measured and dropped: at the 8B shapes it was 0.6-1.4 us per call slower than the
-// GEMM followed by add_rmsnorm; docs/performance.md, "Skinny GEMM".)
+// GEMM followed by add_rmsnorm; docs/performance/gemm.md, "Skinny GEMM".)
 //
 // At M <= 16 the product is a stream of the weights: 2 N K bytes, each read once, against 2 M K
 // bytes of x (cache-resident). So the kernel is built around the weight stream:
@@ -63,7 +63,7 @@ constexpr int kU = 8;  // 32-column blocks in flight per lane (x2 rows x 16 byte
 // the weight's row count, or I for SwiGLU (whose weight has 2I rows: gate rows, then up rows; a CTA
 // takes 8 of each). (A grid-stride loop over these 16-row tiles, fewer CTAs than tiles with a next-tile
 // L2 prefetch, was measured and dropped: at the 8B shapes 132-528 CTAs were at best 1-2% faster than
-// one CTA per tile (at M = 1), and up to 22% slower -- docs/performance.md, "Skinny GEMM".)
+// one CTA per tile (at M = 1), and up to 22% slower -- docs/performance/gemm.md, "Skinny GEMM".)
 template <int EPI>
 __device__ __forceinline__ int weight_row(int tile, int r, int N) {
   if constexpr (EPI == kSwiGLU) {
@@ -79,7 +79,7 @@ __device__ __forceinline__ int weight_row(int tile, int r, int N) {
 // TK_SKINNY_LD (an A/B switch of the device scripts): 1 allocates in L1, 2 drops the L2 hint, 3 both.
 // Unlike the attention's bypassing cp.async (mma.cuh), these loads are not requested twice (202 MB
 // from L2 for gate_up's 201 MB of weights), and on the H200 every variant was slower at the qwen3-8b
-// shapes, M = 1-16 (1: +2.5 to +16.5%, 2: -0.3 to +2.2%, 3: +1.3 to +15.3%; docs/performance.md,
+// shapes, M = 1-16 (1: +2.5 to +16.5%, 2: -0.3 to +2.2%, 3: +1.3 to +15.3%; docs/performance/gemm.md,
 // "Skinny GEMM").
 #ifndef TK_SKINNY_LD
 #define TK_SKINNY_LD 0
@@ -110,7 +110,7 @@ __device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* __restrict__ x, in
 // weights are written by no kernel of a step, so this may precede pdl_wait(); x and y come after it.
 // (Prefetching more -- a separate launch asking L2 for all of o_proj's weights before rope and
 // attention, or for the first 8-32 MB of gate/up's before the norm -- was measured and dropped: the
-// prefetch launch ran at about DRAM speed itself, and a decode step got 5% slower. docs/performance.md)
+// prefetch launch ran at about DRAM speed itself, and a decode step got 5% slower. docs/performance/gemm.md)
 template <int WARPS, int EPI>
 __device__ __forceinline__ void skinny_prefetch(const __nv_bfloat16* __restrict__ w, int N, int K) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -221,7 +221,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 //
 // Why a second kernel: the one above loads its weights straight into registers, one 16-byte load per
 // lane and row, and a CTA's 16 rows are its whole life. On the large 8B weights that stream reached
-// 3.6-3.8 TB/s where cuBLAS reached 4.2 (docs/performance.md, "Skinny GEMM"). Here the weights come into
+// 3.6-3.8 TB/s where cuBLAS reached 4.2 (docs/performance/gemm.md, "Skinny GEMM"). Here the weights come into
 // shared memory by cp.async.bulk (the 1-D form of the tensor memory accelerator: one instruction copies
 // one row's chunk of KC columns, completion counted in bytes on an mbarrier), S stages deep, over a
 // persistent grid:
@@ -230,7 +230,7 @@ __device__ __forceinline__ void skinny_impl(const __nv_bfloat16* __restrict__ x,
 //     of them. (A static split of the (tile, chunk) units into equal ranges, "stream-K", with the tiles
 //     split between CTAs folded by the last one through a workspace, was measured first: the CTAs' last
 //     stages landed up to 6 us apart on an 8B gate/up launch, and the fold cost each CTA ~3 us at its end;
-//     docs/performance.md, "The staged skinny GEMM".)
+//     docs/performance/gemm.md, "The staged skinny GEMM".)
 //   * warp kStCW is the producer: its lane 0 waits for a stage to be empty, writes the stage's tile to
 //     shared memory, announces the stage's bytes on its "full" barrier, and 16 lanes (PL = 16; lane 0
 //     alone for PL = 1) issue one bulk copy per weight row. Before the PDL wait it may issue the first
@@ -287,7 +287,7 @@ __device__ __forceinline__ void st_mark(int k) {
 // barrier after the fold (static shared memory stays at 16 KB for TP MT = 8).
 // (On the H200 the 16-row build beat cuBLAS on small weights only, and the 32-row builds nowhere: a unit reads
 // its chunk's x rows from L2, M / (16 TP) times its weight bytes, where cuBLAS's tiles are 64-192 weight rows
-// wide. docs/performance.md, "The staged GEMM above 8 rows".)
+// wide. docs/performance/gemm.md, "The staged GEMM above 8 rows".)
 template <int TP, int MT>
 __host__ __device__ constexpr int st_red_bufs() { return TP * MT <= 2 ? 2 : 1; }
 
@@ -484,7 +484,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 //
 // Why a third kernel: above 16 rows the staged kernel's x reads are what it waits on -- every unit of 16 TP
 // weight rows reads all M rows of each chunk of x from L2, M / (16 TP) times its weight bytes, and at 32 rows
-// it lost to cuBLAS on every GEMM (docs/performance.md, "The staged GEMM above 8 rows"). Here the C CTAs of
+// it lost to cuBLAS on every GEMM (docs/performance/gemm.md, "The staged GEMM above 8 rows"). Here the C CTAs of
 // a thread-block cluster share each chunk of x: CTA q of the cluster copies the x rows 64 q / C .. of a chunk
 // into the same stage of every CTA of the cluster by one multicast tensor copy, so L2 serves a chunk of x once
 // per cluster (M / (16 TP C) times the weight bytes).
@@ -493,7 +493,7 @@ __device__ __forceinline__ void skinny_staged_impl(const __nv_bfloat16* __restri
 //     (64, KC / 64, 8) weight rows and (64, KC / 64, 64 / C) x rows, 128-byte swizzled. One copy a box: a stage
 //     of TP = 2 takes 2 TP + 1 copies from each CTA's producer. (The first version copied one row a copy, 48 a
 //     stage, and ran at a fifth of cuBLAS's rate: the SM's copy engine took ~45 ns a copy whatever its size,
-//     benches/gpu/trace_cluster.py, docs/performance.md);
+//     benches/gpu/trace_cluster.py, docs/performance/gemm.md);
 //   * a stage holds the 16 TP weight rows of the CTA's unit, then 64 rows of x, each row 2 KC bytes, its 16-byte
 //     pieces swizzled as the copies write them: piece j of the 128-byte line l (stage offset 128 l + 16 j) is at
 //     128 l + 16 (j ^ (l mod 8)) (stages 1024-byte aligned). Rows past N or M and columns past K arrive as zeros;

@@ -5,7 +5,7 @@
 // [gate | up] [2I, K] for the SwiGLU epilogue), y [M, N] (or [M, I]) bf16 or fp32. K % (64 KP) == 0.
 //
 // Why a fourth GEMM: above 16 rows a decode step's GEMMs are cuBLAS's, whose kernels cannot start before the
-// kernel ahead of them has finished (no programmatic-dependency wait: docs/performance.md, "Decode GEMMs on
+// kernel ahead of them has finished (no programmatic-dependency wait: docs/performance/gemm.md, "Decode GEMMs on
 // cuBLAS"). The cluster kernel of skinny_gemm.cu waits but its mma.sync consumers, one warp a scheduler, could not
 // keep up with their stages ("The cluster GEMM, diagnosed"). Here one warpgroup issues each 16-column step of a
 // stage as one wgmma per 64 weight rows, with both operands in shared memory where the tensor copies put them:
