@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: the groups this table reads, in the order of its sections
-GROUPS = ("kernel_decode", "kernel_prefill", "kernel_small", "kernel_gemm", "engine_decode")
+GROUPS = ("kernel_decode", "kernel_prefill", "kernel_small", "kernel_gemm", "engine_decode", "agentic")
 
 
 @dataclass(slots=True, frozen=True)
@@ -142,9 +142,26 @@ def _engine(records: list[dict[str, Any]]) -> list[FloorRow]:
     return rows
 
 
+def _agentic(records: list[dict[str, Any]]) -> list[FloorRow]:
+    """The agentic workload, the engine resuming: the whole run, its first and last turns, against the workload's
+    floor (``test_agentic.turn_floors``) and transformers reusing its cache. Runs before the forty-second session
+    recorded no floor and give no row."""
+    by = {r.get("variant"): r for r in records}
+    ours, peer = by.get("resume"), by.get("transformers + cache")
+    if not ours or not ours.get("floor_s"):
+        return []
+    rows = [FloorRow("agentic workload (resume)", "whole run", ours["floor_s"] * 1e3, ours["wall_s"] * 1e3,
+                     "transformers + cache" if peer else "", peer["wall_s"] * 1e3 if peer else None)]
+    turns, floors = ours["turn_s"], ours["turn_floor_s"]
+    for k in (0, len(turns) - 1):
+        rows.append(FloorRow("agentic workload (resume)", f"turn {k + 1}", floors[k] * 1e3, turns[k] * 1e3,
+                             "transformers + cache" if peer else "", peer["turn_s"][k] * 1e3 if peer else None))
+    return rows
+
+
 _PICKERS: dict[str, Callable[[list[dict[str, Any]]], list[FloorRow]]] = {
     "kernel_decode": _decode, "kernel_prefill": _prefill, "kernel_small": _small, "kernel_gemm": _gemm,
-    "engine_decode": _engine,
+    "engine_decode": _engine, "agentic": _agentic,
 }
 
 
@@ -154,6 +171,8 @@ def floor_rows(groups: dict[str, list[dict[str, Any]]]) -> dict[str, list[FloorR
 
 
 def _time(ms: float) -> str:
+    if ms >= 1e3:
+        return f"{ms / 1e3:.3f} s"
     if ms < 0.1:
         return f"{ms * 1e3:.1f} µs"
     if ms < 1.0:
@@ -188,19 +207,21 @@ def floors_markdown(groups: dict[str, list[dict[str, Any]]], commands: dict[str,
     if source:
         lines += [f"From {source}.", ""]
     lines += ["Floor: the bytes a kernel must move over the copy ceiling, or its FLOPs over the bf16 GEMM ceiling "
-              "(paged prefill), or a decode step's weight and KV bytes over the copy ceiling (decode step), the "
-              "ceilings measured in the same run. % of floor = floor / achieved.", "",
+              "(paged prefill), or a decode step's weight and KV bytes over the copy ceiling (decode step; the agentic "
+              "workload's decode steps the same, its prefills' FLOPs at the GEMM ceiling), the ceilings measured in "
+              "the same run. % of floor = floor / achieved.", "",
               "| kernel | problem | floor | achieved | % of floor | peer | peer / ours |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    for rows in floor_rows(groups).values():
+    rows_by_group = floor_rows(groups)
+    for rows in rows_by_group.values():
         for r in rows:
             ratio = r.peer_over_ours
             lines.append(f"| {r.kernel} | {r.problem} | {_time(r.floor_ms)} | {_time(r.achieved_ms)} | "
                          f"{r.pct_of_floor:.1f}% | {r.peer + ' ' + _time(r.peer_ms) if r.peer_ms else '–'} | "
                          f"{_ratio(ratio)} |")
-    missing = [g for g in GROUPS if g not in groups]
+    missing = [g for g in GROUPS if g not in groups or not rows_by_group.get(g)]
     if missing:
-        lines += ["", f"Not in this run: {', '.join(missing)}."]
+        lines += ["", f"Not in this run, or with no floor recorded: {', '.join(missing)}."]
     if commands:
         by_command: dict[str, list[str]] = {}
         for g, c in commands.items():

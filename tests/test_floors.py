@@ -35,7 +35,7 @@ def _targets(group: str) -> list[dict]:
 
 def test_rows_carry_their_records_numbers(run) -> None:
     groups, _ = run
-    assert set(groups) == set(GROUPS)
+    assert set(groups) == set(GROUPS) - {"agentic"}          # the fortieth session did not run the agentic bench
     rows = floor_rows(groups)
     counts = {name: len(r) for name, r in rows.items()}
     print("rows per group:", counts)
@@ -72,7 +72,7 @@ def test_markdown_and_cli(run, tmp_path, capsys) -> None:
     assert "| decode attention (turnkv auto) | 32 × 16384 | 516 µs | 477 µs | 108.3% | SDPA cuDNN, dense 466 µs | " \
            "0.977× |" in text
     assert "| decode step (turnkv) | qwen3-8b, batch 1 | 3.634 ms | 4.185 ms | 86.8% |" in text
-    assert "Not in this run" not in text
+    assert "Not in this run, or with no floor recorded: agentic." in text
     out = tmp_path / "floors.md"
     assert main([str(RUN), "--out", str(out)]) == 0
     assert out.read_text() == floors_markdown(*run, source=f"`{RUN.as_posix()}`")
@@ -89,7 +89,8 @@ def test_write_reports_adds_the_table(tmp_path, monkeypatch) -> None:
     assert tmp_path / "floors.md" in written
     text = (tmp_path / "floors.md").read_text()
     assert "| `rmsnorm` | 64 rows | 1.0 µs | 4.0 µs | 25.0% | – | – |" in text
-    assert "Not in this run: kernel_decode, kernel_prefill, kernel_gemm, engine_decode." in text
+    assert "Not in this run, or with no floor recorded: kernel_decode, kernel_prefill, kernel_gemm, engine_decode, " \
+           "agentic." in text
 
 
 def test_no_table_without_its_groups(tmp_path, monkeypatch) -> None:
@@ -106,3 +107,38 @@ def test_no_table_without_its_groups(tmp_path, monkeypatch) -> None:
 def test_row_rejects_times_that_are_not_positive(floor, achieved) -> None:
     with pytest.raises(ValueError, match="positive times"):
         FloorRow("k", "p", floor, achieved, "", None)
+
+
+def test_agentic_rows() -> None:
+    # the thirty-ninth session's run recorded no floor: no row, and the table says so
+    old = json.loads((RUN.parent / "thirty_ninth_session" / "agentic.json").read_text())["records"]
+    assert floor_rows({"agentic": old}) == {"agentic": []}
+    text = floors_markdown({"agentic": old, "kernel_small": [dict(kernel="rmsnorm", n=64, median_ms=0.004, floor_ms=0.001)]})
+    assert text.rstrip().endswith("no floor recorded: kernel_decode, kernel_prefill, kernel_gemm, engine_decode, agentic.")
+    # with one: the whole run and its first and last turns, against transformers reusing its cache
+    resume = dict(old[0], floor_s=5.0, turn_floor_s=[0.4] + [0.5] * 6 + [0.9])
+    rows = floor_rows({"agentic": [resume, *old[1:]]})["agentic"]
+    assert [r.problem for r in rows] == ["whole run", "turn 1", "turn 8"]
+    assert rows[0].achieved_ms == pytest.approx(old[0]["wall_s"] * 1e3) and rows[0].floor_ms == 5000.0
+    assert rows[0].peer_over_ours == pytest.approx(old[0]["speedup_vs_hf_cache"])
+    assert (rows[2].floor_ms, rows[2].achieved_ms) == (900.0, old[0]["turn_s"][-1] * 1e3)
+    assert "| agentic workload (resume) | whole run | 5.000 s | 6.178 s | 80.9% |" in floors_markdown({"agentic": [resume]})
+
+
+def test_agentic_floor_model() -> None:
+    """``turn_floors`` on the bench's GPU workload at the thirty-seventh session's copy ceiling (4250 GB/s) gives the
+    decode floor that session's profile summed step by step: 5002 ms (docs/performance/agentic.md)."""
+    sys.path.insert(0, str(BENCHES))
+    try:
+        agentic = importlib.import_module("test_agentic")
+    finally:
+        sys.path.remove(str(BENCHES))
+    from reference import named_config
+    f = agentic.turn_floors(named_config("qwen3-0.6b"), 4250.0, 780.0, 64, 1024, 256, 128, 8)
+    decode = sum(t["decode_s"] for t in f)
+    print(f"decode floor {decode * 1e3:.1f} ms; turns {[round(t['floor_s'], 3) for t in f]}")
+    assert round(decode * 1e3) == 5002
+    assert [(t["first_keys"], t["last_keys"]) for t in (f[0], f[-1])] == [(1281, 1407), (3969, 4095)]
+    # the resumed turns prefill 257 tokens each: the same FLOPs but for their growing prefix
+    assert all(0 < f[k]["prefill_s"] < f[0]["prefill_s"] for k in range(1, 8))
+    assert all(f[k]["floor_s"] < f[k + 1]["floor_s"] for k in range(7))
