@@ -142,3 +142,11 @@ def test_agentic_floor_model() -> None:
     # the resumed turns prefill 257 tokens each: the same FLOPs but for their growing prefix
     assert all(0 < f[k]["prefill_s"] < f[0]["prefill_s"] for k in range(1, 8))
     assert all(f[k]["floor_s"] < f[k + 1]["floor_s"] for k in range(7))
+
+
+def test_the_overview_shows_the_runs_table(run) -> None:
+    """docs/performance.md's table is the one this module writes from the fortieth session's files, row for row."""
+    overview = (BENCHES.parent / "docs" / "performance.md").read_text()
+    table = [line for line in floors_markdown(*run).splitlines() if line.startswith("| ")]
+    shown = [line for line in overview.splitlines() if line.startswith("| ") and line in table]
+    assert len(table) == 60 and shown == table, "the overview's floor table differs from benches/floors.py's output"

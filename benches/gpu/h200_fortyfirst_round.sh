@@ -16,6 +16,9 @@
 #                                                       # GC time), the prefill A/B on the agentic
 #                                                       # bench's workload (even chunks with and without the prefill
 #                                                       # graphs), invariant_overhead, group_sharing, host_overhead
+#   bash benches/gpu/h200_fortyfirst_round.sh third    # (forty-second session) the agentic bench, whose records now
+#                                                       # carry the workload's floor (turn_floors), and the engine
+#                                                       # decode bench; their floors.md is in bench_agentic.tgz
 # TAG: the logs' suffix (default _MODE).
 source benches/gpu/_env.sh
 mode=${1:-first}
@@ -60,5 +63,10 @@ if [ "$mode" = second ]; then
   mv "$OUT/profile_agentic.json" "$OUT/profile_agentic_prefill_ab$tag.json" 2>/dev/null
   bench_packed 170 "invariant_overhead or group_sharing or host_overhead" "run_gpu_rest$tag.log"
   mv "$OUT/bench.tgz" "$OUT/bench_rest.tgz"
+fi
+if [ "$mode" = third ]; then
+  bench_packed 420 "(test_agentic and not trickle) or engine_decode" "run_gpu_agentic$tag.log"
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+  grep -E "^\[(MET |miss)\]" "$OUT/run_gpu_agentic$tag.log"
 fi
 exit 0
