@@ -2,8 +2,9 @@
 
 Issue 5 asks for two numbers per kernel: its **floor** (the fewest bytes it must move over the copy
 ceiling, or the FLOPs over the bf16 GEMM ceiling, both measured in the same run) and what it
-**achieved**. Every lab records both per problem (``floor_ms``, ``median_ms``); this module picks
-the problems the docs discuss and lays them out side by side, with the peer each target names.
+**achieved**. Every lab records both per problem (``floor_ms`` beside ``median_ms``, or ``step_ms`` for
+a decode step), and the agentic bench its workload's (``floor_s``, ``turn_floor_s``: ``test_agentic.turn_floors``);
+this module picks the problems the docs discuss and lays them out side by side, with the peer each target names.
 
     python benches/floors.py benches/results/h200/fortieth_session     # markdown on stdout
     python benches/floors.py DIR --out DIR/floors.md
