@@ -517,13 +517,11 @@ def write_reports(collector: Collector, out_dir: Path, scale: Scale | None) -> l
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     (out_dir / "latest.md").write_text("\n".join(latest))
     written += [out_dir / "summary.json", out_dir / "latest.md"]
-    from floors import GROUPS as FLOOR_GROUPS, floors_markdown   # benches/floors.py, beside this file
+    from floors import GROUPS as FLOOR_GROUPS, write_floors   # benches/floors.py, beside this file
     floor_groups = {n: g.records for n, g in collector.groups.items() if n in FLOOR_GROUPS and g.records}
     if floor_groups:   # floor and achieved, kernel by kernel (docs/performance.md)
-        (out_dir / "floors.md").write_text(floors_markdown(floor_groups, {n: cmd for n in floor_groups},
-                                                           source=f"the run of {env['timestamp_utc']} on {env.get('device')} "
-                                                                  f"(scale {env['scale']})"))
-        written.append(out_dir / "floors.md")
+        written += write_floors(floor_groups, out_dir, {n: cmd for n in floor_groups},
+                                source=f"the run of {env['timestamp_utc']} on {env.get('device')} (scale {env['scale']})")
     return written
 
 

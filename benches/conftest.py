@@ -8,8 +8,9 @@ The default, ``auto``, is ``gpu`` when torch sees a CUDA device and ``cpu`` othe
 At the end of the session every bench group is written to ``--bench-out`` (default
 ``benches/results`` on the GPU scale, a temporary folder on the CPU scale) as ``<group>.json``
 (every number, the command line, the environment), ``<group>.md`` (tables) and ``<group>.png``,
-with ``summary.json`` (all targets), ``latest.md`` (every table, included by the docs) and ``floors.md``
-(each kernel's floor and achieved, ``benches/floors.py``) when a kernel lab or the engine decode bench ran.
+with ``summary.json`` (all targets), ``latest.md`` (every table, included by the docs) and ``floors.md`` /
+``.json`` / ``.png`` (each kernel's floor and achieved, ``benches/floors.py``) when a kernel lab, the engine decode
+bench or the agentic bench ran.
 """
 
 from __future__ import annotations

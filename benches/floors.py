@@ -7,10 +7,10 @@ a decode step), and the agentic bench its workload's (``floor_s``, ``turn_floor_
 this module picks the problems the docs discuss and lays them out side by side, with the peer each target names.
 
     python benches/floors.py benches/results/h200/fortieth_session     # markdown on stdout
-    python benches/floors.py DIR --out DIR/floors.md
+    python benches/floors.py DIR --out-dir DIR       # floors.md, floors.json, floors.png
 
-``write_reports`` (``benches/_bench.py``) writes ``floors.md`` beside the groups' reports of every
-run that produced one of these groups, so the next GPU run brings its own table.
+``write_reports`` (``benches/_bench.py``) writes the three beside the groups' reports of every run
+that produced one of these groups, so the next GPU run brings its own table and plot.
 
 "% of floor" is floor / achieved: 100% is a kernel at its floor. It can pass 100% where the
 floor's ceiling is a device-to-device copy (reads and writes) and the kernel mostly reads.
@@ -232,17 +232,71 @@ def floors_markdown(groups: dict[str, list[dict[str, Any]]], commands: dict[str,
     return "\n".join(lines) + "\n"
 
 
+def floors_json(groups: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The table's rows as plain data (``floors.json``)."""
+    return {"rows": [{"group": g, "kernel": r.kernel, "problem": r.problem, "floor_ms": r.floor_ms,
+                      "achieved_ms": r.achieved_ms, "pct_of_floor": r.pct_of_floor, "peer": r.peer or None,
+                      "peer_ms": r.peer_ms, "peer_over_ours": r.peer_over_ours}
+                     for g, rows in floor_rows(groups).items() for r in rows]}
+
+
+def floors_plot(groups: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path:
+    """``floors.png``: a bar a row, its % of floor, coloured by bench group, with the peer / ours ratio at its end."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(g, r) for g, rs in floor_rows(groups).items() for r in rs]
+    if not rows:
+        raise ValueError("no row to plot")
+    fig, ax = plt.subplots(figsize=(9.5, 1.2 + 0.2 * len(rows)))
+    colours = {g: plt.get_cmap("tab10")(i) for i, g in enumerate(GROUPS)}
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r.pct_of_floor for _, r in rows], color=[colours[g] for g, _ in rows], height=0.7)
+    for yy, (_, r) in zip(y, rows):
+        if r.peer_over_ours is not None:
+            ax.annotate(f"{_ratio(r.peer_over_ours)} {r.peer}", (r.pct_of_floor, yy), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=6)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{r.kernel}, {r.problem}".replace("`", "") for _, r in rows], fontsize=6)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.axvline(100, ls="--", lw=1, color="grey")
+    ax.set_xlim(0, max(130.0, 1.25 * max(r.pct_of_floor for _, r in rows)))
+    ax.set_xlabel("% of floor (floor / achieved); beside each bar: peer time / ours")
+    ax.set_title(title or "Floor and achieved, kernel by kernel", fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_floors(groups: dict[str, list[dict[str, Any]]], out_dir: Path, commands: dict[str, str] | None = None,
+                 source: str = "") -> list[Path]:
+    """``floors.md``, ``floors.json`` and ``floors.png`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, js, png = out_dir / "floors.md", out_dir / "floors.json", out_dir / "floors.png"
+    md.write_text(floors_markdown(groups, commands, source))
+    js.write_text(json.dumps({"source": source, "commands": commands or {}, **floors_json(groups)}, indent=1))
+    paths = [md, js]
+    if any(floor_rows(groups).values()):
+        paths.append(floors_plot(groups, png, f"Floor and achieved ({source})" if source else ""))
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results_dir", type=Path, help="a folder of <group>.json files written by the benches")
-    ap.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
+    ap.add_argument("--out-dir", type=Path, help="write floors.md, floors.json and floors.png here instead of "
+                                                  "printing the markdown")
     args = ap.parse_args(argv)
     groups, commands = load_groups(args.results_dir)
-    text = floors_markdown(groups, commands, source=f"`{args.results_dir.as_posix()}`")
-    if args.out:
-        args.out.write_text(text)
+    source = f"`{args.results_dir.as_posix()}`"
+    if args.out_dir:
+        for p in write_floors(groups, args.out_dir, commands, source):
+            print(p)
     else:
-        print(text, end="")
+        print(floors_markdown(groups, commands, source=source), end="")
     return 0
 
 

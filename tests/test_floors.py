@@ -73,11 +73,18 @@ def test_markdown_and_cli(run, tmp_path, capsys) -> None:
            "0.977× |" in text
     assert "| decode step (turnkv) | qwen3-8b, batch 1 | 3.634 ms | 4.185 ms | 86.8% |" in text
     assert "Not in this run, or with no floor recorded: agentic." in text
+    assert main([str(RUN), "--out-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / n) for n in ("floors.md", "floors.json", "floors.png")]
     out = tmp_path / "floors.md"
-    assert main([str(RUN), "--out", str(out)]) == 0
     assert out.read_text() == floors_markdown(*run, source=f"`{RUN.as_posix()}`")
     assert main([str(RUN)]) == 0
     assert capsys.readouterr().out == out.read_text()
+    data = json.loads((tmp_path / "floors.json").read_text())
+    rows = [r for rs in floor_rows(run[0]).values() for r in rs]
+    assert len(data["rows"]) == len(rows) == 58
+    assert [(d["kernel"], d["problem"], d["floor_ms"], d["achieved_ms"]) for d in data["rows"]] == \
+        [(r.kernel, r.problem, r.floor_ms, r.achieved_ms) for r in rows]
+    assert (tmp_path / "floors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_write_reports_adds_the_table(tmp_path, monkeypatch) -> None:
@@ -86,7 +93,8 @@ def test_write_reports_adds_the_table(tmp_path, monkeypatch) -> None:
     col.add("kernel_small", kernel="rmsnorm", n=64, shape="[64, 4096]", median_ms=0.004, floor_ms=0.001)
     col.add("ceilings", kind="copy", GBps=4000.0)
     written = _bench.write_reports(col, tmp_path, _bench.Scale("cpu"))
-    assert tmp_path / "floors.md" in written
+    assert {tmp_path / n for n in ("floors.md", "floors.json", "floors.png")} <= set(written)
+    assert json.loads((tmp_path / "floors.json").read_text())["rows"][0]["pct_of_floor"] == pytest.approx(25.0)
     text = (tmp_path / "floors.md").read_text()
     assert "| `rmsnorm` | 64 rows | 1.0 µs | 4.0 µs | 25.0% | – | – |" in text
     assert "Not in this run, or with no floor recorded: kernel_decode, kernel_prefill, kernel_gemm, engine_decode, " \
