@@ -68,36 +68,33 @@ def _peer(impl: str) -> str:
     return f"SDPA {dict(cudnn='cuDNN').get(backend, backend)}"
 
 
+def _attention(records: list[dict[str, Any]], shape: tuple[str, str], ours_names: tuple[str, ...],
+               peer_names: tuple[str, ...], kernel: str, problem: Callable[[dict[str, Any]], str],
+               peer_suffix: str = "") -> list[FloorRow]:
+    """The attention labs' rows: ours (the first of ``ours_names`` present) at each ``shape`` key pair, sorted by it,
+    beside the first of ``peer_names`` on the same problem."""
+    ours, peer_name = _first(records, ours_names), _first(records, peer_names)
+    by = _index(records, *shape, "impl")
+    rows = []
+    for key, r in sorted(by.items(), key=lambda kv: kv[0][:2]):
+        if key[2] != ours:
+            continue
+        peer = by.get((*key[:2], peer_name))
+        rows.append(FloorRow(f"{kernel} ({ours})", problem(r), r["floor_ms"], r["median_ms"],
+                             _peer(peer_name) + peer_suffix if peer else "", peer["median_ms"] if peer else None))
+    return rows
+
+
 def _decode(records: list[dict[str, Any]]) -> list[FloorRow]:
     """Split-KV decode attention as the engine launches it (``auto``, shuffled pages) against cuDNN SDPA."""
-    ours = _first(records, ("turnkv auto", "reference fixed:16"))
-    peer_name = _first(records, ("sdpa cudnn", "sdpa math"))
-    by = _index(records, "batch", "ctx", "impl")
-    rows = []
-    for (batch, ctx, impl), r in sorted(by.items(), key=lambda kv: kv[0][:2]):
-        if impl != ours:
-            continue
-        peer = by.get((batch, ctx, peer_name))
-        rows.append(FloorRow(f"decode attention ({ours})", f"{batch} × {ctx}", r["floor_ms"], r["median_ms"],
-                             f"{_peer(peer_name)}, dense" if peer else "",
-                             peer["median_ms"] if peer else None))
-    return rows
+    return _attention(records, ("batch", "ctx"), ("turnkv auto", "reference fixed:16"), ("sdpa cudnn", "sdpa math"),
+                      "decode attention", lambda r: f"{r['batch']} × {r['ctx']}", ", dense")
 
 
 def _prefill(records: list[dict[str, Any]]) -> list[FloorRow]:
     """Paged prefill as the engine launches it against SDPA's flash backend (the target's peer)."""
-    ours = _first(records, ("turnkv", "reference"))
-    peer_name = _first(records, ("sdpa flash", "sdpa math"))
-    by = _index(records, "chunk", "prefix", "impl")
-    rows = []
-    for (chunk, prefix, impl), r in sorted(by.items(), key=lambda kv: kv[0][:2]):
-        if impl != ours:
-            continue
-        peer = by.get((chunk, prefix, peer_name))
-        rows.append(FloorRow(f"paged prefill ({ours})", f"{r['nseq']} × {chunk} after {prefix}", r["floor_ms"],
-                             r["median_ms"], _peer(peer_name) if peer else "",
-                             peer["median_ms"] if peer else None))
-    return rows
+    return _attention(records, ("chunk", "prefix"), ("turnkv", "reference"), ("sdpa flash", "sdpa math"),
+                      "paged prefill", lambda r: f"{r['nseq']} × {r['chunk']} after {r['prefix']}")
 
 
 def _small(records: list[dict[str, Any]]) -> list[FloorRow]:
