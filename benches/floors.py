@@ -151,7 +151,7 @@ def _agentic(records: list[dict[str, Any]]) -> list[FloorRow]:
     rows = [FloorRow("agentic workload (resume)", "whole run", ours["floor_s"] * 1e3, ours["wall_s"] * 1e3,
                      "transformers + cache" if peer else "", peer["wall_s"] * 1e3 if peer else None)]
     turns, floors = ours["turn_s"], ours["turn_floor_s"]
-    for k in (0, len(turns) - 1):
+    for k in sorted({0, len(turns) - 1}):
         rows.append(FloorRow("agentic workload (resume)", f"turn {k + 1}", floors[k] * 1e3, turns[k] * 1e3,
                              "transformers + cache" if peer else "", peer["turn_s"][k] * 1e3 if peer else None))
     return rows

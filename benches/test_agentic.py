@@ -63,14 +63,14 @@ def turn_floors(cfg: ModelConfig, copy_GBps: float, gemm_TFLOPs: float, seqs: in
     ``gen - 1`` decode steps then attend over ``C_k + 1`` ... ``C_k + gen - 1`` keys. A decode step reads every
     weight and each sequence's K/V once: ``(W + seqs * keys * kv_bytes) / copy`` (the engine decode bench's
     roofline). A prefill step is held to the larger of its FLOPs at the GEMM rate (every linear weight twice per
-    token, the LM head once per sequence, ``4 * heads * head_dim`` per query-key pair of the causal attention)
-    and its weights at the copy rate.
+    token, the LM head once per sequence, ``4 * heads * head_dim`` a layer per query-key pair of the causal
+    attention: the scores and P V) and its weights at the copy rate.
     """
     bw, rate = copy_GBps * 1e9, gemm_TFLOPs * 1e12
     W, kvt = weight_bytes_per_step(cfg, elem), kv_bytes_per_token(cfg, elem)
     head = cfg.vocab_size * cfg.hidden_size                        # LM head parameters
     linear = W // elem - head                                      # the layers' parameters (norms included)
-    qk = 4 * cfg.num_attention_heads * cfg.head_dim                # FLOPs of one query-key pair (scores and P V)
+    qk = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim   # a query-key pair, all layers
     out = []
     for k in range(turns):
         cached = prompt + (k + 1) * obs + k * gen                  # C_k

@@ -142,19 +142,53 @@ def test_agentic_floor_model() -> None:
     finally:
         sys.path.remove(str(BENCHES))
     from reference import named_config
+    assert named_config("qwen3-0.6b").tie_word_embeddings     # the LM head is the embedding: not in the layers' count
     f = agentic.turn_floors(named_config("qwen3-0.6b"), 4250.0, 780.0, 64, 1024, 256, 128, 8)
     decode = sum(t["decode_s"] for t in f)
     print(f"decode floor {decode * 1e3:.1f} ms; turns {[round(t['floor_s'], 3) for t in f]}")
     assert round(decode * 1e3) == 5002
     assert [(t["first_keys"], t["last_keys"]) for t in (f[0], f[-1])] == [(1281, 1407), (3969, 4095)]
-    # the resumed turns prefill 257 tokens each: the same FLOPs but for their growing prefix
-    assert all(0 < f[k]["prefill_s"] < f[0]["prefill_s"] for k in range(1, 8))
+    # the prefills' FLOPs, counted here from the config's fields: every layer's q, k, v, o, gate, up and down weights
+    # and its four norms, the final norm, twice a token; the (tied) LM head twice a sequence; 4 * heads * head_dim a
+    # layer per causal query-key pair
+    cfg = named_config("qwen3-0.6b")
+    H, I, L, D, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size
+    nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    per_layer = H * nq * D + 2 * H * nkv * D + nq * D * H + 3 * H * I + 2 * H + 2 * D
+    linear = L * per_layer + H
+
+    def flops(new: int, start: int) -> int:
+        pairs = sum(start + t for t in range(1, new + 1))
+        return 64 * (2 * linear * new + 2 * V * H + 4 * L * nq * D * pairs)
+
+    assert f[0]["prefill_s"] * 780e12 == pytest.approx(flops(1280, 0), rel=1e-12)
+    assert f[7]["prefill_s"] * 780e12 == pytest.approx(flops(257, 1024 + 8 * 256 + 7 * 128 - 257), rel=1e-12)
+    assert all(f[k]["prefill_s"] < f[k + 1]["prefill_s"] < f[0]["prefill_s"] for k in range(1, 7))
     assert all(f[k]["floor_s"] < f[k + 1]["floor_s"] for k in range(7))
 
 
 def test_the_overview_shows_the_runs_table(run) -> None:
     """docs/performance.md's table is the one this module writes from the fortieth session's files, row for row."""
-    overview = (BENCHES.parent / "docs" / "performance.md").read_text()
+    overview = (BENCHES.parent / "docs" / "performance.md").read_text().splitlines()
     table = [line for line in floors_markdown(*run).splitlines() if line.startswith("| ")]
-    shown = [line for line in overview.splitlines() if line.startswith("| ") and line in table]
-    assert len(table) == 60 and shown == table, "the overview's floor table differs from benches/floors.py's output"
+    start = overview.index(table[0])                    # the "| kernel | problem | ..." header
+    end = next(i for i in range(start, len(overview)) if not overview[i].startswith("| "))
+    assert len(table) == 60 and overview[start:end] == table, \
+        "the overview's floor table differs from benches/floors.py's output"
+
+
+def test_a_broken_record_costs_only_the_floor_table(tmp_path, monkeypatch, capsys) -> None:
+    """A lab record without its floor: the groups' reports and the summary are written, and floors.md says what failed."""
+    monkeypatch.syspath_prepend(str(BENCHES))
+    col = _bench.Collector()
+    col.add("kernel_small", kernel="rmsnorm", n=64, shape="[64, 4096]", median_ms=0.004)    # no floor_ms
+    written = _bench.write_reports(col, tmp_path, _bench.Scale("cpu"))
+    assert {tmp_path / n for n in ("kernel_small.json", "summary.json", "latest.md", "floors.md")} <= set(written)
+    assert "could not build the table: KeyError: 'floor_ms'" in (tmp_path / "floors.md").read_text()
+    assert "could not build the table" in capsys.readouterr().err
+    assert not (tmp_path / "floors.png").exists()
+
+
+def test_one_turn_gives_one_turn_row() -> None:
+    rec = dict(variant="resume", wall_s=2.0, turn_s=[2.0], floor_s=1.0, turn_floor_s=[1.0])
+    assert [r.problem for r in floor_rows({"agentic": [rec]})["agentic"]] == ["whole run", "turn 1"]
