@@ -15,7 +15,8 @@
 #                                                       # was 1.15 s slower: now with each run's process CPU time and
 #                                                       # GC time), the prefill A/B on the agentic
 #                                                       # bench's workload (even chunks with and without the prefill
-#                                                       # graphs), invariant_overhead, group_sharing, host_overhead
+#                                                       # graphs)
+#   bash benches/gpu/h200_fortyfirst_round.sh rest     # invariant_overhead, group_sharing, host_overhead
 #   bash benches/gpu/h200_fortyfirst_round.sh third    # (forty-second session) the agentic bench, whose records now
 #                                                       # carry the workload's floor (turn_floors), and the engine
 #                                                       # decode bench; their floors.md is in bench_agentic.tgz
@@ -61,6 +62,8 @@ if [ "$mode" = second ]; then
     --out "$OUT" > "$OUT/profile_agentic_prefill_ab$tag.log" 2>&1
   echo "prefill A/B rc=$?"; grep -E "^prefill A/B|Error" "$OUT/profile_agentic_prefill_ab$tag.log" | tail -6
   mv "$OUT/profile_agentic.json" "$OUT/profile_agentic_prefill_ab$tag.json" 2>/dev/null
+fi
+if [ "$mode" = rest ]; then   # (forty-second session: out of second, whose timeouts summed past a call's 600 s)
   bench_packed 170 "invariant_overhead or group_sharing or host_overhead" "run_gpu_rest$tag.log"
   mv "$OUT/bench.tgz" "$OUT/bench_rest.tgz"
 fi
