@@ -80,8 +80,8 @@ def turn_floors(cfg: ModelConfig, copy_GBps: float, gemm_TFLOPs: float, seqs: in
         flops = seqs * (2 * linear * new + 2 * head + qk * pairs)
         prefill = max(flops / rate, W / bw)
         decode = sum((W + seqs * (cached + j) * kvt) / bw for j in range(1, gen))
-        out.append({"prefill_s": prefill, "decode_s": decode, "floor_s": prefill + decode,
-                    "first_keys": cached + 1, "last_keys": cached + gen - 1})
+        out.append({"prefill_s": prefill, "decode_s": decode, "floor_s": prefill + decode, "context": cached,
+                    "prefilled": new, "first_keys": cached + 1, "last_keys": cached + gen - 1})
     return out
 
 
@@ -330,8 +330,8 @@ def test_agentic_targets(scale: Scale, ceilings, results, work: Workload):
     if a is None:
         pytest.skip("the resumed variant did not run")
     s = scale.name
-    ta = sum(a["turn_s"])
     t = a["turn_s"]
+    ta = sum(t)
     floors = turn_floors(work.cfg, ceilings["copy_GBps"], ceilings["gemm_TFLOPs"], SEQS[s], PROMPT[s], OBS[s], GEN[s],
                          TURNS[s], elem=2 if scale.gpu else 4)
     assert len(floors) == len(t) and all(f["floor_s"] > 0 for f in floors)
@@ -342,8 +342,8 @@ def test_agentic_targets(scale: Scale, ceilings, results, work: Workload):
             if c is not None:
                 r["speedup_vs_hf_cache"] = sum(c["turn_s"]) / ta
     for k, f in enumerate(floors):
-        results.add(TURNS_GROUP, turn=k + 1, variant="floor (resume)", turn_s=f["floor_s"],
-                    context=PROMPT[s] + OBS[s] + k * (GEN[s] + OBS[s]), prefilled=(OBS[s] + 1 if k else PROMPT[s] + OBS[s]))
+        results.add(TURNS_GROUP, turn=k + 1, variant="floor (resume)", turn_s=f["floor_s"], context=f["context"],
+                    prefilled=f["prefilled"])
     results.note(GROUP, f"Floor: the resumed workload at this run's ceilings (copy {ceilings['copy_GBps']:.0f} GB/s, GEMM "
                         f"{ceilings['gemm_TFLOPs']:.3g} TFLOP/s): each decode step's weights and K/V at the copy rate, each "
                         f"prefill's FLOPs at the GEMM rate (`turn_floors`); {floor:.3g} s in all, turn 1 "

@@ -19,6 +19,7 @@ RUN = BENCHES / "results" / "h200" / "fortieth_session"
 sys.path.insert(0, str(BENCHES))
 _bench = importlib.import_module("_bench")
 floors = importlib.import_module("floors")
+agentic = importlib.import_module("test_agentic")
 sys.path.remove(str(BENCHES))
 GROUPS, FloorRow, floor_rows, floors_markdown, load_groups, main = (
     floors.GROUPS, floors.FloorRow, floors.floor_rows, floors.floors_markdown, floors.load_groups, floors.main)
@@ -136,11 +137,6 @@ def test_agentic_rows() -> None:
 def test_agentic_floor_model() -> None:
     """``turn_floors`` on the bench's GPU workload at the thirty-seventh session's copy ceiling (4250 GB/s) gives the
     decode floor that session's profile summed step by step: 5002 ms (docs/performance/agentic.md)."""
-    sys.path.insert(0, str(BENCHES))
-    try:
-        agentic = importlib.import_module("test_agentic")
-    finally:
-        sys.path.remove(str(BENCHES))
     from reference import named_config
     assert named_config("qwen3-0.6b").tie_word_embeddings     # the LM head is the embedding: not in the layers' count
     f = agentic.turn_floors(named_config("qwen3-0.6b"), 4250.0, 780.0, 64, 1024, 256, 128, 8)
@@ -148,6 +144,7 @@ def test_agentic_floor_model() -> None:
     print(f"decode floor {decode * 1e3:.1f} ms; turns {[round(t['floor_s'], 3) for t in f]}")
     assert round(decode * 1e3) == 5002
     assert [(t["first_keys"], t["last_keys"]) for t in (f[0], f[-1])] == [(1281, 1407), (3969, 4095)]
+    assert [(t["context"], t["prefilled"]) for t in (f[0], f[1], f[-1])] == [(1280, 1280), (1664, 257), (3968, 257)]
     # the prefills' FLOPs, counted here from the config's fields: every layer's q, k, v, o, gate, up and down weights
     # and its four norms, the final norm, twice a token; the (tied) LM head twice a sequence; 4 * heads * head_dim a
     # layer per causal query-key pair
