@@ -20,6 +20,8 @@
 #   bash benches/gpu/h200_fortyfirst_round.sh third    # (forty-second session) the agentic bench, whose records now
 #                                                       # carry the workload's floor (turn_floors), and the engine
 #                                                       # decode bench; their floors.md is in bench_agentic.tgz
+# Once `first` passes: `git apply benches/gpu/pending/prefill_graphs_default.diff` (forty-third session; its header
+# says what else to edit) turns the prefill graphs on by default for engines on graphs.
 # TAG: the logs' suffix (default _MODE).
 source benches/gpu/_env.sh
 mode=${1:-first}
