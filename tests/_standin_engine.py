@@ -81,5 +81,25 @@ def broken_prefill_graph_positions(model: Any, weights: dict | None = None, **en
     return eng
 
 
-for _factory in (optimized_host, optimized_host_prefill_graphs, broken_prefill_graph_positions):
+def poisoned_kv_canary(model: Any, weights: dict | None = None, **engine_kwargs: Any):
+    """Broken on purpose (``tests/test_graph_capture.py`` runs ``benches/gpu/debug_prefill_graphs.py`` on it): with
+    the prefill graphs on, after the engine's third step the first token that step cached has its layer-0 K row set
+    back to the pool's canary (NaN), as a lost KV write would leave it, so the script has a NaN step to explain."""
+    eng = _build(model, weights, 256, **engine_kwargs)
+    r = eng.runner
+    execute, steps = r.execute, [0]
+
+    def poisoned(batch, ahead=None):
+        res = execute(batch, ahead)
+        steps[0] += 1
+        if steps[0] == 3:
+            slot = int(batch.slot_mapping[batch.slot_mapping >= 0][0])
+            r.k_cache[0][slot // r.block_size, slot % r.block_size] = float("nan")
+        return res
+
+    r.execute = poisoned
+    return eng
+
+
+for _factory in (optimized_host, optimized_host_prefill_graphs, broken_prefill_graph_positions, poisoned_kv_canary):
     _factory.supports = _optimized_supports

@@ -287,6 +287,33 @@ def test_count_prefill_graphs_switches_them_on_and_counts_every_replayed_step(op
     assert eager.runner.prefill_graph_steps == 0
 
 
+def test_debug_prefill_graphs_explains_a_nan_step():
+    """``benches/gpu/debug_prefill_graphs.py`` (the forty-fourth session's diagnosis of graphed prefill steps that
+    sampled from NaN logits on the GPU), on the stand-in engine whose KV cache loses one write on purpose
+    (``_standin_engine:poisoned_kv_canary``), in a subprocess: it finds the NaN step, names the context position that
+    holds the canary and the first op of the eager forward that gives a NaN (the attention, which reads it)."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}
+    res = subprocess.run([sys.executable, "benches/gpu/debug_prefill_graphs.py", "base", "conformance", "-p",
+                          "no:cacheprovider", "-q", "-s", "-x", "--engine", "_standin_engine:poisoned_kv_canary",
+                          "-m", "TURN", "-k", "test_batch_compositions and mha-d16"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    out = res.stdout + res.stderr
+    print("\n".join(line for line in out.splitlines() if not line.startswith("."))[-3000:])
+    assert res.returncode != 0, "the poisoned engine passed its TURN test"
+    assert "diagnosis failed" not in out
+    steps = re.search(r"variant base: (\d+) NaN steps; prefill graphs: (\d+) steps", out)
+    assert steps and int(steps.group(1)) >= 1 and int(steps.group(2)) > 0, "no NaN step was diagnosed"
+    assert re.search(r"canary at \d", out), "the diagnosis did not find the canary in the context"
+    assert "first NaN output: paged_prefill" in out
+
+
 @pytest.mark.parametrize("factory, caught", [("optimized_host_prefill_graphs", False),
                                              ("broken_prefill_graph_positions", True)])
 def test_the_host_conformance_run_catches_a_broken_prefill_graph(factory, caught):

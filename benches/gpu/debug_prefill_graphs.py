@@ -1,0 +1,262 @@
+"""Why do graphed prefill steps sample from NaN logits? (Forty-fourth session: the GPU conformance run with the
+prefill graphs on, ``h200_fortyfirst_round.sh first``, failed five TURN tests: the first logprob of a turn NaN, and
+``generate`` sampling token 0 after a chunked prefill.) Runs pytest like ``count_prefill_graphs.py`` with the prefill
+graphs on, with one variant of the runner, and on every graphed step whose logprobs hold a NaN prints the step and
+what a second replay, the same closure run eagerly (padded) and the eager step (unpadded) give:
+
+    python3 benches/gpu/debug_prefill_graphs.py VARIANT conformance -q --engine optimized ...
+
+VARIANT: ``base`` (as shipped), ``no-lookahead``, ``eager-closure`` (the padded closure run without a graph),
+``own-pool`` (each prefill graph in a memory pool of its own), ``no-pdl`` (``TURNKV_PDL=0``: set it in the
+environment, the variant only names it in the log), ``holes`` (``base``, and around every step of every kind a
+check of the KV cache's NaN canary: before the step, the cached context of the step's sequences; after it, the slots
+it wrote; each hole printed with the steps that wrote the sequence's positions), ``sync-start`` (a device-wide
+synchronisation before each graphed prefill step), ``after`` (after each graphed prefill step only, the canary check
+of the slots it wrote), ``no-copy-stream`` (``runner.decode_copy_stream = False``)."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import optimized.runner as orun
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import count_prefill_graphs as cpg  # noqa: E402
+
+VARIANTS = ("base", "no-lookahead", "eager-closure", "own-pool", "no-pdl", "holes", "sync-start", "after",
+            "no-copy-stream")
+reports: list[str] = []
+
+
+def _nan_rows(t: torch.Tensor) -> list[int]:
+    return torch.isnan(t.float().reshape(t.shape[0], -1)).any(dim=1).nonzero().flatten().tolist()
+
+
+def _diagnose(self, batch, g, res) -> None:
+    T, B, S = batch.num_tokens, len(batch.seqs), len(batch.sample_seqs)
+    key = next(k for k, v in self.prefill_graphs.items() if v is g)
+    lines = [f"NaN step: key {key} T {T} B {B} S {S} lps {res.logprobs}",
+             f"  seq_lens {batch.seq_lens.tolist()} sample_rows {batch.sample_rows.tolist()} "
+             f"tables {batch.block_tables.shape} qidx {np.unique(batch.q_seq_idx).tolist()} "
+             f"pos [{int(batch.positions.min())}, {int(batch.positions.max())}]"]
+    out = g["out"]
+    lines.append(f"  replayed logits NaN rows {_nan_rows(out['logits'])} of {out['logits'].shape[0]}")
+    if self.use_graphs and "graph" in g:
+        g["graph"].replay()
+        lines.append(f"  second replay: lps {out['lps'][:S].tolist()} NaN logits rows {_nan_rows(out['logits'])}")
+    saved = dict(out)
+    g["run"]()
+    lines.append(f"  closure eagerly: lps {out['lps'][:S].tolist()} NaN logits rows {_nan_rows(out['logits'])}")
+    out.clear()
+    out.update(saved)
+    lines.extend(_state(self, batch))
+    first: list[str] = []
+    hidden = _traced(self, first, lambda: self._prefill(batch.input_ids, batch.positions, batch.slot_mapping,
+                                                         batch.block_tables, batch.seq_lens, batch.q_seq_idx))
+    lines.append(f"  eager step: first NaN output: {first[0] if first else 'none'}")
+    rows = torch.as_tensor(batch.sample_rows, device=self.dev)
+    lines.append(f"  eager step: hidden NaN rows {_nan_rows(hidden)[:8]} sampled logits NaN rows "
+                 f"{_nan_rows(self.logits(hidden.index_select(0, rows)))}")
+    reports.extend(lines)
+    print("\n".join(lines), flush=True)
+
+
+def _state(self, batch) -> list[str]:
+    """The ticket array's nonzero entries and, per sequence, the canary (NaN) positions of its cached context."""
+    out = []
+    t = getattr(orun.ops, "_tickets", {}).get(self.dev.index if self.dev.index is not None else 0)
+    if t is not None:
+        nz = torch.nonzero(t).flatten()
+        out.append(f"  tickets: {nz.numel()} nonzero {[(int(i), int(t[i])) for i in nz[:8]]}")
+    bs = self.block_size
+    for b, seq in enumerate(batch.seqs):
+        mine = batch.positions[batch.q_seq_idx == b]
+        ps = np.arange(int(mine.min()) if mine.size else 0)
+        bad = ps[_nan_slots(self, batch.block_tables[b, ps // bs] * bs + ps % bs)]
+        out.append(f"  seq {seq.seq_id}: context {ps.size} step {_ranges(sorted(mine.tolist()))} canary at "
+                   f"{_ranges(bad.tolist()) or 'none'}")
+    return out
+
+
+def _traced(self, first: list[str], fn):
+    """``fn()`` with the forward's ops and GEMMs checked: the first whose output holds a NaN goes into ``first``."""
+    names = ("embed_rmsnorm", "rmsnorm", "qk_norm_rope", "paged_prefill", "split_kv_decode", "add_rmsnorm")
+    saved = {n: getattr(orun.ops, n) for n in names if hasattr(orun.ops, n)}
+    calls = [0]
+
+    def check(name, val, args):
+        calls[0] += 1
+        ts = [val] if isinstance(val, torch.Tensor) else [a for a in args[:2] if isinstance(a, torch.Tensor)]
+        for t in ts:
+            if not first and t.is_floating_point() and torch.isnan(t).any():
+                first.append(f"{name} (call {calls[0]}, NaN rows {_nan_rows(t)[:8]} of {t.shape[0]})")
+
+    def wrap(name, f):
+        def g(*args, **kwargs):
+            val = f(*args, **kwargs)
+            check(name, val, args)
+            return val
+        return g
+
+    for n, f in saved.items():
+        setattr(orun.ops, n, wrap(n, f))
+    self._mm = wrap("_mm", type(self)._mm.__get__(self))
+    self._mlp_act = wrap("_mlp_act", type(self)._mlp_act.__get__(self))
+    try:
+        return fn()
+    finally:
+        for n, f in saved.items():
+            setattr(orun.ops, n, f)
+        del self._mm, self._mlp_act
+
+
+def install(variant: str) -> None:
+    run = orun.CudaRunner._run_prefill_graph
+    capture = orun.CudaRunner._capture_prefill
+
+    def checked(self, batch):
+        if variant == "no-lookahead":
+            self.lookahead = False
+        if variant == "sync-start":
+            torch.cuda.synchronize()
+        if variant == "eager-closure":
+            graphs, self.use_graphs = self.use_graphs, False
+            try:
+                res = run(self, batch)
+            finally:
+                self.use_graphs = graphs
+        else:
+            res = run(self, batch)
+        if variant == "after":
+            live = batch.slot_mapping >= 0
+            bad = _nan_slots(self, batch.slot_mapping[live])
+            if bad.any():
+                _report(f"unwritten after graph: T {batch.num_tokens} B {len(batch.seqs)} seq_lens "
+                        f"{batch.seq_lens.tolist()} NaN at rows {np.nonzero(live)[0][bad].tolist()[:16]} positions "
+                        f"{batch.positions[live][bad].tolist()[:16]} of {batch.positions.tolist()[:40]}")
+        if any(math.isnan(x) for x in res.logprobs):
+            n = next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens)
+            r = next(b for b in orun.BUCKETS if b >= len(batch.seqs))
+            g = self.prefill_graphs[(n, r, self._len_bucket(int(batch.seq_lens.max())))]
+            try:
+                _diagnose(self, batch, g, res)
+            except Exception as e:          # the diagnosis must not hide the failure it diagnoses
+                print(f"diagnosis failed: {e!r}", flush=True)
+        return res
+
+    def own_pool(self, n, r, M):
+        pool = self.pool
+        self.pool = torch.cuda.graph_pool_handle()
+        try:
+            return capture(self, n, r, M)
+        finally:
+            self.pool = pool
+
+    orun.CudaRunner._run_prefill_graph = checked
+    if variant == "no-copy-stream":
+        init = orun.CudaRunner.__init__
+
+        def init_one_stream(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.decode_copy_stream = False
+        orun.CudaRunner.__init__ = init_one_stream
+    if variant == "own-pool":
+        orun.CudaRunner._capture_prefill = own_pool
+
+
+def _ranges(ps: list[int]) -> str:
+    out, i = [], 0
+    while i < len(ps):
+        j = i
+        while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
+            j += 1
+        out.append(f"{ps[i]}" if i == j else f"{ps[i]}-{ps[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _nan_slots(self, slots: np.ndarray) -> np.ndarray:
+    """Which of ``slots`` hold the canary (NaN) in layer 0's or the last layer's K or V cache."""
+    if slots.size == 0:
+        return np.zeros(0, dtype=bool)
+    idx = torch.as_tensor(slots.astype(np.int64), device=self.dev)
+    bad = torch.zeros(len(slots), dtype=torch.bool, device=self.dev)
+    for c in (self.k_cache[0], self.v_cache[0], self.k_cache[-1], self.v_cache[-1]):
+        bad |= torch.isnan(c.reshape(-1, c.shape[2] * c.shape[3]).index_select(0, idx).float()).any(dim=1)
+    return bad.cpu().numpy()
+
+
+history: dict[tuple[int, int], dict[int, tuple[int, str]]] = {}
+counts: dict[str, int] = {}
+printed = [0]
+
+
+def _report(line: str) -> None:
+    counts[line.split(":")[0]] = counts.get(line.split(":")[0], 0) + 1
+    if printed[0] < 14:
+        printed[0] += 1
+        print(line, flush=True)
+
+
+def install_holes() -> None:
+    execute = orun.CudaRunner.execute
+    step = [0]
+
+    def checked(self, batch, ahead=None):
+        step[0] += 1
+        n = step[0]
+        kind = "decode" if batch.kind == "decode" else ("graph" if self._prefill_graphed(batch) else "eager")
+        if kind == "graph":
+            kind += str(next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens))
+        bs = self.block_size
+        qidx = np.arange(len(batch.seqs)) if batch.kind == "decode" else batch.q_seq_idx
+        for b, seq in enumerate(batch.seqs):           # the cached context before the step
+            mine = batch.positions[qidx == b]
+            if mine.size == 0:
+                continue
+            ps = np.arange(int(mine.min()))
+            slots = batch.block_tables[b, ps // bs] * bs + ps % bs
+            bad = ps[_nan_slots(self, slots)]
+            if bad.size:
+                h = history.get((id(self), seq.seq_id), {})
+                who = sorted({h.get(int(p), (0, "never"))[1] + f"@{h.get(int(p), (0, ''))[0]}" for p in bad})[:6]
+                _report(f"hole before {kind}: step {n} seq {seq.seq_id} len {int(batch.seq_lens[b])} step positions "
+                        f"{_ranges(sorted(mine.tolist()))} NaN at {_ranges(bad.tolist())} written by {who}")
+        res = execute(self, batch, ahead)
+        live = batch.slot_mapping >= 0
+        bad = _nan_slots(self, batch.slot_mapping[live])
+        if bad.any():
+            _report(f"unwritten after {kind}: step {n} T {batch.num_tokens} B {len(batch.seqs)} NaN at rows "
+                    f"{np.nonzero(live)[0][bad].tolist()[:12]} positions {batch.positions[live][bad].tolist()[:12]}")
+        for b, seq in enumerate(batch.seqs):
+            h = history.setdefault((id(self), seq.seq_id), {})
+            for p in batch.positions[qidx == b].tolist():
+                h[int(p)] = (n, kind)
+        return res
+
+    orun.CudaRunner.execute = checked
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in VARIANTS:
+        sys.exit(f"debug_prefill_graphs.py: the first argument is one of {VARIANTS}")
+    variant, argv = argv[0], argv[1:]
+    install(variant)
+    if variant == "holes":
+        install_holes()
+    cpg.install(256)
+    rc = pytest.main(argv)
+    print(f"variant {variant}: {len([r for r in reports if r.startswith('NaN step')])} NaN steps; {cpg.summary()}",
+          flush=True)
+    if variant in ("holes", "after"):
+        print(f"holes: {counts or 'none'}", flush=True)
+    return int(rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
