@@ -2,7 +2,10 @@
 # Device calls of the forty-fourth session (run from the repository root):
 #   bash benches/gpu/h200_fortyfourth_round.sh nan   # the five TURN tests that failed with the prefill graphs on
 #                                                     # (h200_fortyfirst_round.sh first: NaN logprobs), under
-#                                                     # debug_prefill_graphs.py's variants side by side
+#                                                     # debug_prefill_graphs.py's variants side by side (the
+#                                                     # forty-fourth session's; next: VARIANTS="base sync-start
+#                                                     # after no-copy-stream eager-closure", five processes, the
+#                                                     # crowd the failure needed)
 #   bash benches/gpu/h200_fortyfourth_round.sh holes # two of them under its KV-cache canary check ("holes")
 #   bash benches/gpu/h200_fortyfourth_round.sh sync  # the same two under base, sync-start, after, no-copy-stream
 #                                                     # (VARIANTS=... to choose)
@@ -13,16 +16,17 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 date +%T; build_kernels; date +%T
 sel="(test_batch_compositions and (mha-d16 or qwen3-0.6b-untied)) or (test_observations_spanning_many_blocks and (gqa4-d64 or gqa8-d128))"
 if [ "$mode" = nan ]; then
-  for v in base no-lookahead eager-closure own-pool no-pdl; do
+  nan_variants=${VARIANTS:-base no-lookahead eager-closure own-pool no-pdl}
+  for v in $nan_variants; do
     pdl=1; [ "$v" = no-pdl ] && pdl=0
     ( TURNKV_PDL=$pdl timeout 330 python3 benches/gpu/debug_prefill_graphs.py "$v" conformance/test_turn.py -q -s \
         -p no:cacheprovider --engine optimized --conformance-scale gpu --oracle-device cuda -k "$sel" \
         > "$OUT/debug_prefill_$v.log" 2>&1; echo "== $v rc=$?" ) &
   done
   wait
-  for v in base no-lookahead eager-closure own-pool no-pdl; do
-    echo "== $v"; grep -E "^variant|passed|failed" "$OUT/debug_prefill_$v.log" | tail -2
-    grep -E "^NaN step|^  " "$OUT/debug_prefill_$v.log" | grep -v -E "repro|eng\.|sp[0-9]|cfg|out =|gen =|traj|from conformance|#" | head -12
+  for v in $nan_variants; do
+    echo "== $v"; grep -E "^variant|^holes:|^unwritten|passed|failed" "$OUT/debug_prefill_$v.log" | tail -4
+    grep -E "^NaN step|^  " "$OUT/debug_prefill_$v.log" | grep -v -E "repro|eng\.|sp[0-9]|cfg|out =|gen =|traj|from conformance|#" | head -24
   done
 fi
 if [ "$mode" = sync ]; then
