@@ -287,26 +287,32 @@ def test_count_prefill_graphs_switches_them_on_and_counts_every_replayed_step(op
     assert eager.runner.prefill_graph_steps == 0
 
 
-def test_debug_prefill_graphs_explains_a_nan_step():
-    """``benches/gpu/debug_prefill_graphs.py`` (the forty-fourth session's diagnosis of graphed prefill steps that
-    sampled from NaN logits on the GPU), on the stand-in engine whose KV cache loses one write on purpose
-    (``_standin_engine:poisoned_kv_canary``), in a subprocess: it finds the NaN step, names the context position that
-    holds the canary and the first op of the eager forward that gives a NaN (the attention, which reads it)."""
+def _run_on_standin(*args: str) -> tuple[int, str]:
+    """``python ARGS`` from the repository root, with ``tests/`` (so ``_standin_engine``) on the path, in a
+    subprocess: its exit status and output."""
     import os
     import pathlib
-    import re
     import subprocess
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}
-    res = subprocess.run([sys.executable, "benches/gpu/debug_prefill_graphs.py", "base", "conformance", "-p",
-                          "no:cacheprovider", "-q", "-s", "-x", "--engine", "_standin_engine:poisoned_kv_canary",
-                          "-m", "TURN", "-k", "test_batch_compositions and mha-d16"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    out = res.stdout + res.stderr
+    res = subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    return res.returncode, res.stdout + res.stderr
+
+
+def test_debug_prefill_graphs_explains_a_nan_step():
+    """``benches/gpu/debug_prefill_graphs.py`` (the forty-fourth session's diagnosis of graphed prefill steps that
+    sampled from NaN logits on the GPU), on the stand-in engine whose KV cache loses one write on purpose
+    (``_standin_engine:poisoned_kv_canary``), in a subprocess: it finds the NaN step, names the context position that
+    holds the canary and the first op of the eager forward that gives a NaN (the attention, which reads it)."""
+    import re
+
+    rc, out = _run_on_standin("benches/gpu/debug_prefill_graphs.py", "base", "conformance", "-p", "no:cacheprovider",
+                              "-q", "-s", "-x", "--engine", "_standin_engine:poisoned_kv_canary", "-m", "TURN", "-k",
+                              "test_batch_compositions and mha-d16")
     print("\n".join(line for line in out.splitlines() if not line.startswith("."))[-3000:])
-    assert res.returncode != 0, "the poisoned engine passed its TURN test"
+    assert rc != 0, "the poisoned engine passed its TURN test"
     assert "diagnosis failed" not in out
     steps = re.search(r"variant base: (\d+) NaN steps; prefill graphs: (\d+) steps", out)
     assert steps and int(steps.group(1)) >= 1 and int(steps.group(2)) > 0, "no NaN step was diagnosed"
@@ -321,21 +327,13 @@ def test_the_host_conformance_run_catches_a_broken_prefill_graph(factory, caught
     its TURN tests at one shape, in a subprocess: the engine with the prefill graphs on passes, and the same engine
     with the replayed prefill steps' positions one too far fails with a TURN failure (so that run is no rubber
     stamp for the prefill graphs)."""
-    import os
-    import pathlib
     import re
-    import subprocess
-    import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}
-    res = subprocess.run([sys.executable, "-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "-x",
-                          "--engine", f"_standin_engine:{factory}", "-m", "TURN", "-k", "gqa2"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    out = res.stdout + res.stderr
+    rc, out = _run_on_standin("-m", "pytest", "conformance", "-p", "no:cacheprovider", "-q", "-x", "--engine",
+                              f"_standin_engine:{factory}", "-m", "TURN", "-k", "gqa2")
     print(out[-1500:])
     if caught:
-        assert res.returncode == 1, f"the broken engine was not caught (rc {res.returncode}):\n{out[-3000:]}"
+        assert rc == 1, f"the broken engine was not caught (rc {rc}):\n{out[-3000:]}"
         assert set(re.findall(r"CONFORMANCE FAILURE \[(\w+)\]", out)) == {"TURN"}, out[-3000:]
     else:
-        assert res.returncode == 0 and " passed" in out, out[-3000:]
+        assert rc == 0 and " passed" in out, out[-3000:]

@@ -37,9 +37,19 @@ def _nan_rows(t: torch.Tensor) -> list[int]:
     return torch.isnan(t.float().reshape(t.shape[0], -1)).any(dim=1).nonzero().flatten().tolist()
 
 
-def _diagnose(self, batch, g, res) -> None:
+def _token_bucket(T: int) -> int:
+    return next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= T)
+
+
+def _graph_key(self, batch) -> tuple[int, int, int]:
+    """The key ``_run_prefill_graph`` files the step's graph under."""
+    r = next(b for b in orun.BUCKETS if b >= len(batch.seqs))
+    return _token_bucket(batch.num_tokens), r, self._len_bucket(int(batch.seq_lens.max()))
+
+
+def _diagnose(self, batch, key, res) -> None:
     T, B, S = batch.num_tokens, len(batch.seqs), len(batch.sample_seqs)
-    key = next(k for k, v in self.prefill_graphs.items() if v is g)
+    g = self.prefill_graphs[key]
     lines = [f"NaN step: key {key} T {T} B {B} S {S} lps {res.logprobs}",
              f"  seq_lens {batch.seq_lens.tolist()} sample_rows {batch.sample_rows.tolist()} "
              f"tables {batch.block_tables.shape} qidx {np.unique(batch.q_seq_idx).tolist()} "
@@ -73,14 +83,31 @@ def _state(self, batch) -> list[str]:
     if t is not None:
         nz = torch.nonzero(t).flatten()
         out.append(f"  tickets: {nz.numel()} nonzero {[(int(i), int(t[i])) for i in nz[:8]]}")
-    bs = self.block_size
     for b, seq in enumerate(batch.seqs):
-        mine = batch.positions[batch.q_seq_idx == b]
-        ps = np.arange(int(mine.min()) if mine.size else 0)
-        bad = ps[_nan_slots(self, batch.block_tables[b, ps // bs] * bs + ps % bs)]
-        out.append(f"  seq {seq.seq_id}: context {ps.size} step {_ranges(sorted(mine.tolist()))} canary at "
-                   f"{_ranges(bad.tolist()) or 'none'}")
+        mine, bad = _context_canary(self, batch, batch.q_seq_idx, b)
+        out.append(f"  seq {seq.seq_id}: context {int(mine.min()) if mine.size else 0} step "
+                   f"{_ranges(sorted(mine.tolist()))} canary at {_ranges(bad.tolist()) or 'none'}")
     return out
+
+
+def _context_canary(self, batch, qidx: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sequence ``b``'s positions in the step (``qidx``: each token's sequence row) and the positions of its cached
+    context before them that hold the canary."""
+    mine = batch.positions[qidx == b]
+    ps = np.arange(int(mine.min()) if mine.size else 0)
+    bs = self.block_size
+    return mine, ps[_nan_slots(self, batch.block_tables[b, ps // bs] * bs + ps % bs)]
+
+
+def _unwritten(self, batch, kind: str, step: int | None = None) -> None:
+    """Report the slots the step wrote that still hold the canary (counted by ``kind``)."""
+    live = batch.slot_mapping >= 0
+    bad = _nan_slots(self, batch.slot_mapping[live])
+    if bad.any():
+        at = "" if step is None else f"step {step} "
+        _report(f"unwritten after {kind}: {at}T {batch.num_tokens} B {len(batch.seqs)} seq_lens {batch.seq_lens.tolist()} "
+                f"NaN at rows {np.nonzero(live)[0][bad].tolist()[:16]} positions "
+                f"{batch.positions[live][bad].tolist()[:16]}")
 
 
 def _traced(self, first: list[str], fn):
@@ -133,18 +160,10 @@ def install(variant: str) -> None:
         else:
             res = run(self, batch)
         if variant == "after":
-            live = batch.slot_mapping >= 0
-            bad = _nan_slots(self, batch.slot_mapping[live])
-            if bad.any():
-                _report(f"unwritten after graph: T {batch.num_tokens} B {len(batch.seqs)} seq_lens "
-                        f"{batch.seq_lens.tolist()} NaN at rows {np.nonzero(live)[0][bad].tolist()[:16]} positions "
-                        f"{batch.positions[live][bad].tolist()[:16]} of {batch.positions.tolist()[:40]}")
+            _unwritten(self, batch, "graph")
         if any(math.isnan(x) for x in res.logprobs):
-            n = next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens)
-            r = next(b for b in orun.BUCKETS if b >= len(batch.seqs))
-            g = self.prefill_graphs[(n, r, self._len_bucket(int(batch.seq_lens.max())))]
             try:
-                _diagnose(self, batch, g, res)
+                _diagnose(self, batch, _graph_key(self, batch), res)
             except Exception as e:          # the diagnosis must not hide the failure it diagnoses
                 print(f"diagnosis failed: {e!r}", flush=True)
         return res
@@ -197,7 +216,8 @@ printed = [0]
 
 
 def _report(line: str) -> None:
-    counts[line.split(":")[0]] = counts.get(line.split(":")[0], 0) + 1
+    kind = line.split(":")[0]
+    counts[kind] = counts.get(kind, 0) + 1
     if printed[0] < 14:
         printed[0] += 1
         print(line, flush=True)
@@ -212,27 +232,17 @@ def install_holes() -> None:
         n = step[0]
         kind = "decode" if batch.kind == "decode" else ("graph" if self._prefill_graphed(batch) else "eager")
         if kind == "graph":
-            kind += str(next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens))
-        bs = self.block_size
+            kind += str(_token_bucket(batch.num_tokens))
         qidx = np.arange(len(batch.seqs)) if batch.kind == "decode" else batch.q_seq_idx
         for b, seq in enumerate(batch.seqs):           # the cached context before the step
-            mine = batch.positions[qidx == b]
-            if mine.size == 0:
-                continue
-            ps = np.arange(int(mine.min()))
-            slots = batch.block_tables[b, ps // bs] * bs + ps % bs
-            bad = ps[_nan_slots(self, slots)]
+            mine, bad = _context_canary(self, batch, qidx, b)
             if bad.size:
                 h = history.get((id(self), seq.seq_id), {})
                 who = sorted({h.get(int(p), (0, "never"))[1] + f"@{h.get(int(p), (0, ''))[0]}" for p in bad})[:6]
                 _report(f"hole before {kind}: step {n} seq {seq.seq_id} len {int(batch.seq_lens[b])} step positions "
                         f"{_ranges(sorted(mine.tolist()))} NaN at {_ranges(bad.tolist())} written by {who}")
         res = execute(self, batch, ahead)
-        live = batch.slot_mapping >= 0
-        bad = _nan_slots(self, batch.slot_mapping[live])
-        if bad.any():
-            _report(f"unwritten after {kind}: step {n} T {batch.num_tokens} B {len(batch.seqs)} NaN at rows "
-                    f"{np.nonzero(live)[0][bad].tolist()[:12]} positions {batch.positions[live][bad].tolist()[:12]}")
+        _unwritten(self, batch, kind, n)
         for b, seq in enumerate(batch.seqs):
             h = history.setdefault((id(self), seq.seq_id), {})
             for p in batch.positions[qidx == b].tolist():

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Device calls of the forty-fourth session (run from the repository root):
-#   bash benches/gpu/h200_fortyfourth_round.sh nan   # the five TURN tests that failed with the prefill graphs on
+#   bash benches/gpu/h200_fortyfourth_round.sh nan   # four of the five TURN tests that failed with the prefill graphs on
 #                                                     # (h200_fortyfirst_round.sh first: NaN logprobs), under
 #                                                     # debug_prefill_graphs.py's variants side by side (the
 #                                                     # forty-fourth session's; next: VARIANTS="base sync-start
 #                                                     # after no-copy-stream eager-closure", five processes, the
 #                                                     # crowd the failure needed)
-#   bash benches/gpu/h200_fortyfourth_round.sh holes # two of them under its KV-cache canary check ("holes")
-#   bash benches/gpu/h200_fortyfourth_round.sh sync  # the same two under base, sync-start, after, no-copy-stream
-#                                                     # (VARIANTS=... to choose)
+#   bash benches/gpu/h200_fortyfourth_round.sh holes # sync (below) with VARIANTS=holes: the KV-cache canary check
+#   bash benches/gpu/h200_fortyfourth_round.sh sync  # two of those tests (mha-d16, gqa8-d128), one process each,
+#                                                     # under base, sync-start, after, no-copy-stream (VARIANTS=...)
 #                                                     # (one variant at a time, its two tests side by side)
 source benches/gpu/_env.sh
 mode=${1:-nan}
+if [ "$mode" = holes ]; then mode=sync; VARIANTS=holes; fi   # (the sync mode's loop, one variant)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 date +%T; build_kernels; date +%T
 sel="(test_batch_compositions and (mha-d16 or qwen3-0.6b-untied)) or (test_observations_spanning_many_blocks and (gqa4-d64 or gqa8-d128))"
@@ -38,20 +39,9 @@ if [ "$mode" = sync ]; then
     done
     wait
     for f in "$OUT"/debug_${v}_*.log; do
-      grep -E "^(unwritten|holes:|variant|NaN step)|passed|failed|^  (tickets|eager step: first)|canary at [0-9]" "$f" \
-        | cut -c1-300 | head -12
+      grep -E "^(hole|unwritten|holes:|variant|NaN step)|passed|failed|^  (tickets|eager step: first)|canary at [0-9]" \
+        "$f" | cut -c1-300 | head -16
     done
-  done
-fi
-if [ "$mode" = holes ]; then
-  for t in "test_batch_compositions and mha-d16" "test_observations_spanning_many_blocks and gqa8-d128"; do
-    f="$OUT/debug_holes_${t##* }.log"
-    ( timeout 200 python3 benches/gpu/debug_prefill_graphs.py holes conformance/test_turn.py -q -s -p no:cacheprovider \
-        --engine optimized --conformance-scale gpu --oracle-device cuda -k "$t" > "$f" 2>&1; echo "== $t rc=$?" ) &
-  done
-  wait
-  for f in "$OUT"/debug_holes_*.log; do
-    echo "== $f"; grep -E "^(hole|unwritten|holes:|variant)" "$f" | cut -c1-400 | head -16
   done
 fi
 exit 0
