@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import count_prefill_graphs as cpg  # noqa: E402
 
 VARIANTS = ("base", "no-lookahead", "eager-closure", "own-pool", "no-pdl", "holes", "sync-start", "after",
-            "no-copy-stream")
+            "no-copy-stream", "trace", "stream-sync-start", "sync-end", "sleep-start", "quiet")
 reports: list[str] = []
 
 
@@ -65,6 +66,8 @@ def _diagnose(self, batch, key, res) -> None:
     out.clear()
     out.update(saved)
     lines.extend(_state(self, batch))
+    if traced[0]:
+        lines.extend(_trace_lines(self, batch))
     first: list[str] = []
     hidden = _traced(self, first, lambda: self._prefill(batch.input_ids, batch.positions, batch.slot_mapping,
                                                          batch.block_tables, batch.seq_lens, batch.q_seq_idx))
@@ -147,10 +150,14 @@ def install(variant: str) -> None:
     capture = orun.CudaRunner._capture_prefill
 
     def checked(self, batch):
-        if variant == "no-lookahead":
+        if variant in ("no-lookahead", "quiet"):
             self.lookahead = False
         if variant == "sync-start":
             torch.cuda.synchronize()
+        if variant == "stream-sync-start":
+            torch.cuda.current_stream(self.dev).synchronize()
+        if variant == "sleep-start":
+            time.sleep(0.003)
         if variant == "eager-closure":
             graphs, self.use_graphs = self.use_graphs, False
             try:
@@ -161,6 +168,8 @@ def install(variant: str) -> None:
             res = run(self, batch)
         if variant == "after":
             _unwritten(self, batch, "graph")
+        if variant == "sync-end":
+            torch.cuda.synchronize()
         if any(math.isnan(x) for x in res.logprobs):
             try:
                 _diagnose(self, batch, _graph_key(self, batch), res)
@@ -177,7 +186,7 @@ def install(variant: str) -> None:
             self.pool = pool
 
     orun.CudaRunner._run_prefill_graph = checked
-    if variant == "no-copy-stream":
+    if variant in ("no-copy-stream", "quiet"):
         init = orun.CudaRunner.__init__
 
         def init_one_stream(self, *args, **kwargs):
@@ -252,6 +261,93 @@ def install_holes() -> None:
     orun.CudaRunner.execute = checked
 
 
+traced = [False]
+#: (runner id, sequence id) -> position -> (step number, kind, slot written)
+writes: dict[tuple[int, int], dict[int, tuple[int, str, int]]] = {}
+#: runner id -> [(step number, page operation)]
+page_log: dict[int, list[tuple[int, str]]] = {}
+trace_step = [0]
+
+
+def _record(self, batch, kind: str) -> None:
+    """File the slot each of the step's positions is written to (host only: no device work, no synchronisation)."""
+    qidx = np.arange(len(batch.seqs)) if batch.kind == "decode" else batch.q_seq_idx
+    for b, seq in enumerate(batch.seqs):
+        h = writes.setdefault((id(self), seq.seq_id), {})
+        rows = np.nonzero(qidx == b)[0]
+        for p, sl in zip(batch.positions[rows].tolist(), batch.slot_mapping[rows].tolist()):
+            if sl >= 0:
+                h[int(p)] = (trace_step[0], kind, int(sl))
+
+
+def install_trace() -> None:
+    """``trace``: ``_record`` around every step, every launched lookahead step and every page operation."""
+    traced[0] = True
+    execute, launch, apply_ops = (orun.CudaRunner.execute, orun.CudaRunner._launch_decode,
+                                  orun.CudaRunner.apply_ops)
+
+    def exec_traced(self, batch, ahead=None):
+        trace_step[0] += 1
+        kind = "decode" if batch.kind == "decode" else (
+            f"graph{_token_bucket(batch.num_tokens)}" if self._prefill_graphed(batch) else "eager")
+        _record(self, batch, kind)
+        return execute(self, batch, ahead)
+
+    def launch_traced(self, batch, ids_from=None):
+        if ids_from is not None:
+            _record(self, batch, "ahead")
+        return launch(self, batch, ids_from)
+
+    def ops_traced(self, ops):
+        log = page_log.setdefault(id(self), [])
+        for name in ("swap_out", "swap_in"):
+            for sid, pages in getattr(ops, name):
+                log.append((trace_step[0], f"{name} seq {sid} pages {list(pages)[:6]}"))
+        if ops.page_copies:
+            log.append((trace_step[0], f"page_copies {list(ops.page_copies)[:6]}"))
+        return apply_ops(self, ops)
+
+    orun.CudaRunner.execute = exec_traced
+    orun.CudaRunner._launch_decode = launch_traced
+    orun.CudaRunner.apply_ops = ops_traced
+
+
+def _trace_lines(self, batch) -> list[str]:
+    """For each sequence of a NaN step: who wrote its canary positions, and whether to the slot its table names now;
+    for the first such position, the layers whose K and V rows hold a NaN; the runner's page operations."""
+    out, first = [], None
+    bs = self.block_size
+    for b, seq in enumerate(batch.seqs):
+        _, bad = _context_canary(self, batch, batch.q_seq_idx, b)
+        if not bad.size:
+            continue
+        h = writes.get((id(self), seq.seq_id), {})
+        now = batch.block_tables[b, bad // bs] * bs + bad % bs
+        groups: dict[str, tuple[list[int], set[int]]] = {}
+        for p, sl in zip(bad.tolist(), now.tolist()):
+            w = h.get(p)
+            tag = "never written" if w is None else w[1] + ("" if w[2] == sl else " to another slot")
+            ps, steps = groups.setdefault(tag, ([], set()))
+            ps.append(p)
+            if w is not None:
+                steps.add(w[0])
+        out.append(f"  trace seq {seq.seq_id}: " + "; ".join(
+            f"{_ranges(ps)} by {t}" + (f" (steps {_ranges(sorted(st))})" if st else "") for t, (ps, st) in groups.items()))
+        if first is None:
+            first = (seq.seq_id, int(bad[0]), int(now[0]))
+    if first is not None:
+        sid, p, sl = first
+        kn = [i for i, c in enumerate(self.k_cache) if torch.isnan(c.view(-1, c.shape[2] * c.shape[3])[sl].float()).any()]
+        vn = [i for i, c in enumerate(self.v_cache) if torch.isnan(c.view(-1, c.shape[2] * c.shape[3])[sl].float()).any()]
+        row = self.k_cache[0].view(-1, self.k_cache[0].shape[2] * self.k_cache[0].shape[3])[sl].float()
+        out.append(f"  trace seq {sid} position {p} slot {sl}: K NaN in layers {_ranges(kn) or 'none'}, V NaN in layers "
+                   f"{_ranges(vn) or 'none'} of {len(self.k_cache)}; layer-0 K row {int(torch.isnan(row).sum())}/"
+                   f"{row.numel()} NaN")
+    ops = page_log.get(id(self), [])
+    out.append(f"  trace: step {trace_step[0]}, {len(ops)} page operations" + (f", last: {ops[-3:]}" if ops else ""))
+    return out
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in VARIANTS:
         sys.exit(f"debug_prefill_graphs.py: the first argument is one of {VARIANTS}")
@@ -259,6 +355,8 @@ def main(argv: list[str]) -> int:
     install(variant)
     if variant == "holes":
         install_holes()
+    if variant == "trace":
+        install_trace()
     cpg.install(256)
     rc = pytest.main(argv)
     print(f"variant {variant}: {len([r for r in reports if r.startswith('NaN step')])} NaN steps; {cpg.summary()}",

@@ -5,7 +5,8 @@
 #                                                     # debug_prefill_graphs.py's variants side by side (the
 #                                                     # forty-fourth session's; next: VARIANTS="base sync-start
 #                                                     # after no-copy-stream eager-closure", five processes, the
-#                                                     # crowd the failure needed)
+#                                                     # crowd the failure needed; forty-fifth session: VARIANTS=
+#                                                     # "trace stream-sync-start sync-end sleep-start quiet")
 #   bash benches/gpu/h200_fortyfourth_round.sh holes # sync (below) with VARIANTS=holes: the KV-cache canary check
 #   bash benches/gpu/h200_fortyfourth_round.sh sync  # two of those tests (mha-d16, gqa8-d128), one process each,
 #                                                     # under base, sync-start, after, no-copy-stream (VARIANTS=...)
