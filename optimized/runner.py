@@ -708,7 +708,8 @@ class CudaRunner:
         table rows to the row bucket ``r`` (length 0, no pages) and its sampling rows to ``r`` (row 0, read back
         and dropped). The kernels are the eager step's for ``n`` rows, except that the paged prefill kernel is
         chosen without the mean count of keys a row sees, which a graph cannot know (every variant gives the same
-        bits). One packed int32 upload, one replay, the tokens read back."""
+        bits). One packed int32 upload (its pinned buffer written again only once that upload has been read), one
+        replay, the tokens read back (none when the step samples nothing: it may then still run on return)."""
         T, B, S = batch.num_tokens, len(batch.seqs), len(batch.sample_seqs)
         n = next(b for b in PREFILL_GRAPH_TOKENS if b >= T)
         r = next(b for b in BUCKETS if b >= B)
@@ -718,6 +719,12 @@ class CudaRunner:
         if g is None:
             g = self.prefill_graphs[key] = self._capture_prefill(n, r, -(-max_len // self.block_size))
         ids, pos, slots, qidx, rows, ints, flts, lens, tables = g["host_views"]
+        # the last upload from these pinned buffers must have been read before they are written again: a step that
+        # samples nothing (a chunk of a long prefill, S = 0) reads nothing back, so nothing else waited for it
+        # (forty-fifth session: without this wait, under a crowded GPU, the next chunk's metadata overwrote the
+        # buffer before the DMA read it, and that chunk's K/V were never written -- docs/performance/agentic.md)
+        if g["uploaded"] is not None:
+            g["uploaded"].synchronize()
         ids[:] = 0
         ids[:T] = batch.input_ids
         pos[:] = -1
@@ -737,6 +744,7 @@ class CudaRunner:
         w = min(tables.shape[1], batch.block_tables.shape[1])   # (columns past the longest length: never read)
         tables[:B, :w] = batch.block_tables[:, :w]
         g["dev"].copy_(g["host"], non_blocking=True)
+        g["uploaded"] = self._event()
         if self.use_graphs:
             g["graph"].replay()
         else:
@@ -762,7 +770,7 @@ class CudaRunner:
             parts[5], parts[6], parts[8] = parts[5].view(5, r), parts[6].view(2, r), parts[8].view(r, M)
             return parts
 
-        g: dict = {"host": host, "dev": dev, "host_views": [v.numpy() for v in views(host)], "out": {}}
+        g: dict = {"host": host, "dev": dev, "host_views": [v.numpy() for v in views(host)], "out": {}, "uploaded": None}
         ids, pos, slots, qidx, rows, ints, flts, lens, tables = views(dev)
         flts = flts.view(torch.float32)
 

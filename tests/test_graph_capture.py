@@ -287,6 +287,66 @@ def test_count_prefill_graphs_switches_them_on_and_counts_every_replayed_step(op
     assert eager.runner.prefill_graph_steps == 0
 
 
+def test_a_prefill_graphs_pinned_inputs_are_written_again_only_after_their_upload_was_read(opt_engine, monkeypatch):
+    """The forty-fifth session's NaN with the prefill graphs on: a graphed step that samples nothing (a chunk of a
+    long prefill) reads nothing back, so ``_run_prefill_graph`` returned with its upload from the graph's pinned
+    buffer still queued; the next chunk of the same key wrote that buffer, the late DMA carried the next chunk's
+    metadata, and the first chunk's K/V were never written. On the CPU the copies are synchronous, so the test
+    holds the runner to the rule instead: every upload's event (a stand-in here) is waited on before the buffer is
+    written again, and at that wait the buffer still holds what the upload was to carry. Chunked prefills (16
+    tokens a step) give steps that sample nothing."""
+    import optimized.runner as orun
+
+    install(monkeypatch, orun.ops)
+    monkeypatch.setattr(orun.ops, "allow_no_hint", True)
+    eng = opt_engine(use_graphs=True, max_model_len=512, max_num_batched_tokens=16)
+    r = eng.runner
+    r.prefill_graph_max_tokens = 256
+    uploads: list = []
+    key: list = [None]
+
+    class Upload:
+        """A stand-in event of one upload: the pinned buffer as the copy was queued, and whether it was waited on."""
+
+        def __init__(self, host: torch.Tensor) -> None:
+            self.host, self.queued, self.waited = host, host.clone(), False
+
+        def synchronize(self) -> None:
+            assert torch.equal(self.host, self.queued), "the pinned buffer was written before its upload was read"
+            self.waited = True
+
+    def event():
+        if key[0] is None:                    # (a decode step's event: none on the CPU, as before)
+            return None
+        up = Upload(r.prefill_graphs[key[0]]["host"])
+        uploads.append((key[0], up))
+        return up
+
+    run = r._run_prefill_graph
+    silent, steps = [0], [0]
+
+    def watched(batch):
+        n = next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens)
+        key[0] = (n, next(b for b in orun.BUCKETS if b >= len(batch.seqs)), r._len_bucket(int(batch.seq_lens.max())))
+        silent[0] += not len(batch.sample_seqs)
+        steps[0] += 1
+        try:
+            return run(batch)
+        finally:
+            key[0] = None
+
+    monkeypatch.setattr(r, "_event", event)
+    monkeypatch.setattr(r, "_run_prefill_graph", watched)
+    sps = [reference.SamplingParams(max_tokens=n, stop_token_ids=(), logprobs=True) for n in (3, 6, 9, 4, 5, 7)]
+    rollout_turns(eng, PROMPTS, sps)
+    last = {k: up for k, up in uploads}
+    late = [(k, i) for i, (k, up) in enumerate(uploads) if up is not last[k] and not up.waited]
+    print(f"{steps[0]} graphed prefill steps over {len(r.prefill_graphs)} keys, {silent[0]} of them sampling nothing")
+    assert silent[0] > 0 and steps[0] > len(r.prefill_graphs), "no key was reused after a step that samples nothing"
+    assert len(uploads) == steps[0], f"{steps[0]} graphed steps recorded {len(uploads)} upload events to wait on"
+    assert not late, f"uploads never waited on before their buffer was written again: {late[:4]}"
+
+
 def _run_on_standin(*args: str) -> tuple[int, str]:
     """``python ARGS`` from the repository root, with ``tests/`` (so ``_standin_engine``) on the path, in a
     subprocess: its exit status and output."""
