@@ -348,10 +348,11 @@ class CudaRunner:
         #: default-mode prefill steps of at most this many tokens (and ``PREFILL_GRAPH_MAX_ROWS`` sequences) replay
         #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). A lab
         #: switch, off (0): on the H200 it is level with even chunks on the agentic bench (no short step there) and
-        #: 1.55x faster when observations arrive one sequence at a time (fortieth session's trickle A/B). It stays
-        #: off: with it on, the GPU conformance run failed five TURN tests (forty-fourth session, H100: a graphed
-        #: step's state reads NaN, the KV cache's canary; the same closure run eagerly passed), cause not yet found
-        #: (docs/performance/agentic.md, "Agentic workload")
+        #: 1.55x faster when observations arrive one sequence at a time (fortieth session's trickle A/B). With it on,
+        #: the GPU conformance run failed five TURN tests (forty-fourth session: a chunk that samples nothing
+        #: returned with its upload queued, and the next chunk overwrote the pinned buffer); fixed in the forty-fifth
+        #: session (the ``uploaded`` event), after which those tests passed on an H100. It stays off until the rest
+        #: of the suite has run to the end with it on (docs/performance/agentic.md, "Agentic workload")
         self.prefill_graph_max_tokens = 0
         self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
         self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)
