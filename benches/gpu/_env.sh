@@ -132,3 +132,13 @@ ncu_ab() {
   echo "ncu $1 ($3 problem $4) rc=$?"
   grep -E "paged_prefill|split_kv_partials|duration|inst_executed|stalled|issue_active|dram__" "$OUT/$5" | head -30
 }
+
+# conf SECONDS LOG ARGS...: the conformance suite on the optimized engine through count_prefill_graphs.py, with
+# the prefill graphs on (h200_fortyfirst_round.sh, h200_fortyfifth_round.sh)
+conf() {
+  local secs=$1 log=$2; shift 2
+  timeout "$secs" python3 benches/gpu/count_prefill_graphs.py --prefill-graph-tokens 256 \
+    conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 "$@" > "$OUT/$log" 2>&1
+  echo "== $log rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$log" | head -8
+  grep -E " passed| failed|^prefill graphs:" "$OUT/$log" | tail -2
+}

@@ -12,7 +12,14 @@ environment, the variant only names it in the log), ``holes`` (``base``, and aro
 check of the KV cache's NaN canary: before the step, the cached context of the step's sequences; after it, the slots
 it wrote; each hole printed with the steps that wrote the sequence's positions), ``sync-start`` (a device-wide
 synchronisation before each graphed prefill step), ``after`` (after each graphed prefill step only, the canary check
-of the slots it wrote), ``no-copy-stream`` (``runner.decode_copy_stream = False``)."""
+of the slots it wrote), ``no-copy-stream`` (``runner.decode_copy_stream = False``). Forty-fifth session: ``trace``
+(``base``, and a host-only record of which step wrote each cached position to which slot, lookahead steps and page
+operations included; a NaN step's report names the writers of its canary positions, whether the slot moved since,
+and the layers whose K/V rows hold the NaN), ``stream-sync-start`` (the current stream synchronised before each graphed
+prefill step), ``sync-end`` (a device-wide synchronisation after each), ``sleep-start`` (3 ms of host sleep before
+each, no synchronisation) and ``quiet`` (no lookahead and no copy streams). ``trace`` found the cause: chunks that
+sample nothing lost their K/V writes to an upload overwritten before it was read (fixed in
+``CudaRunner._run_prefill_graph``; docs/performance/agentic.md, "Agentic workload")."""
 from __future__ import annotations
 
 import math

@@ -20,7 +20,8 @@
 #   bash benches/gpu/h200_fortyfirst_round.sh third    # (forty-second session) the agentic bench, whose records now
 #                                                       # carry the workload's floor (turn_floors), and the engine
 #                                                       # decode bench; their floors.md is in bench_agentic.tgz
-# Once `first` passes: `git apply benches/gpu/pending/prefill_graphs_default.diff` (forty-third session; its header
+# Once `first` passes (forty-fifth session: its NaN fixed; what is left to run: h200_fortyfifth_round.sh ci, gpu):
+# `git apply benches/gpu/pending/prefill_graphs_default.diff` (forty-third session; its header
 # says what else to edit) turns the prefill graphs on by default for engines on graphs.
 # TAG: the logs' suffix (default _MODE).
 source benches/gpu/_env.sh
@@ -29,15 +30,6 @@ tag=${TAG:-_$mode}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 date +%T; build_kernels; date +%T
 
-# conf SECONDS LOG ARGS...: the conformance suite on the optimized engine through count_prefill_graphs.py, with
-# the prefill graphs on
-conf() {
-  local secs=$1 log=$2; shift 2
-  timeout "$secs" python3 benches/gpu/count_prefill_graphs.py --prefill-graph-tokens 256 \
-    conformance -q -rs -p no:cacheprovider --engine optimized --durations=8 "$@" > "$OUT/$log" 2>&1
-  echo "== $log rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$log" | head -8
-  grep -E " passed| failed|^prefill graphs:" "$OUT/$log" | tail -2
-}
 
 if [ "$mode" = first ]; then
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)

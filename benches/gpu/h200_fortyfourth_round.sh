@@ -6,7 +6,8 @@
 #                                                     # forty-fourth session's; next: VARIANTS="base sync-start
 #                                                     # after no-copy-stream eager-closure", five processes, the
 #                                                     # crowd the failure needed; forty-fifth session: VARIANTS=
-#                                                     # "trace stream-sync-start sync-end sleep-start quiet")
+#                                                     # "trace stream-sync-start sync-end sleep-start quiet"; the cause
+#                                                     # found and fixed: h200_fortyfifth_round.sh)
 #   bash benches/gpu/h200_fortyfourth_round.sh holes # sync (below) with VARIANTS=holes: the KV-cache canary check
 #   bash benches/gpu/h200_fortyfourth_round.sh sync  # two of those tests (mha-d16, gqa8-d128), one process each,
 #                                                     # under base, sync-start, after, no-copy-stream (VARIANTS=...)
