@@ -361,23 +361,31 @@ def _run_on_standin(*args: str) -> tuple[int, str]:
     return res.returncode, res.stdout + res.stderr
 
 
-def test_debug_prefill_graphs_explains_a_nan_step():
+@pytest.mark.parametrize("variant", ["base", "trace"])
+def test_debug_prefill_graphs_explains_a_nan_step(variant):
     """``benches/gpu/debug_prefill_graphs.py`` (the forty-fourth session's diagnosis of graphed prefill steps that
     sampled from NaN logits on the GPU), on the stand-in engine whose KV cache loses one write on purpose
     (``_standin_engine:poisoned_kv_canary``), in a subprocess: it finds the NaN step, names the context position that
-    holds the canary and the first op of the eager forward that gives a NaN (the attention, which reads it)."""
+    holds the canary and the first op of the eager forward that gives a NaN (the attention, which reads it). With
+    ``trace`` (the forty-fifth session's) it also names the step that wrote that position and the layer whose K row
+    holds the NaN (the poison is layer 0's K only)."""
     import re
 
-    rc, out = _run_on_standin("benches/gpu/debug_prefill_graphs.py", "base", "conformance", "-p", "no:cacheprovider",
+    rc, out = _run_on_standin("benches/gpu/debug_prefill_graphs.py", variant, "conformance", "-p", "no:cacheprovider",
                               "-q", "-s", "-x", "--engine", "_standin_engine:poisoned_kv_canary", "-m", "TURN", "-k",
                               "test_batch_compositions and mha-d16")
     print("\n".join(line for line in out.splitlines() if not line.startswith("."))[-3000:])
     assert rc != 0, "the poisoned engine passed its TURN test"
     assert "diagnosis failed" not in out
-    steps = re.search(r"variant base: (\d+) NaN steps; prefill graphs: (\d+) steps", out)
+    steps = re.search(rf"variant {variant}: (\d+) NaN steps; prefill graphs: (\d+) steps", out)
     assert steps and int(steps.group(1)) >= 1 and int(steps.group(2)) > 0, "no NaN step was diagnosed"
     assert re.search(r"canary at \d", out), "the diagnosis did not find the canary in the context"
     assert "first NaN output: paged_prefill" in out
+    if variant == "trace":
+        assert re.search(r"trace seq \d+: [\d,-]+ by (decode|eager|graph\d+) \(steps [\d,-]+\)", out), \
+            "the trace did not name the step that wrote the canary position"
+        assert re.search(r"trace seq \d+ position \d+ slot \d+: K NaN in layers 0, V NaN in layers none", out), \
+            "the trace did not find the poisoned layer-0 K row"
 
 
 @pytest.mark.parametrize("factory, caught", [("optimized_host_prefill_graphs", False),
