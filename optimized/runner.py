@@ -702,6 +702,12 @@ class CudaRunner:
         return (not self.invariant and 0 < T <= min(self.prefill_graph_max_tokens, PREFILL_GRAPH_TOKENS[-1])
                 and B <= PREFILL_GRAPH_MAX_ROWS)
 
+    def prefill_graph_key(self, batch: StepBatch) -> tuple[int, int, int]:
+        """The buckets whose graph a graphed prefill step replays (its key in ``prefill_graphs``): tokens, sequences
+        and context length."""
+        return (next(b for b in PREFILL_GRAPH_TOKENS if b >= batch.num_tokens),
+                next(b for b in BUCKETS if b >= len(batch.seqs)), self._len_bucket(int(batch.seq_lens.max())))
+
     def _run_prefill_graph(self, batch: StepBatch) -> StepResult:
         """A short prefill step through the graph of its buckets (captured at first use; without graphs, the same
         closure run eagerly). Its ``T`` token rows are padded to the token bucket ``n`` (token 0, position -1, slot
@@ -712,10 +718,7 @@ class CudaRunner:
         bits). One packed int32 upload (its pinned buffer written again only once that upload has been read), one
         replay, the tokens read back (none when the step samples nothing: it may then still run on return)."""
         T, B, S = batch.num_tokens, len(batch.seqs), len(batch.sample_seqs)
-        n = next(b for b in PREFILL_GRAPH_TOKENS if b >= T)
-        r = next(b for b in BUCKETS if b >= B)
-        max_len = self._len_bucket(int(batch.seq_lens.max()))
-        key = (n, r, max_len)
+        key = n, r, max_len = self.prefill_graph_key(batch)
         g = self.prefill_graphs.get(key)
         if g is None:
             g = self.prefill_graphs[key] = self._capture_prefill(n, r, -(-max_len // self.block_size))

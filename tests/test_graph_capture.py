@@ -326,8 +326,7 @@ def test_a_prefill_graphs_pinned_inputs_are_written_again_only_after_their_uploa
     silent, steps = [0], [0]
 
     def watched(batch):
-        n = next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens)
-        key[0] = (n, next(b for b in orun.BUCKETS if b >= len(batch.seqs)), r._len_bucket(int(batch.seq_lens.max())))
+        key[0] = r.prefill_graph_key(batch)
         silent[0] += not len(batch.sample_seqs)
         steps[0] += 1
         try:

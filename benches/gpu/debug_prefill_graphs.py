@@ -49,10 +49,16 @@ def _token_bucket(T: int) -> int:
     return next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= T)
 
 
-def _graph_key(self, batch) -> tuple[int, int, int]:
-    """The key ``_run_prefill_graph`` files the step's graph under."""
-    r = next(b for b in orun.BUCKETS if b >= len(batch.seqs))
-    return _token_bucket(batch.num_tokens), r, self._len_bucket(int(batch.seq_lens.max()))
+def _step_kind(self, batch) -> str:
+    """``decode``, ``eager`` (a prefill step launched from the host) or ``graph<token bucket>``."""
+    if batch.kind == "decode":
+        return "decode"
+    return f"graph{_token_bucket(batch.num_tokens)}" if self._prefill_graphed(batch) else "eager"
+
+
+def _rows(cache: torch.Tensor) -> torch.Tensor:
+    """A layer's K or V cache as one row per slot ``[slots, n_kv * D]``."""
+    return cache.view(-1, cache.shape[2] * cache.shape[3])
 
 
 def _diagnose(self, batch, key, res) -> None:
@@ -179,7 +185,7 @@ def install(variant: str) -> None:
             torch.cuda.synchronize()
         if any(math.isnan(x) for x in res.logprobs):
             try:
-                _diagnose(self, batch, _graph_key(self, batch), res)
+                _diagnose(self, batch, self.prefill_graph_key(batch), res)
             except Exception as e:          # the diagnosis must not hide the failure it diagnoses
                 print(f"diagnosis failed: {e!r}", flush=True)
         return res
@@ -222,11 +228,10 @@ def _nan_slots(self, slots: np.ndarray) -> np.ndarray:
     idx = torch.as_tensor(slots.astype(np.int64), device=self.dev)
     bad = torch.zeros(len(slots), dtype=torch.bool, device=self.dev)
     for c in (self.k_cache[0], self.v_cache[0], self.k_cache[-1], self.v_cache[-1]):
-        bad |= torch.isnan(c.reshape(-1, c.shape[2] * c.shape[3]).index_select(0, idx).float()).any(dim=1)
+        bad |= torch.isnan(_rows(c).index_select(0, idx).float()).any(dim=1)
     return bad.cpu().numpy()
 
 
-history: dict[tuple[int, int], dict[int, tuple[int, str]]] = {}
 counts: dict[str, int] = {}
 printed = [0]
 
@@ -239,35 +244,6 @@ def _report(line: str) -> None:
         print(line, flush=True)
 
 
-def install_holes() -> None:
-    execute = orun.CudaRunner.execute
-    step = [0]
-
-    def checked(self, batch, ahead=None):
-        step[0] += 1
-        n = step[0]
-        kind = "decode" if batch.kind == "decode" else ("graph" if self._prefill_graphed(batch) else "eager")
-        if kind == "graph":
-            kind += str(_token_bucket(batch.num_tokens))
-        qidx = np.arange(len(batch.seqs)) if batch.kind == "decode" else batch.q_seq_idx
-        for b, seq in enumerate(batch.seqs):           # the cached context before the step
-            mine, bad = _context_canary(self, batch, qidx, b)
-            if bad.size:
-                h = history.get((id(self), seq.seq_id), {})
-                who = sorted({h.get(int(p), (0, "never"))[1] + f"@{h.get(int(p), (0, ''))[0]}" for p in bad})[:6]
-                _report(f"hole before {kind}: step {n} seq {seq.seq_id} len {int(batch.seq_lens[b])} step positions "
-                        f"{_ranges(sorted(mine.tolist()))} NaN at {_ranges(bad.tolist())} written by {who}")
-        res = execute(self, batch, ahead)
-        _unwritten(self, batch, kind, n)
-        for b, seq in enumerate(batch.seqs):
-            h = history.setdefault((id(self), seq.seq_id), {})
-            for p in batch.positions[qidx == b].tolist():
-                h[int(p)] = (n, kind)
-        return res
-
-    orun.CudaRunner.execute = checked
-
-
 traced = [False]
 #: (runner id, sequence id) -> position -> (step number, kind, slot written)
 writes: dict[tuple[int, int], dict[int, tuple[int, str, int]]] = {}
@@ -276,9 +252,35 @@ page_log: dict[int, list[tuple[int, str]]] = {}
 trace_step = [0]
 
 
+def _qidx(batch) -> np.ndarray:
+    """Each token row's sequence row (a decode step: one row each)."""
+    return np.arange(len(batch.seqs)) if batch.kind == "decode" else batch.q_seq_idx
+
+
+def install_holes() -> None:
+    execute = orun.CudaRunner.execute
+
+    def checked(self, batch, ahead=None):
+        trace_step[0] += 1
+        n, kind, qidx = trace_step[0], _step_kind(self, batch), _qidx(batch)
+        for b, seq in enumerate(batch.seqs):           # the cached context before the step
+            mine, bad = _context_canary(self, batch, qidx, b)
+            if bad.size:
+                h = writes.get((id(self), seq.seq_id), {})
+                who = sorted({f"{h[p][1]}@{h[p][0]}" if p in h else "never@" for p in bad.tolist()})[:6]
+                _report(f"hole before {kind}: step {n} seq {seq.seq_id} len {int(batch.seq_lens[b])} step positions "
+                        f"{_ranges(sorted(mine.tolist()))} NaN at {_ranges(bad.tolist())} written by {who}")
+        res = execute(self, batch, ahead)
+        _unwritten(self, batch, kind, n)
+        _record(self, batch, kind)
+        return res
+
+    orun.CudaRunner.execute = checked
+
+
 def _record(self, batch, kind: str) -> None:
     """File the slot each of the step's positions is written to (host only: no device work, no synchronisation)."""
-    qidx = np.arange(len(batch.seqs)) if batch.kind == "decode" else batch.q_seq_idx
+    qidx = _qidx(batch)
     for b, seq in enumerate(batch.seqs):
         h = writes.setdefault((id(self), seq.seq_id), {})
         rows = np.nonzero(qidx == b)[0]
@@ -295,9 +297,7 @@ def install_trace() -> None:
 
     def exec_traced(self, batch, ahead=None):
         trace_step[0] += 1
-        kind = "decode" if batch.kind == "decode" else (
-            f"graph{_token_bucket(batch.num_tokens)}" if self._prefill_graphed(batch) else "eager")
-        _record(self, batch, kind)
+        _record(self, batch, _step_kind(self, batch))
         return execute(self, batch, ahead)
 
     def launch_traced(self, batch, ids_from=None):
@@ -344,9 +344,9 @@ def _trace_lines(self, batch) -> list[str]:
             first = (seq.seq_id, int(bad[0]), int(now[0]))
     if first is not None:
         sid, p, sl = first
-        kn = [i for i, c in enumerate(self.k_cache) if torch.isnan(c.view(-1, c.shape[2] * c.shape[3])[sl].float()).any()]
-        vn = [i for i, c in enumerate(self.v_cache) if torch.isnan(c.view(-1, c.shape[2] * c.shape[3])[sl].float()).any()]
-        row = self.k_cache[0].view(-1, self.k_cache[0].shape[2] * self.k_cache[0].shape[3])[sl].float()
+        kn = [i for i, c in enumerate(self.k_cache) if torch.isnan(_rows(c)[sl]).any()]
+        vn = [i for i, c in enumerate(self.v_cache) if torch.isnan(_rows(c)[sl]).any()]
+        row = _rows(self.k_cache[0])[sl].float()
         out.append(f"  trace seq {sid} position {p} slot {sl}: K NaN in layers {_ranges(kn) or 'none'}, V NaN in layers "
                    f"{_ranges(vn) or 'none'} of {len(self.k_cache)}; layer-0 K row {int(torch.isnan(row).sum())}/"
                    f"{row.numel()} NaN")
