@@ -46,7 +46,7 @@ def conformance(session: nox.Session, engine: str) -> None:
 
 
 @nox.session(name="conformance-host")
-@nox.parametrize("factory", ["optimized_host", "optimized_host_prefill_graphs"])
+@nox.parametrize("factory", ["optimized_host", "optimized_host_no_prefill_graphs"])
 def conformance_host(session: nox.Session, factory: str) -> None:
     """The optimized engine's host side on the CPU (stand-in kernels and CUDA graphs, ``tests/_standin_engine.py``)
     judged by the engine-level clauses; the tests that call the engine's kernels directly are left out."""

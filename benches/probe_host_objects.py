@@ -6,8 +6,8 @@ are handed over one sequence at a time with 2 engine steps after each, 6 tokens 
 collection, then the count of objects the garbage collector tracks and tracemalloc's traced bytes; at the end the
 allocations that grew most from round 2 to the last.
 
-    python benches/probe_host_objects.py eager     # prefill steps eager (the default)
-    python benches/probe_host_objects.py graphs    # prefill steps from prefill graphs (256 tokens)
+    python benches/probe_host_objects.py eager     # prefill steps eager (prefill graphs off)
+    python benches/probe_host_objects.py graphs    # short prefill steps from graphs (256 tokens; the default)
 
 It does not cover CuPy's and the driver's launch path or the CUDA allocator (the stand-ins replace them), and its
 round times on a CPU say nothing about a GPU's.
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("mode", choices=("eager", "graphs"))
     ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
-    factory = standin.optimized_host_prefill_graphs if args.mode == "graphs" else standin.optimized_host
+    factory = standin.optimized_host if args.mode == "graphs" else standin.optimized_host_no_prefill_graphs
     eng = factory("tiny", max_num_seqs=8, max_model_len=512, block_size=8, max_num_batched_tokens=256,
                   num_blocks=8 * 64 + 8)
     rng = random.Random(0)

@@ -346,14 +346,13 @@ class CudaRunner:
         self._ahead: dict | None = None
         self.lookahead_used = self.lookahead_dropped = 0      # lookahead steps used / dropped (counters)
         #: default-mode prefill steps of at most this many tokens (and ``PREFILL_GRAPH_MAX_ROWS`` sequences) replay
-        #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). A lab
-        #: switch, off (0): on the H200 it is level with even chunks on the agentic bench (no short step there) and
-        #: 1.55x faster when observations arrive one sequence at a time (fortieth session's trickle A/B). With it on,
-        #: the GPU conformance run failed five TURN tests (forty-fourth session: a chunk that samples nothing
-        #: returned with its upload queued, and the next chunk overwrote the pinned buffer); fixed in the forty-fifth
-        #: session (the ``uploaded`` event), after which those tests passed on an H100. It stays off until the rest
-        #: of the suite has run to the end with it on (docs/performance/agentic.md, "Agentic workload")
-        self.prefill_graph_max_tokens = 0
+        #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). On for an
+        #: engine on graphs (the largest bucket), off (0) without, where a padded bucket only adds work. On the H200
+        #: the trickle bench ran 1.71x (one sequence a hand-over) and 1.23x (four) faster with it, and the agentic
+        #: bench takes no graphed step (forty-sixth session). The GPU conformance suite passed with it on at every
+        #: scale once the forty-fifth session had fixed the NaN of chunks that sample nothing (the ``uploaded``
+        #: event in ``_run_prefill_graph``; docs/performance/agentic.md, "Agentic workload")
+        self.prefill_graph_max_tokens = PREFILL_GRAPH_TOKENS[-1] if use_graphs else 0
         self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
         self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)
 

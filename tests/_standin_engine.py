@@ -59,13 +59,14 @@ def _build(model: Any, weights: dict | None, prefill_graph_tokens: int | None, *
 
 
 def optimized_host(model: Any, weights: dict | None = None, **engine_kwargs: Any):
-    """The optimized engine as built by default (on graphs, every runner switch at its default)."""
+    """The optimized engine as built by default (on graphs, every runner switch at its default: the short prefill
+    steps replayed from graphs too)."""
     return _build(model, weights, None, **engine_kwargs)
 
 
-def optimized_host_prefill_graphs(model: Any, weights: dict | None = None, **engine_kwargs: Any):
-    """The same with the prefill graphs on (``runner.prefill_graph_max_tokens = 256``)."""
-    return _build(model, weights, 256, **engine_kwargs)
+def optimized_host_no_prefill_graphs(model: Any, weights: dict | None = None, **engine_kwargs: Any):
+    """The same with the prefill graphs off (``runner.prefill_graph_max_tokens = 0``: every prefill step eager)."""
+    return _build(model, weights, 0, **engine_kwargs)
 
 
 def broken_prefill_graph_positions(model: Any, weights: dict | None = None, **engine_kwargs: Any):
@@ -101,5 +102,6 @@ def poisoned_kv_canary(model: Any, weights: dict | None = None, **engine_kwargs:
     return eng
 
 
-for _factory in (optimized_host, optimized_host_prefill_graphs, broken_prefill_graph_positions, poisoned_kv_canary):
+for _factory in (optimized_host, optimized_host_no_prefill_graphs, broken_prefill_graph_positions,
+                 poisoned_kv_canary):
     _factory.supports = _optimized_supports

@@ -1,5 +1,5 @@
 """The optimized runner's CUDA-graph path on the CPU: ``CudaRunner._capture`` (decode graphs),
-``_capture_prefill`` (the prefill-graph lab switch), ``_warm_up`` and ``_capturing``, run with the stand-in
+``_capture_prefill`` (the short prefill steps' graphs), ``_warm_up`` and ``_capturing``, run with the stand-in
 kernels and the stand-in graph API of ``_graph_standin.py``. A capture records the step once; every later step
 of its bucket is a replay of the record, with nothing of the runner's Python run again. So an engine on graphs
 gives the eager engine's tokens only if the captured step reads everything that changes from one step to the
@@ -83,13 +83,14 @@ def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(
             pass
 
 
-#: (engine keywords, runner switches, prefill-graph tokens): the default engine, with the prefill-graph lab switch,
-#: batch-invariant, and with the decode steps' sample hand-off and lookahead off
+#: (engine keywords, runner switches, prefill-graph tokens; None: the default, on for an engine on graphs): the
+#: default engine, with the prefill graphs off, batch-invariant (whose prefill steps never take a graph), and with
+#: the decode steps' sample hand-off and lookahead off
 MODES = {
-    "default": ({}, {}, 0),
-    "prefill-graphs": ({}, {}, 256),
-    "invariant": ({"batch_invariant": True}, {}, 0),
-    "no-handoff-no-lookahead": ({}, {"decode_handoff": False, "lookahead": False}, 0),
+    "default": ({}, {}, None),
+    "no-prefill-graphs": ({}, {}, 0),
+    "invariant": ({"batch_invariant": True}, {}, None),
+    "no-handoff-no-lookahead": ({}, {"decode_handoff": False, "lookahead": False}, None),
 }
 
 
@@ -98,12 +99,14 @@ def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, mo
     """An engine on (stand-in) CUDA graphs against the same engine eager: the same tokens and logprobs, bit for
     bit, over three turns of six sequences, greedy and sampled, finishing at different steps (so the batch moves
     between graph buckets), one of them past 256 keys (the next context bucket); every decode launch is a replay
-    of a captured graph, each graph captured once. With prefill graphs on, the short prefill steps replay too."""
+    of a captured graph, each graph captured once. With the prefill graphs on (the default on graphs), the short
+    prefill steps of the default mode replay too."""
     import optimized.runner as orun
 
     engine_kw, switches, prefill_graph_tokens = MODES[mode]
     sg = install(monkeypatch, orun.ops)
-    monkeypatch.setattr(orun.ops, "allow_no_hint", prefill_graph_tokens > 0)
+    # only a prefill graph's replay may choose its kernel without the hint: batch-invariant steps never take one
+    monkeypatch.setattr(orun.ops, "allow_no_hint", prefill_graph_tokens != 0 and not engine_kw.get("batch_invariant"))
     sps = [reference.SamplingParams(max_tokens=n, stop_token_ids=(), logprobs=True) for n in (3, 6, 9)] + \
           [reference.SamplingParams(temperature=0.9, top_p=0.9, max_tokens=n, stop_token_ids=(), seed=s,
                                     logprobs=True) for n, s in ((5, 1), (11, 2), (9, 3))]
@@ -113,7 +116,11 @@ def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, mo
         for name, value in switches.items():
             setattr(eng.runner, name, value)
     r = graphed.runner
-    r.prefill_graph_max_tokens = prefill_graph_tokens
+    assert eager.runner.prefill_graph_max_tokens == 0, "off without graphs"
+    if prefill_graph_tokens is None:
+        assert r.prefill_graph_max_tokens == orun.PREFILL_GRAPH_TOKENS[-1], "on (the largest bucket) on graphs"
+    else:
+        r.prefill_graph_max_tokens = prefill_graph_tokens
     launched = [0]
     launch = r._launch_decode
 
@@ -135,7 +142,8 @@ def test_engine_on_captured_graphs_gives_the_eager_engines_tokens(opt_engine, mo
     slots = sum(len(g["slots"]) for g in r.graphs.values())
     assert sg.captures == slots + len(r.prefill_graphs), "each graph is captured once"
     assert sg.replays == launched[0] + r.prefill_graph_steps, "every graphed step is one replay"
-    assert (r.prefill_graph_steps > 0) == (prefill_graph_tokens > 0)
+    assert (r.prefill_graph_steps > 0) == (r.prefill_graph_max_tokens > 0 and not r.invariant)
+    assert eager.runner.prefill_graph_steps == 0
 
 
 MACHINES = 30                         # hypothesis machines of up to 30 calls each
@@ -387,11 +395,11 @@ def test_debug_prefill_graphs_explains_a_nan_step(variant):
             "the trace did not find the poisoned layer-0 K row"
 
 
-@pytest.mark.parametrize("factory, caught", [("optimized_host_prefill_graphs", False),
+@pytest.mark.parametrize("factory, caught", [("optimized_host", False),
                                              ("broken_prefill_graph_positions", True)])
 def test_the_host_conformance_run_catches_a_broken_prefill_graph(factory, caught):
     """``nox -s conformance-host`` judges the optimized engine's host side through ``tests/_standin_engine.py``. Here
-    its TURN tests at one shape, in a subprocess: the engine with the prefill graphs on passes, and the same engine
+    its TURN tests at one shape, in a subprocess: the engine as built (prefill graphs on) passes, and the same engine
     with the replayed prefill steps' positions one too far fails with a TURN failure (so that run is no rubber
     stamp for the prefill graphs)."""
     import re

@@ -701,10 +701,10 @@ def test_step_guards_pass_the_scheduler_step_and_reject_each_broken_one():
 
 @pytest.mark.parametrize("max_tokens", [16, 256])
 def test_prefill_graph_switch_pads_short_prefills_into_buckets(opt_engine, max_tokens, monkeypatch):
-    """``runner.prefill_graph_max_tokens`` (a lab switch, off by default): prefill steps of at most that many tokens
-    run through the closure a CUDA graph captures (here, without graphs, run eagerly on the padded bucket buffers:
-    padding rows at position -1 and slot -1, table rows of length 0, sampling rows dropped), the longer ones
-    eagerly. The same tokens and logprobs as every step eager (bitwise here: the stand-in kernels compute each row
+    """``runner.prefill_graph_max_tokens`` (on by default for an engine on graphs, off without): prefill steps of at
+    most that many tokens run through the closure a CUDA graph captures (here, without graphs, run eagerly on the
+    padded bucket buffers: padding rows at position -1 and slot -1, table rows of length 0, sampling rows dropped),
+    the longer ones eagerly. The same tokens and logprobs as every step eager (bitwise here: the stand-in kernels compute each row
     on its own, so padding rows change nothing; on a GPU the GEMMs' row count may), over turns of fresh prompts and
     short resumes, greedy and sampled; every page is returned at the end."""
     import optimized.runner as orun
@@ -714,7 +714,7 @@ def test_prefill_graph_switch_pads_short_prefills_into_buckets(opt_engine, max_t
           [reference.SamplingParams(temperature=0.9, top_p=0.9, max_tokens=5, stop_token_ids=(), seed=s, logprobs=True)
            for s in (1, 2)]
     eager, graphed = opt_engine(), opt_engine()
-    assert eager.runner.prefill_graph_max_tokens == 0                  # off by default
+    assert eager.runner.prefill_graph_max_tokens == 0                  # off without graphs
     graphed.runner.prefill_graph_max_tokens = max_tokens
     kinds: list[tuple[str, int]] = []
     run = graphed.runner.execute
@@ -759,7 +759,7 @@ def test_prefill_graphs_take_short_default_mode_steps_on_one_gpu_only():
     assert not r._prefill_graphed(step(257, 1)) and not r._prefill_graphed(step(64, orun.PREFILL_GRAPH_MAX_ROWS + 1))
     r.prefill_graph_max_tokens = 1000                     # the buckets end at 256 whatever the switch says
     assert not r._prefill_graphed(step(300, 1))
-    r.prefill_graph_max_tokens = 0                        # the default: off
+    r.prefill_graph_max_tokens = 0                        # off (the default without graphs)
     assert not r._prefill_graphed(step(16, 1))
     r.prefill_graph_max_tokens = 256
     r.invariant = True                                    # batch-invariant prefill is its own path

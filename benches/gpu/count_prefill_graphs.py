@@ -1,7 +1,7 @@
 """Run pytest with the optimized runner's prefill graphs switched on (``--prefill-graph-tokens N``: every
-``CudaRunner`` on graphs gets ``prefill_graph_max_tokens = N``; 0 leaves the default) and a count of the prefill steps
-replayed from them, so that a conformance run shows it went through them (the suite does not know the runner's
-switches). Its own option comes first; the rest go to pytest:
+``CudaRunner`` on graphs gets ``prefill_graph_max_tokens = N``; 0 leaves the default, on since the forty-sixth
+session) and a count of the prefill steps replayed from them, so that a conformance run shows it went through them
+(the suite does not know the runner's switches). Its own option comes first; the rest go to pytest:
 
     python3 benches/gpu/count_prefill_graphs.py --prefill-graph-tokens 256 conformance -q --engine optimized ...
 

@@ -133,12 +133,13 @@ def graphs_equal_eager():
 
 @section
 def prefill_graphs_match_eager():
-    """``runner.prefill_graph_max_tokens`` (a lab switch, off by default): the short prefill steps replayed from the
+    """``runner.prefill_graph_max_tokens`` (on by default on graphs): the short prefill steps replayed from the
     graphs of padded buckets give the eager steps' tokens. bf16: the GEMMs see the bucket's row count, so a near tie
     may move; the share of identical turns is printed, every sequence's first 4 tokens asserted."""
     g = optimized.Engine.from_state_dict(CFG, W, **KW)
-    g.runner.prefill_graph_max_tokens = 256
+    assert g.runner.prefill_graph_max_tokens == 256, "on by default on graphs"
     e = optimized.Engine.from_state_dict(CFG, W, **KW)
+    e.runner.prefill_graph_max_tokens = 0
     a, _ = rollout(g, GREEDY)
     b, _ = rollout(e, GREEDY)
     agree = sum(a[t][s] == b[t][s] for t in range(len(a)) for s in a[t])

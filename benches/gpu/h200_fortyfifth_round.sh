@@ -12,7 +12,8 @@
 #                                                     # (it timed out in `fixed`'s crowd with no failure)
 #   bash benches/gpu/h200_fortyfifth_round.sh gpu    # next (an H200): the GPU scale's qwen3-8b subset, then its
 #                                                     # other qwen3-0.6b tests, with the prefill graphs on
-# Once ci and gpu pass: `git apply benches/gpu/pending/prefill_graphs_default.diff` (its header says what else to edit).
+# (Forty-sixth session: ci and gpu ran as h200_fortysixth_round.sh ci8b and rest, passed, and the pending diff that
+# turns the prefill graphs on by default was applied.)
 source benches/gpu/_env.sh
 mode=${1:-fixed}
 if [ "$mode" = fixed ]; then

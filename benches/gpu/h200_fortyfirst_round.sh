@@ -20,9 +20,8 @@
 #   bash benches/gpu/h200_fortyfirst_round.sh third    # (forty-second session) the agentic bench, whose records now
 #                                                       # carry the workload's floor (turn_floors), and the engine
 #                                                       # decode bench; their floors.md is in bench_agentic.tgz
-# Once `first` passes (forty-fifth session: its NaN fixed; what is left to run: h200_fortyfifth_round.sh ci, gpu):
-# `git apply benches/gpu/pending/prefill_graphs_default.diff` (forty-third session; its header
-# says what else to edit) turns the prefill graphs on by default for engines on graphs.
+# `first` passed in parts (forty-fifth session: its NaN fixed, the TURN tests; forty-sixth session:
+# h200_fortysixth_round.sh ci8b and rest), and the prefill graphs are on by default for engines on graphs since then.
 # TAG: the logs' suffix (default _MODE).
 source benches/gpu/_env.sh
 mode=${1:-first}

@@ -5,10 +5,10 @@
 #   bash benches/gpu/h200_fortysixth_round.sh ci8b   # the CI-scale suite beside the GPU scale's qwen3-8b subset
 #   bash benches/gpu/h200_fortysixth_round.sh rest   # the GPU scale's other qwen3-0.6b tests beside check_kernels.py
 #                                                    # (every section), then the engine smoke test
-#   bash benches/gpu/h200_fortysixth_round.sh agentic  # with the pending diff applied (the prefill graphs on by
-#                                                    # default): the agentic bench (not the trickle), its floors.md
-#                                                    # in bench_agentic.tgz
-# Once both pass: `git apply benches/gpu/pending/prefill_graphs_default.diff` (its header says what else to edit).
+#   bash benches/gpu/h200_fortysixth_round.sh agentic  # with the prefill graphs on by default: the agentic bench
+#                                                    # (not the trickle), its floors.md in bench_agentic.tgz
+# Both passed (ci8b on an H100 and on an H200), and the forty-sixth session then applied the pending diff
+# (benches/gpu/pending/prefill_graphs_default.diff, now gone) that turns the prefill graphs on by default.
 source benches/gpu/_env.sh
 mode=${1:-ci8b}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
