@@ -7,6 +7,9 @@
 #                                                    # (every section), then the engine smoke test
 #   bash benches/gpu/h200_fortysixth_round.sh agentic  # with the prefill graphs on by default: the agentic bench
 #                                                    # (not the trickle), its floors.md in bench_agentic.tgz
+#   bash benches/gpu/h200_fortysixth_round.sh small  # next (not run yet): the GPU scale's other tests on the five small
+#                                                    # shapes (not TURN, not qwen3), which no run of the gate covered,
+#                                                    # with the prefill graphs on (the default now)
 # Both passed (ci8b on an H100 and on an H200), and the forty-sixth session then applied the pending diff
 # (benches/gpu/pending/prefill_graphs_default.diff, now gone) that turns the prefill graphs on by default.
 source benches/gpu/_env.sh
@@ -25,6 +28,10 @@ if [ "$mode" = rest ]; then
   wait; cat "$OUT/checks.summary"; rm -f "$OUT/checks.summary"
   timeout 120 python3 benches/gpu/engine_smoke.py > "$OUT"/engine_smoke.log 2>&1; echo "engine_smoke rc=$?"
   grep -E "^\[(ok|FAIL)|FAILED|Error" "$OUT"/engine_smoke.log | head -20
+fi
+if [ "$mode" = small ]; then
+  conf 540 "conformance_gpu_small_graphs.log" --conformance-scale gpu --oracle-device cuda \
+    -k "not test_turn and not qwen3"
 fi
 if [ "$mode" = agentic ]; then
   bench_packed 330 "test_agentic and not trickle" "run_gpu_agentic.log"
