@@ -251,19 +251,23 @@ def stop_set(rng: random.Random, vocab: int, share: float = 0.03) -> tuple[int, 
 def greedy_workload(cfg: ModelConfig, bs: int, scale: Scale, seed: int, *, n_seqs: int | None = None,
                     n_turns: int | None = None, obs_kind: str = "mixed", prompt_kind: str = "mixed",
                     stagger: bool = False, holds: bool = False, temperature: float = 0.0,
-                    max_tokens: int | None = None) -> Workload:
+                    max_tokens: int | None = None, max_prompt: int | None = None) -> Workload:
     """A seeded multi-turn workload.
 
     ``obs_kind``: ``mixed`` (empty, short, block-boundary and multi-block observations), ``empty``,
     ``long`` (many blocks), ``boundary`` (observations that land the context on a block boundary).
     ``prompt_kind``: ``mixed`` or ``boundary`` (prompt lengths k*bs - 1, k*bs, k*bs + 1).
+    ``max_prompt``: the longest prompt, boundary lengths included, for an engine whose ``max_model_len`` is below
+    the scale's prompts; a cap at or above the scale's longest prompt (``max(max_prompt, 2 * bs + 1)``) changes
+    nothing.
     """
     rng = random.Random(seed)
     V = cfg.vocab_size
     n_seqs = n_seqs or scale.n_seqs
     n_turns = n_turns or scale.n_turns
     stops = stop_set(rng, V)
-    bl = boundary_lengths(bs, max(scale.max_prompt, 2 * bs + 1))
+    longest = scale.max_prompt if max_prompt is None else min(scale.max_prompt, max_prompt)
+    bl = [n for n in boundary_lengths(bs, max(longest, 2 * bs + 1)) if max_prompt is None or n <= max_prompt]
     greedy_pool = [SamplingParams(temperature=0.0, max_tokens=max_tokens or mt, stop_token_ids=stops, logprobs=True)
                    for mt in (scale.max_tokens, max(2, scale.max_tokens // 2 + 1))]
     plans = []
@@ -271,7 +275,7 @@ def greedy_workload(cfg: ModelConfig, bs: int, scale: Scale, seed: int, *, n_seq
         if prompt_kind == "boundary" or (prompt_kind == "mixed" and i % 3 == 0):
             plen = bl[rng.randrange(len(bl))]
         else:
-            plen = rng.randint(1, scale.max_prompt)
+            plen = rng.randint(1, longest)
         if temperature == 0:   # a small pool of greedy params, so single-shot generate batches across sequences
             sp = greedy_pool[i % len(greedy_pool)]
         else:

@@ -176,6 +176,23 @@ def test_gpu_only_shape_is_a_gpu_scale_subset():
     assert res.returncode == 5 and "8b" not in res.stdout, res.stdout + res.stderr
 
 
+def test_workload_prompts_fit_the_cap():
+    """greedy_workload's max_prompt: at the gpu scale (prompts up to 96) every prompt, boundary lengths included, is
+    within the cap; a cap at or above the scale's longest prompt gives the same workload as none (so the ci scale's MEM
+    tests are unchanged by it)."""
+    cfg = cases.model_config("gqa2-d32")
+    gpu, ci = cases.SCALES["gpu"], cases.SCALES["ci"]
+    for bs, cap in ((4, 24), (5, 27), (8, 45), (16, 24)):   # (16, 24): 2 * bs + 1 > cap
+        wl = cases.greedy_workload(cfg, bs, gpu, seed=42, n_seqs=12, prompt_kind="mixed", max_prompt=cap)
+        lens = [len(p.prompt) for p in wl.plans]
+        assert max(lens) <= cap < gpu.max_prompt, (bs, cap, lens)
+        boundary = cases.greedy_workload(cfg, bs, gpu, seed=7, n_seqs=12, prompt_kind="boundary", max_prompt=cap)
+        assert max(len(p.prompt) for p in boundary.plans) <= cap
+        longest = max(ci.max_prompt, 2 * bs + 1)             # the ci scale's longest prompt, boundary lengths too
+        assert cases.greedy_workload(cfg, bs, ci, seed=42, n_seqs=5, max_prompt=longest) == \
+            cases.greedy_workload(cfg, bs, ci, seed=42, n_seqs=5)
+
+
 def test_gpu_only_shape_skips_with_its_reason():
     """Where the shape cannot run (here: no CUDA GPU, or the default --oracle-device cpu), every test of it is a skip
     that names the shape and the reason, never a pass."""
