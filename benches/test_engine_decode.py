@@ -196,17 +196,17 @@ def test_engine_decode(benchmark, scale: Scale, ceilings, results, model: Bundle
             "e2e_tok_s": batch * generated / max(1e-9, out["wall"]), "mean_ctx": statistics.mean(ctx) / batch,
             "weight_bytes": W, "kv_bytes_per_token": kvt}
     if impl == "transformers" and (b.name, batch, ENGINE[s]) in _rates:
-        sp_up = _rates[(b.name, batch, ENGINE[s])] / tok_s
+        ours = (b.name, batch, ENGINE[s])
+        sp_up = _rates[ours] / tok_s
         # the most any engine could be over this peer: a step at the roofline (weights and K/V once at the copy rate)
-        sp_bound = batch / _floors[(b.name, batch, ENGINE[s])] / tok_s
+        sp_bound = batch / _floors[ours] / tok_s
         for r in results.group(GROUP).records:
             if r["model"] == b.name and r["batch"] == batch and r["impl"] == ENGINE[s]:
                 r["speedup"], r["speedup_at_roofline"] = sp_up, sp_bound
         if batch == TARGET_BATCH[s]:
             results.target(GROUP, f"{b.name} decode at batch {batch}: x transformers", sp_up, 20, unit="x",
-                           detail=f"{_rates[(b.name, batch, ENGINE[s])]:.0f} vs {tok_s:.0f} tok/s; at the roofline "
-                                  f"({_floors[(b.name, batch, ENGINE[s])] * 1e3:.3f} ms a step) the engine would be "
-                                  f"{sp_bound:.1f}x this peer")
+                           detail=f"{_rates[ours]:.0f} vs {tok_s:.0f} tok/s; at the roofline "
+                                  f"({_floors[ours] * 1e3:.3f} ms a step) the engine would be {sp_bound:.1f}x this peer")
     if impl == ENGINE[s] and b.name == TARGET_MODEL[s] and batch == 1:
         results.target(GROUP, f"{b.name} decode at batch 1: % of the memory roofline", rec["pct_roofline"], 85,
                        unit="%", detail=f"{med * 1e3:.3f} ms/step vs floor {floor * 1e3:.3f} ms")

@@ -30,7 +30,7 @@ def _switched_on(init, tokens: int):
 
 def _counted_run(run):
     def counted(self, batch):
-        steps[next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= batch.num_tokens)] += 1
+        steps[self.prefill_graph_key(batch)[0]] += 1
         known = set(self.prefill_graphs)
         out = run(self, batch)
         captures.extend(k for k in self.prefill_graphs if k not in known)     # a step captures its key at first use

@@ -45,15 +45,11 @@ def _nan_rows(t: torch.Tensor) -> list[int]:
     return torch.isnan(t.float().reshape(t.shape[0], -1)).any(dim=1).nonzero().flatten().tolist()
 
 
-def _token_bucket(T: int) -> int:
-    return next(b for b in orun.PREFILL_GRAPH_TOKENS if b >= T)
-
-
 def _step_kind(self, batch) -> str:
     """``decode``, ``eager`` (a prefill step launched from the host) or ``graph<token bucket>``."""
     if batch.kind == "decode":
         return "decode"
-    return f"graph{_token_bucket(batch.num_tokens)}" if self._prefill_graphed(batch) else "eager"
+    return f"graph{self.prefill_graph_key(batch)[0]}" if self._prefill_graphed(batch) else "eager"
 
 
 def _rows(cache: torch.Tensor) -> torch.Tensor:
