@@ -582,6 +582,20 @@ def free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
+def run_or_out_of_memory(fn: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``(fn(), None)``, or ``(None, the error's first line)`` where ``fn`` ran out of device memory: a peer that does
+    not fit on this card is reported, not timed. The error and its traceback's frames (and every tensor they held) are
+    dropped and the caching allocator emptied before this returns, so the rest of the session has the card's memory
+    back; a pytest failure would keep the traceback, and the next bench would run out of memory too."""
+    message = None
+    try:
+        return fn(), None
+    except torch.OutOfMemoryError as e:
+        message = str(e).split(". ")[0].strip()
+    free_cuda()
+    return None, message
+
+
 def hf_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], scale: Scale):
     """transformers' ``Qwen3ForCausalLM`` (SDPA attention) with the same weights: bf16 on the GPU
     (built directly on the device, then the state dict copied in), fp32 on the CPU."""

@@ -1,0 +1,92 @@
+"""The benches' handling of device memory: a peer that runs out of it is reported, not timed, and leaves the card's
+memory to the benches after it; the agentic bench never holds the engine and transformers' model at once.
+
+The forty-seventh session's agentic bench on an 80 GB H100 (``benches/results/h100/forty_seventh_session/
+agentic_oom``) ran transformers' re-prefill beside the engine's KV pool and ran out of memory; the failed test's
+traceback kept its tensors, so the next bench's ceilings ran out of memory too. These tests hold the fix on the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+import weakref
+
+import pytest
+import torch
+
+BENCHES = pathlib.Path(__file__).resolve().parents[1] / "benches"
+sys.path.insert(0, str(BENCHES))
+_bench = importlib.import_module("_bench")
+agentic = importlib.import_module("test_agentic")
+sys.path.remove(str(BENCHES))
+
+OOM = "CUDA out of memory. Tried to allocate 1.38 GiB. GPU 0 has a total capacity of 79.18 GiB"
+
+
+def test_run_or_out_of_memory_returns_the_value():
+    assert _bench.run_or_out_of_memory(lambda: 42) == (42, None)
+
+
+def test_out_of_memory_is_reported_and_its_tensors_released():
+    held: list[weakref.ref] = []
+
+    def peer():
+        activations = torch.ones(1024)           # what a peer's frames hold when it runs out of memory
+        held.append(weakref.ref(activations))
+        raise torch.OutOfMemoryError(OOM)
+
+    value, message = _bench.run_or_out_of_memory(peer)
+    print(f"message: {message!r}")
+    assert value is None
+    assert message == "CUDA out of memory", message
+    assert held and held[0]() is None, "the frames of the failed peer still hold its tensors"
+
+
+def test_other_errors_propagate():
+    def broken():
+        raise ValueError("not a memory error")
+
+    with pytest.raises(ValueError, match="not a memory error"):
+        _bench.run_or_out_of_memory(broken)
+
+
+def test_engine_and_transformers_never_share_the_device():
+    work = agentic.Workload(_bench.Scale("cpu"))
+    eng = weakref.ref(work.engine())
+    hf = work.hf()
+    assert work._engine is None and eng() is None, "building transformers' model kept the engine alive"
+    hf = weakref.ref(hf)
+    work.engine()
+    assert work._hf is None and hf() is None, "building the engine kept transformers' model alive"
+    work.close()
+
+
+class _Benchmark:
+    """pytest-benchmark's ``pedantic``, untimed."""
+
+    extra_info: dict = {}
+
+    def pedantic(self, fn, rounds, iterations, warmup_rounds):
+        fn()
+
+
+def test_agentic_peer_out_of_memory_is_reported(monkeypatch):
+    """A transformers variant that runs out of memory: a skip that names the cause, a table row that says so, a note,
+    and the model released; the engine's variants and the targets' inputs are untouched."""
+    def generate(*args, **kwargs):
+        raise torch.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(agentic, "hf_generate", generate)
+    scale = _bench.Scale("cpu")
+    work = agentic.Workload(scale)
+    results = _bench.Collector()
+    variant = "transformers re-prefill"
+    with pytest.raises(pytest.skip.Exception, match="does not fit on this device"):
+        agentic.test_agentic(_Benchmark(), scale, results, work, variant)
+    rows = results.group(agentic.GROUP).records
+    assert rows == [{"variant": variant, "out_of_memory": "CUDA out of memory"}], rows
+    assert any(variant in n and "out of device memory" in n for n in results.group(agentic.GROUP).notes)
+    assert work._hf is None and variant not in work.out
+    work.close()
