@@ -7,9 +7,10 @@
 #                                                    # (every section), then the engine smoke test
 #   bash benches/gpu/h200_fortysixth_round.sh agentic  # with the prefill graphs on by default: the agentic bench
 #                                                    # (not the trickle), its floors.md in bench_agentic.tgz
-#   bash benches/gpu/h200_fortysixth_round.sh small  # next (not run yet): the GPU scale's other tests on the five small
-#                                                    # shapes (not TURN, not qwen3), which no run of the gate covered,
-#                                                    # with the prefill graphs on (the default now)
+#   bash benches/gpu/h200_fortysixth_round.sh small  # the GPU scale's other tests on the five small shapes (not TURN,
+#                                                    # not qwen3), which no run of the gate covered, with the prefill
+#                                                    # graphs on (the default now); run in the forty-seventh session
+#                                                    # (H100): 109 passed, 50 skipped
 # Both passed (ci8b on an H100 and on an H200), and the forty-sixth session then applied the pending diff
 # (benches/gpu/pending/prefill_graphs_default.diff, now gone) that turns the prefill graphs on by default.
 source benches/gpu/_env.sh
