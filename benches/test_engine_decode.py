@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from _bench import (HFStepClock, Scale, StepRecorder, Stopwatch, agreement, decode_pool, drop_weights, free_cuda,
-                    hf_generate,
-                    hf_model, kv_bytes_per_token, make_engine, model_weights, scale_name, weight_bytes_per_step)
+                    hf_generate, hf_model, kv_bytes_per_token, make_engine, model_weights, run_or_out_of_memory,
+                    scale_name, weight_bytes_per_step)
 from reference import SamplingParams, named_config
 
 GROUP = "engine_decode"
@@ -86,6 +86,11 @@ class Bundle:
             self._hf = hf_model(self.cfg, self.weights, self.scale)
         return self._hf
 
+    def release_hf(self) -> None:
+        """Drop the transformers peer (after it ran out of memory); the next ``hf()`` builds it again."""
+        self._hf = None
+        free_cuda()
+
     def hf_ids(self, prompts) -> torch.Tensor:
         return torch.tensor(prompts, dtype=torch.long, device=self.scale.device)
 
@@ -104,7 +109,8 @@ def model(request, scale: Scale, results):
         ("pct_roofline", "% of roofline", ".1f"), ("speedup", "x transformers", ".2f"),
         ("speedup_at_roofline", "x transformers at the roofline", ".2f"),
         ("prefill_s", "prefill s", ".3g"), ("e2e_tok_s", "end-to-end tok/s", ".5g"), ("steps", "decode steps", ""),
-        ("mean_ctx", "mean context", ".0f"), ("agree_prefix", "tokens agree (prefix share)", ".2f")],
+        ("mean_ctx", "mean context", ".0f"), ("agree_prefix", "tokens agree (prefix share)", ".2f"),
+        ("out_of_memory", "not timed: out of memory", "")],
         plots=[dict(x="batch", y="tok_s", series="impl", facet="model", logx=True, logy=True, ylabel="decode tokens/s",
                     title="decode"),
                dict(x="batch", y="pct_roofline", series="impl", facet="model", logx=True, ylabel="% of memory roofline",
@@ -145,18 +151,33 @@ def test_engine_decode(benchmark, scale: Scale, ceilings, results, model: Bundle
         if batch > HF_MAX_BATCH[b.name]:
             results.note(GROUP, f"{b.name}: transformers peer skipped at batch {batch} (> HF_MAX_BATCH, too slow)")
             pytest.skip(f"transformers peer not run above batch {HF_MAX_BATCH[b.name]} for {b.name}")
-        _agreement_check(b, results)
-        hf = b.hf()
-        ids = b.hf_ids(prompts)
-        hf_generate(hf, ids, 2)                                   # warm-up (allocator, kernels)
         clock = HFStepClock(scale)
         out = {}
 
-        def run():
-            with Stopwatch(scale) as sw:
-                out["seqs"], _ = hf_generate(hf, ids, HF_STEPS[s], clock=clock)
-            out["wall"], out["t0"] = sw.wall_s, sw.t0
-        benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+        def check_and_time() -> None:
+            _agreement_check(b, results)
+            hf = b.hf()
+            ids = b.hf_ids(prompts)
+            hf_generate(hf, ids, 2)                               # warm-up (allocator, kernels)
+
+            def run():
+                with Stopwatch(scale) as sw:
+                    out["seqs"], _ = hf_generate(hf, ids, HF_STEPS[s], clock=clock)
+                out["wall"], out["t0"] = sw.wall_s, sw.t0
+            benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+
+        _, oom = run_or_out_of_memory(check_and_time)           # a peer that does not fit is reported, not timed
+        if oom is not None:
+            b.release_hf()
+            where = torch.cuda.get_device_name() if scale.gpu else "the CPU"
+            results.add(GROUP, **rec, out_of_memory=oom)
+            results.note(GROUP, f"{b.name}: the transformers peer ran out of device memory at batch {batch} on {where} "
+                                f"({oom}); not timed.")
+            if batch == TARGET_BATCH[s]:
+                results.target(GROUP, f"{b.name} decode at batch {batch}: x transformers", None, 20, unit="x",
+                               detail=f"transformers ran out of device memory on {where}")
+            pytest.skip(f"the transformers peer of {b.name} at batch {batch} does not fit on this device ({oom}): "
+                        f"reported in the {GROUP} table, not timed")
         steps = clock.step_times()
         generated = HF_STEPS[s]
         ctx = [batch * (PROMPT[s] + 1 + i) for i in range(len(steps))]

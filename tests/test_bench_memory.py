@@ -20,6 +20,7 @@ BENCHES = pathlib.Path(__file__).resolve().parents[1] / "benches"
 sys.path.insert(0, str(BENCHES))
 _bench = importlib.import_module("_bench")
 agentic = importlib.import_module("test_agentic")
+engine_decode = importlib.import_module("test_engine_decode")
 sys.path.remove(str(BENCHES))
 
 OOM = "CUDA out of memory. Tried to allocate 1.38 GiB. GPU 0 has a total capacity of 79.18 GiB"
@@ -90,3 +91,26 @@ def test_agentic_peer_out_of_memory_is_reported(monkeypatch):
     assert any(variant in n and "out of device memory" in n for n in results.group(agentic.GROUP).notes)
     assert work._hf is None and variant not in work.out
     work.close()
+
+
+def test_engine_decode_peer_out_of_memory_is_reported(monkeypatch):
+    """The engine decode bench's transformers peer running out of memory at the target batch: a skip that names the
+    cause, a row that says so, the target reported with no value (not met, not missed), the peer released."""
+    def generate(*args, **kwargs):
+        raise torch.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(engine_decode, "hf_generate", generate)
+    scale = _bench.Scale("cpu")
+    bundle = engine_decode.Bundle("tiny", scale)
+    results = _bench.Collector()
+    batch = engine_decode.TARGET_BATCH["cpu"]
+    ceilings = {"copy_GBps": 10.0, "gemm_TFLOPs": 1.0}
+    with pytest.raises(pytest.skip.Exception, match="does not fit on this device"):
+        engine_decode.test_engine_decode(_Benchmark(), scale, ceilings, results, bundle, batch, "transformers")
+    group = results.group(engine_decode.GROUP)
+    assert group.records == [{"model": "tiny", "batch": batch, "impl": "transformers",
+                              "out_of_memory": "CUDA out of memory"}], group.records
+    assert [(t["value"], t["met"]) for t in group.targets] == [(None, None)], group.targets
+    assert "out of device memory" in group.targets[0]["detail"]
+    assert bundle._hf is None
+    bundle.close()
