@@ -349,9 +349,10 @@ class CudaRunner:
         #: a graph of their buckets instead of launching each kernel from the host (``_run_prefill_graph``). On for an
         #: engine on graphs (the largest bucket), off (0) without, where a padded bucket only adds work. On the H200
         #: the trickle bench ran 1.71x (one sequence a hand-over) and 1.23x (four) faster with it, and the agentic
-        #: bench takes no graphed step (forty-sixth session). The GPU conformance runs of its gate passed with it on
-        #: once the forty-fifth session had fixed the NaN of chunks that sample nothing (the ``uploaded`` event in
-        #: ``_run_prefill_graph``; docs/performance/agentic.md, "Agentic workload", says which runs)
+        #: bench takes no graphed step (forty-sixth session). Every GPU conformance test passed with it on (forty-sixth
+        #: and forty-seventh sessions) once the forty-fifth session had fixed the NaN of chunks that sample nothing
+        #: (the ``uploaded`` event in ``_run_prefill_graph``; docs/performance/agentic.md, "Agentic workload", says
+        #: which runs)
         self.prefill_graph_max_tokens = PREFILL_GRAPH_TOKENS[-1] if use_graphs else 0
         self.prefill_graphs: dict[tuple[int, int, int], dict] = {}
         self.prefill_graph_steps = 0                          # prefill steps run through a graph (a counter)
