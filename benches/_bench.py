@@ -25,8 +25,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -587,13 +588,21 @@ def run_or_out_of_memory(fn: Callable[[], Any]) -> tuple[Any, str | None]:
     not fit on this card is reported, not timed. The error and its traceback's frames (and every tensor they held) are
     dropped and the caching allocator emptied before this returns, so the rest of the session has the card's memory
     back; a pytest failure would keep the traceback, and the next bench would run out of memory too."""
-    message = None
     try:
         return fn(), None
     except torch.OutOfMemoryError as e:
         message = str(e).split(". ")[0].strip()
     free_cuda()
     return None, message
+
+
+def skip_out_of_memory(results: "Collector", group: str, scale: Scale, who: str, message: str, **row: Any) -> NoReturn:
+    """Report a peer that ran out of device memory (``run_or_out_of_memory``'s message): a row of ``group``'s table
+    with ``row``'s keys and the message, a note naming the device, then a skip of the test that gives the cause."""
+    where = torch.cuda.get_device_name() if scale.gpu else "the CPU"
+    results.add(group, **row, out_of_memory=message)
+    results.note(group, f"{who}: ran out of device memory on {where} ({message}); not timed.")
+    pytest.skip(f"{who} does not fit on this device ({message}): reported in the {group} table, not timed")
 
 
 def hf_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], scale: Scale):

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from _bench import (Scale, Stopwatch, agreement, free_cuda, hf_generate, hf_model, kv_bytes_per_token, make_engine,
-                    model_weights, run_or_out_of_memory, weight_bytes_per_step)
+                    model_weights, run_or_out_of_memory, skip_out_of_memory, weight_bytes_per_step)
 from reference import ModelConfig, SamplingParams, named_config
 
 GROUP = "agentic"
@@ -329,10 +329,7 @@ def test_agentic(benchmark, scale: Scale, results, work: Workload, variant: str)
         _, oom = run_or_out_of_memory(warm_up_and_run)
         if oom is not None:
             work.release_hf()
-            results.add(GROUP, variant=variant, out_of_memory=oom)
-            where = torch.cuda.get_device_name() if scale.gpu else "the CPU"
-            results.note(GROUP, f"{variant}: ran out of device memory on {where} ({oom}); not timed.")
-            pytest.skip(f"{variant} does not fit on this device ({oom}): reported in the {GROUP} table, not timed")
+            skip_out_of_memory(results, GROUP, scale, variant, oom, variant=variant)
     else:
         warm_up_and_run()
     work.out[variant] = out

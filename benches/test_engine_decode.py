@@ -29,7 +29,7 @@ import torch
 
 from _bench import (HFStepClock, Scale, StepRecorder, Stopwatch, agreement, decode_pool, drop_weights, free_cuda,
                     hf_generate, hf_model, kv_bytes_per_token, make_engine, model_weights, run_or_out_of_memory,
-                    scale_name, weight_bytes_per_step)
+                    scale_name, skip_out_of_memory, weight_bytes_per_step)
 from reference import SamplingParams, named_config
 
 GROUP = "engine_decode"
@@ -169,15 +169,10 @@ def test_engine_decode(benchmark, scale: Scale, ceilings, results, model: Bundle
         _, oom = run_or_out_of_memory(check_and_time)           # a peer that does not fit is reported, not timed
         if oom is not None:
             b.release_hf()
-            where = torch.cuda.get_device_name() if scale.gpu else "the CPU"
-            results.add(GROUP, **rec, out_of_memory=oom)
-            results.note(GROUP, f"{b.name}: the transformers peer ran out of device memory at batch {batch} on {where} "
-                                f"({oom}); not timed.")
             if batch == TARGET_BATCH[s]:
                 results.target(GROUP, f"{b.name} decode at batch {batch}: x transformers", None, 20, unit="x",
-                               detail=f"transformers ran out of device memory on {where}")
-            pytest.skip(f"the transformers peer of {b.name} at batch {batch} does not fit on this device ({oom}): "
-                        f"reported in the {GROUP} table, not timed")
+                               detail=f"transformers ran out of device memory ({oom})")
+            skip_out_of_memory(results, GROUP, scale, f"{b.name}: the transformers peer at batch {batch}", oom, **rec)
         steps = clock.step_times()
         generated = HF_STEPS[s]
         ctx = [batch * (PROMPT[s] + 1 + i) for i in range(len(steps))]
