@@ -74,6 +74,8 @@ def install(mod, module: str = "attention") -> None:
     kernels._modules[(module, cupy.cuda.Device().id)] = mod
     for key in [k for k in ops._functions if k[1] == module]:
         del ops._functions[key]
+    for key in [k for k in ops._function_smem if k[1] == module]:  # the new module's kernels are not opted in yet
+        del ops._function_smem[key]
 
 
 def compare(name: str, sides: dict, call, rounds: int, reps: int, work: float, unit: str,

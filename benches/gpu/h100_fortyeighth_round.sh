@@ -6,6 +6,11 @@
 #                                                         # lab trails cuDNN and two beside them: pages shuffled and in
 #                                                         # order, 16 and 256 tokens a page
 #   bash benches/gpu/h100_fortyeighth_round.sh decode80  # the engine decode bench (h200_fortyseventh_round.sh decode80)
+#   bash benches/gpu/h100_fortyeighth_round.sh heads     # probe_decode_cudnn.py with the lab switch TK_HEADS_X=C: the
+#                                                         # decode grid's x is the head group and C CTAs along it are one
+#                                                         # thread-block cluster (1: the order alone), so that the CTAs of
+#                                                         # a sequence's heads, which read the same pages, share a GPC;
+#                                                         # pages shuffled and in order (any H100 or H200)
 source benches/gpu/_env.sh
 mode=${1:-labs}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -24,6 +29,13 @@ if [ "$mode" = decode80 ]; then
   bench_packed 420 "engine_decode" "run_gpu_engine_decode.log"
   mv "$OUT/bench.tgz" "$OUT/bench_engine_decode.tgz"
   grep -E "^\[(MET |miss|n/a )\]|SKIPPED|out of memory" "$OUT/run_gpu_engine_decode.log" | cut -c1-200 | head -20
+fi
+if [ "$mode" = heads ]; then
+  timeout 480 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 8x16384 \
+    --layouts shuffled inorder --variants base hx1:TK_HEADS_X=1 hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8 \
+    --rounds 3 > "$OUT/probe_decode_heads.log" 2>&1
+  echo "probe_decode_cudnn rc=$?"
+  grep -E "DIFFER|TB/s|cudnn vs|clusters of|Error|error|equal$" "$OUT/probe_decode_heads.log" | cut -c1-120
 fi
 date +%T
 exit 0
