@@ -8,13 +8,14 @@
 #   bash benches/gpu/h100_fortyeighth_round.sh decode80  # the engine decode bench (h200_fortyseventh_round.sh decode80)
 #   bash benches/gpu/h100_fortyeighth_round.sh heads     # probe_decode_cudnn.py with the lab switch TK_HEADS_X=C: the
 #                                                         # decode grid's x is the head group and C CTAs along it are one
-#                                                         # thread-block cluster (1: the order alone), so that the CTAs of
+#                                                         # thread-block cluster (C = 2, 4, 8), so that the CTAs of
 #                                                         # a sequence's heads, which read the same pages, share a GPC;
 #                                                         # pages shuffled and in order (any H100 or H200)
 source benches/gpu/_env.sh
 mode=${1:-labs}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
-date +%T; build_kernels; date +%T
+date +%T
+[ "$mode" = heads ] || build_kernels  # (heads: the probe builds attention.cu and its variants itself)
 if [ "$mode" = labs ]; then
   bench_packed 300 "kernel_decode or kernel_prefill or kernel_small or kernel_gemm" "run_gpu_labs_h100.log"
   mv "$OUT/bench.tgz" "$OUT/bench_labs.tgz"
@@ -31,8 +32,8 @@ if [ "$mode" = decode80 ]; then
   grep -E "^\[(MET |miss|n/a )\]|SKIPPED|out of memory" "$OUT/run_gpu_engine_decode.log" | cut -c1-200 | head -20
 fi
 if [ "$mode" = heads ]; then
-  timeout 480 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 8x16384 \
-    --layouts shuffled inorder --variants base hx1:TK_HEADS_X=1 hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8 \
+  timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 8x16384 \
+    --layouts shuffled inorder --variants base hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8 \
     --rounds 3 > "$OUT/probe_decode_heads.log" 2>&1
   echo "probe_decode_cudnn rc=$?"
   grep -E "DIFFER|TB/s|cudnn vs|clusters of|Error|error|equal$" "$OUT/probe_decode_heads.log" | cut -c1-120
