@@ -32,7 +32,7 @@ if [ "$mode" = decode80 ]; then
   grep -E "^\[(MET |miss|n/a )\]|SKIPPED|out of memory" "$OUT/run_gpu_engine_decode.log" | cut -c1-200 | head -20
 fi
 if [ "$mode" = heads ]; then
-  timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x4096 32x16384 128x1024 128x4096 8x16384 \
+  timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x16384 32x4096 128x4096 8x16384 \
     --layouts shuffled inorder --variants base hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8 \
     --rounds 3 > "$OUT/probe_decode_heads.log" 2>&1
   echo "probe_decode_cudnn rc=$?"
