@@ -10,7 +10,8 @@
 #                                                         # decode grid's x is the head group and C CTAs along it are one
 #                                                         # thread-block cluster (C = 2, 4, 8), so that the CTAs of
 #                                                         # a sequence's heads, which read the same pages, share a GPC;
-#                                                         # pages shuffled and in order (any H100 or H200)
+#                                                         # pages shuffled and in order (any H100 or H200); SHAPES,
+#                                                         # VARIANTS: fewer shapes or builds than the default
 source benches/gpu/_env.sh
 mode=${1:-labs}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -32,8 +33,8 @@ if [ "$mode" = decode80 ]; then
   grep -E "^\[(MET |miss|n/a )\]|SKIPPED|out of memory" "$OUT/run_gpu_engine_decode.log" | cut -c1-200 | head -20
 fi
 if [ "$mode" = heads ]; then
-  timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes 32x16384 32x4096 128x4096 8x16384 \
-    --layouts shuffled inorder --variants base hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8 \
+  timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes ${SHAPES:-32x16384 32x4096 128x4096 8x16384} \
+    --layouts shuffled inorder --variants base ${VARIANTS:-hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8} \
     --rounds 3 > "$OUT/probe_decode_heads.log" 2>&1
   echo "probe_decode_cudnn rc=$?"
   grep -E "DIFFER|TB/s|cudnn vs|clusters of|Error|error|equal$" "$OUT/probe_decode_heads.log" | cut -c1-120
