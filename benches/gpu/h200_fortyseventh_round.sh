@@ -3,7 +3,8 @@
 # h200_fortysixth_round.sh (small, agentic) and conf (the TURN tests); these are what its budget left undone:
 #   bash benches/gpu/h200_fortyseventh_round.sh decode80  # on an 80 GB H100: the engine decode bench, to see whether
 #                                                         # its qwen3-8b transformers peers fit beside the engine (they
-#                                                         # are reported, not timed, where they run out of memory)
+#                                                         # are reported, not timed, where they run out of memory;
+#                                                         # run in the forty-eighth session: every peer fit)
 #   bash benches/gpu/h200_fortyseventh_round.sh agentic   # on an H200: the agentic bench with the memory fix (the
 #                                                         # engine freed before transformers' model is built)
 source benches/gpu/_env.sh
