@@ -143,6 +143,7 @@ def _launch_heads_x(cluster: int):
 
     return launch_
 
+
 _macros: dict[object, tuple[str, ...]] = {}  # a build -> its switches
 
 
@@ -160,7 +161,8 @@ def smem64_carveout(dev: int, fn, smem: int, ctas: int) -> int:
 
 
 def use(mod) -> None:
-    """Install ``mod`` (``ab_attention.install``) with its host side: the 64 KB build's shared memory and carveout."""
+    """Install ``mod`` (``ab_attention.install``) with its host side: the 64 KB build's shared memory and carveout,
+    and the launch of a ``TK_SPLIT_SLOWEST`` or ``TK_HEADS_X`` build (its grid's order, its clusters)."""
     install(mod)
     macros = _macros.get(id(mod), ())
     small = SMEM64 in macros
