@@ -101,3 +101,13 @@ def test_install_forgets_the_old_modules_shared_memory_opt_in(monkeypatch):
     assert ab.kernels._modules[("attention", 0)] is new
     assert ops._functions == {(0, "gemm", "g"): 2}
     assert ops._function_smem == {(0, "gemm", "g"): 120 * 1024}  # the new module's kernels opt in at their launch
+
+
+def test_grown_pages_are_a_prompt_run_then_one_page_a_sequence_in_turn():
+    order = probe.grown_order(3, 8, device="cpu")  # 3 sequences of 8 pages: prompts of 2 pages, then 6 grown ones
+    assert sorted(order.tolist()) == list(range(24))  # a permutation of the pool
+    tables = order.view(3, 8).tolist()
+    assert tables[0] == [0, 1, 6, 9, 12, 15, 18, 21]
+    assert tables[2] == [4, 5, 8, 11, 14, 17, 20, 23]
+    gen = probe.torch.Generator().manual_seed(0)
+    assert probe.page_order(24, "grown", gen, per_seq=8, device="cpu").tolist() == order.tolist()

@@ -10,7 +10,9 @@
 #                                                         # decode grid's x is the head group and C CTAs along it are one
 #                                                         # thread-block cluster (C = 2, 4, 8), so that the CTAs of
 #                                                         # a sequence's heads, which read the same pages, share a GPC;
-#                                                         # pages shuffled and in order (any H100 or H200); SHAPES,
+#                                                         # pages shuffled, in order and grown (a prompt run, then one
+#                                                         # page a sequence in turn, as the engine decodes a batch;
+#                                                         # any H100 or H200); SHAPES,
 #                                                         # VARIANTS: fewer shapes or builds than the default
 source benches/gpu/_env.sh
 mode=${1:-labs}
@@ -34,7 +36,7 @@ if [ "$mode" = decode80 ]; then
 fi
 if [ "$mode" = heads ]; then
   timeout 420 python3 benches/gpu/probe_decode_cudnn.py --shapes ${SHAPES:-32x16384 32x4096 128x4096 8x16384} \
-    --layouts shuffled inorder --variants base ${VARIANTS:-hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8} \
+    --layouts shuffled inorder grown --variants base ${VARIANTS:-hx2:TK_HEADS_X=2 hx4:TK_HEADS_X=4 hx8:TK_HEADS_X=8} \
     --rounds 3 > "$OUT/probe_decode_heads.log" 2>&1
   echo "probe_decode_cudnn rc=$?"
   grep -E "DIFFER|TB/s|cudnn vs|clusters of|Error|error|equal$" "$OUT/probe_decode_heads.log" | cut -c1-120

@@ -14,7 +14,9 @@ the engine's ``auto`` split. Layouts of the same keys:
 * ``inorder``: every sequence's pages consecutive (a dense cache, read through the block table);
 * ``local``: shuffled only within runs of 64 consecutive pages (2 MiB of K), so a sequence's pages
   stay in the same 2 MiB regions as in order: if ``local`` runs like ``inorder``, what the shuffle
-  costs is the spread over memory regions (address translation), not the order of the pages.
+  costs is the spread over memory regions (address translation), not the order of the pages;
+* ``grown``: as the engine's allocator lays out a batch that prefilled its prompts (each sequence's first
+  quarter, in one run) and then decoded in step (the rest, one page a sequence in turn: ``grown_order``).
 
 ``hnd`` and ``hnd-inorder`` (shuffled and in order) hold every KV head of a sequence as a sequence of its own,
 ``B * n_kv`` sequences of one KV head and its 4 query heads: a page is then 16 keys of one head, 4 KiB in one
@@ -69,19 +71,35 @@ from probe_stream import BS, D, N_KV, dense_problem, ours, paged_at  # noqa: E40
 GROUP = 64  # pages of a `local` run: 64 x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB of K
 
 
-def page_order(n: int, layout: str, gen: torch.Generator, group: int = GROUP) -> torch.Tensor:
+def page_order(n: int, layout: str, gen: torch.Generator, group: int = GROUP, per_seq: int = 0,
+               device: str = "cuda") -> torch.Tensor:
     """Where page i of the concatenated sequences lies: a permutation of ``range(n)`` (``local``: shuffled
-    within runs of ``group`` pages)."""
+    within runs of ``group`` pages; ``grown``: sequences of ``per_seq`` pages, see ``grown_order``)."""
     if layout == "inorder":
-        return torch.arange(n, device="cuda")
+        return torch.arange(n, device=device)
+    if layout == "grown":
+        return grown_order(n // per_seq, per_seq, device)
     if layout == "shuffled":
         return torch.randperm(n, device="cuda", generator=gen)
     assert layout == "local", layout
-    order = torch.arange(n, device="cuda")
+    order = torch.arange(n, device=device)
     for g0 in range(0, n, group):
         g1 = min(n, g0 + group)
-        order[g0:g1] = g0 + torch.randperm(g1 - g0, device="cuda", generator=gen)
+        order[g0:g1] = g0 + torch.randperm(g1 - g0, device=device, generator=gen)
     return order
+
+
+def grown_order(batch: int, per_seq: int, device: str = "cuda") -> torch.Tensor:
+    """The pages of ``batch`` sequences as the engine's first-in-first-out allocator lays them out when the batch
+    prefills a prompt and then decodes in step: each sequence's first quarter (its prompt) in one run, the prompts
+    one after another, then the rest dealt one page a sequence in turn, so a sequence's generated pages lie
+    ``batch`` pages apart (the forty-eighth session found this pattern in the agentic workload's block tables)."""
+    m0 = per_seq // 4
+    seq = torch.arange(batch, device=device)[:, None]  # [B, 1]
+    j = torch.arange(per_seq, device=device)[None, :]  # [1, m]
+    prompt = seq * m0 + j  # [B, m]
+    grown = batch * m0 + (j - m0) * batch + seq  # [B, m]
+    return torch.where(j < m0, prompt, grown).reshape(-1)  # [B * m]
 
 
 def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
@@ -200,7 +218,8 @@ def probe(
         for lay in ["shuffled", *[x for x in layouts if x != "shuffled"]]:
             if lay.startswith("hnd") or not (bs == BS or lay in layouts):
                 continue
-            problems[layout_name(lay, bs)] = paged_at(k, v, bs, page_order(n, lay, gen, max(1, GROUP * BS // bs)))
+            problems[layout_name(lay, bs)] = paged_at(k, v, bs, page_order(n, lay, gen, max(1, GROUP * BS // bs),
+                                                                              ctx // bs))
     if any(lay.startswith("hnd") for lay in layouts):  # one KV head a sequence: [B * n_kv, ctx, 1, D]
         k1 = k.permute(0, 2, 1, 3).reshape(B * N_KV, ctx, 1, D)
         v1 = v.permute(0, 2, 1, 3).reshape(B * N_KV, ctx, 1, D)
