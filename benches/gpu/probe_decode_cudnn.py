@@ -80,7 +80,7 @@ def page_order(n: int, layout: str, gen: torch.Generator, group: int = GROUP, pe
     if layout == "grown":
         return grown_order(n // per_seq, per_seq, device)
     if layout == "shuffled":
-        return torch.randperm(n, device="cuda", generator=gen)
+        return torch.randperm(n, device=device, generator=gen)
     assert layout == "local", layout
     order = torch.arange(n, device=device)
     for g0 in range(0, n, group):

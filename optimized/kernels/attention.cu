@@ -1700,6 +1700,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = n_q / n_kv;
   const int HG = (G + NQ - 1) / NQ;
+#if defined(TK_SPLIT_SLOWEST) && defined(TK_HEADS_X)
+#error "TK_SPLIT_SLOWEST and TK_HEADS_X each reorder the decode grid: one at a time"
+#endif
 #ifdef TK_SPLIT_SLOWEST  // (lab switch: the split is the grid's slowest index, so the block order dispatches every
                          // sequence's split 0 before any split 1; the host launches (B, n_kv * HG, splits))
   const int split = blockIdx.z;
