@@ -28,7 +28,7 @@ import reference  # noqa: E402
 from _bench import model_weights  # noqa: E402
 from reference.config import named_config  # noqa: E402
 from reference.types import SamplingParams  # noqa: E402
-from test_agentic import ENGINE_KW, GEN, OBS, PROMPT, SEQS, TURNS, WARM_GEN  # noqa: E402
+from test_agentic import ENGINE_KW, GEN, SEQS, WARM_GEN, engine_pool, workload_tokens  # noqa: E402
 
 S = "gpu"  # the bench's GPU-scale workload (its model replaced by a tiny one)
 REGION = 64  # pages of a 2 MiB region of one layer's K cache at qwen3-8b's shape
@@ -45,16 +45,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=1)
     a = ap.parse_args()
-    bs = ENGINE_KW[S]["block_size"]
-    total = PROMPT[S] + TURNS[S] * (OBS[S] + GEN[S])
-    max_len = -(-(total + 2 * bs) // bs) * bs
+    max_len, num_blocks = engine_pool(S)
     cfg = replace(named_config("tiny"), max_position_embeddings=max_len)
-    num_blocks = SEQS[S] * (max_len // bs) + 8
     eng = reference.Engine.from_state_dict(cfg, model_weights(cfg, torch.float32), max_num_seqs=SEQS[S],
                                            max_model_len=max_len, num_blocks=num_blocks, **ENGINE_KW[S])
-    rng = random.Random(5)
-    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(PROMPT[S])] for _ in range(SEQS[S])]
-    obs = [[[rng.randrange(cfg.vocab_size) for _ in range(OBS[S])] for _ in range(TURNS[S])] for _ in range(SEQS[S])]
+    prompts, obs = workload_tokens(S, cfg.vocab_size)
     shuffled = list(range(num_blocks))
     random.Random(0).shuffle(shuffled)
 

@@ -108,19 +108,31 @@ def prefill_graph_steps(eng) -> int:
     return getattr(getattr(eng, "runner", None), "prefill_graph_steps", 0)
 
 
+def workload_tokens(s: str, vocab: int) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Scale ``s``'s prompts (one a sequence) and observations (one a sequence and turn): seeded random token ids."""
+    rng = random.Random(5)
+    prompts = [[rng.randrange(vocab) for _ in range(PROMPT[s])] for _ in range(SEQS[s])]
+    obs = [[[rng.randrange(vocab) for _ in range(OBS[s])] for _ in range(TURNS[s])] for _ in range(SEQS[s])]
+    return prompts, obs
+
+
+def engine_pool(s: str) -> tuple[int, int]:
+    """Scale ``s``'s ``max_model_len`` (the whole rollout and two blocks, in whole blocks) and ``num_blocks`` (every
+    sequence at that length, and 8 more)."""
+    bs = ENGINE_KW[s]["block_size"]
+    total = PROMPT[s] + TURNS[s] * (OBS[s] + GEN[s])
+    max_len = -(-(total + 2 * bs) // bs) * bs
+    return max_len, SEQS[s] * (max_len // bs) + 8
+
+
 class Workload:
     def __init__(self, scale: Scale) -> None:
         s = self.s = scale.name
         self.scale = scale
         self.cfg = named_config(MODEL[s])
-        rng = random.Random(5)
-        V = self.cfg.vocab_size
-        self.prompts = [[rng.randrange(V) for _ in range(PROMPT[s])] for _ in range(SEQS[s])]
-        self.obs = [[[rng.randrange(V) for _ in range(OBS[s])] for _ in range(TURNS[s])] for _ in range(SEQS[s])]
+        self.prompts, self.obs = workload_tokens(s, self.cfg.vocab_size)
         self.sp = SamplingParams(temperature=0.0, max_tokens=GEN[s], stop_token_ids=(), logprobs=True)
-        bs = ENGINE_KW[s]["block_size"]
-        total = PROMPT[s] + TURNS[s] * (OBS[s] + GEN[s])
-        self.max_len = -(-(total + 2 * bs) // bs) * bs
+        self.max_len, self.num_blocks = engine_pool(s)
         self.weights = model_weights(self.cfg, torch.bfloat16 if scale.gpu else torch.float32)
         self._engine = self._hf = None
         self.out: dict[str, dict] = {}          # variant -> {"turn_s": [...], "tokens": [[turn tokens]]}
@@ -134,7 +146,7 @@ class Workload:
             self.release_hf()
             s = self.s
             self._engine = make_engine(self.scale, self.cfg, self.weights, max_num_seqs=SEQS[s], max_model_len=self.max_len,
-                                       num_blocks=SEQS[s] * (self.max_len // ENGINE_KW[s]["block_size"]) + 8,
+                                       num_blocks=self.num_blocks,
                                        **ENGINE_KW[s])
         return self._engine
 
