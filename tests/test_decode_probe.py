@@ -1,9 +1,11 @@
-"""The host side of ``benches/gpu/probe_decode_cudnn.py``'s lab switches, on the CPU with stubs in place of the driver.
+"""The host side of ``benches/gpu/probe_decode_cudnn.py``'s lab switches and layouts, on the CPU with stubs in place of
+the driver.
 
-The probe times builds of ``attention.cu`` with compile-time switches; two of them change the decode grid, so the probe
-must launch them differently: ``TK_SPLIT_SLOWEST`` (the split is the grid's z) and ``TK_HEADS_X=C`` (the head groups
-are the grid's x, in thread-block clusters of C CTAs; forty-eighth session). A wrong grid there would time a kernel
-that skips work, so the routing is held here, before any device time is spent on it.
+The probe times builds of ``attention.cu`` with compile-time switches; ``TK_SPLIT_SLOWEST`` changes the decode grid
+(the split is the grid's z), so the probe must launch it differently. A wrong grid there would time a kernel that skips
+work, so the routing is held here, before any device time is spent on it. (The forty-eighth session's ``TK_HEADS_X``,
+head groups on x in thread-block clusters, ran in the forty-ninth and was removed: no faster, and slower with clusters
+of 4 and 8; docs/performance/decode_attention.md.)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ ab = importlib.import_module("ab_attention")
 for sub in ("benches", "benches/gpu"):
     sys.path.remove(str(ROOT / sub))
 
-from optimized import launch, ops  # noqa: E402
+from optimized import ops  # noqa: E402
 
 
 class _Ref:  # a tensor's device, as the launcher reads it
@@ -33,60 +35,26 @@ class _Ref:  # a tensor's device, as the launcher reads it
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The probe's launches recorded instead of made; the device holds 33 clusters of any size."""
+    """The probe's launches recorded instead of made."""
     seen = []
     monkeypatch.setattr(probe, "_launch", lambda *a: seen.append(a))
-    monkeypatch.setattr(ops, "_function", lambda dev, module, name, smem, ctas: ("fn", 1234))
-    monkeypatch.setattr(launch, "max_active_clusters", lambda handle, block, smem, cluster: 33)
-    monkeypatch.setattr(probe, "_cluster_said", set())
     return seen
 
 
-def test_heads_x_puts_the_head_groups_on_x_in_clusters(launches, capsys):
-    go = probe._launch_heads_x(8)
-    go(_Ref, "attention", "split_kv_partials_d128", (2, 8, 32), (128, 1, 1), ("args",), 74240, 2)
-    go(_Ref, "attention", "split_kv_partials_d128", (1, 8, 128), (128, 1, 1), ("args",), 74240, 2)
-    assert launches == [
-        (_Ref, "attention", "split_kv_partials_d128", (8, 2, 32), (128, 1, 1), ("args",), 74240, 2, 8),
-        (_Ref, "attention", "split_kv_partials_d128", (8, 1, 128), (128, 1, 1), ("args",), 74240, 2, 8),
-    ]
-    out = capsys.readouterr().out
-    print(out)
-    assert out.count("clusters of 8 along the heads: the device holds 33 at once (264 CTAs)") == 1  # once per size
-
-
-def test_heads_x_leaves_other_kernels_as_they_are(launches):
-    go = probe._launch_heads_x(4)
-    go(_Ref, "attention", "split_kv_qk_partials_d128", (2, 8, 4), (128, 1, 1), (), 74240, 2, 2)
-    go(_Ref, "attention", "split_kv_reduce", (64, 1, 1), (256, 1, 1), ())
-    assert launches == [
-        (_Ref, "attention", "split_kv_qk_partials_d128", (2, 8, 4), (128, 1, 1), (), 74240, 2, 2),
-        (_Ref, "attention", "split_kv_reduce", (64, 1, 1), (256, 1, 1), (), 0, None, 1),
-    ]
-
-
-def test_heads_x_without_a_cluster_asks_no_capacity(launches, monkeypatch, capsys):
-    monkeypatch.setattr(launch, "max_active_clusters", lambda *a: pytest.fail("no cluster, no capacity query"))
-    probe._launch_heads_x(1)(_Ref, "attention", "split_kv_partials_d64", (3, 4, 2), (128, 1, 1), (), 39168, 2)
-    assert launches == [(_Ref, "attention", "split_kv_partials_d64", (4, 3, 2), (128, 1, 1), (), 39168, 2, 1)]
-    assert "clusters" not in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("macros, grid, cluster", [
-    ((), (2, 8, 32), 1),
-    (("TK_SPLIT_SLOWEST",), (32, 8, 2), 1),
-    (("TK_HEADS_X=4",), (8, 2, 32), 4),
-    (("TK_DIAG_COPY_ONLY", "TK_HEADS_X=2"), (8, 2, 32), 2),
-    (("TK_HEADS_X",), (8, 2, 32), 1),
+@pytest.mark.parametrize("macros, grid", [
+    ((), (2, 8, 32)),
+    (("TK_SPLIT_SLOWEST",), (32, 8, 2)),
+    (("TK_DIAG_COPY_ONLY", "TK_SPLIT_SLOWEST"), (32, 8, 2)),
+    (("TK_DIAG_COPY_ONLY",), (2, 8, 32)),
 ])
-def test_use_routes_a_build_to_its_launch(launches, monkeypatch, macros, grid, cluster):
+def test_use_routes_a_build_to_its_launch(launches, monkeypatch, macros, grid):
     monkeypatch.setattr(probe, "install", lambda mod: None)
     monkeypatch.setattr(ops, "_launch", ops._launch)  # restored after the test
     mod = object()
     monkeypatch.setitem(probe._macros, id(mod), macros)
     probe.use(mod)
     ops._launch(_Ref, "attention", "split_kv_partials_d128", (2, 8, 32), (128, 1, 1), (), 74240, 2)
-    assert [(c[3], c[-1] if len(c) == 9 else 1) for c in launches] == [(grid, cluster)]
+    assert [c[3] for c in launches] == [grid]
 
 
 def test_install_forgets_the_old_modules_shared_memory_opt_in(monkeypatch):

@@ -135,33 +135,6 @@ def _launch_split_slowest(ref, module, name, grid, *args, **kw):
     return _launch(ref, module, name, grid, *args, **kw)
 
 
-HEADS_X = "TK_HEADS_X"  # a lab switch with a host side: the decode grid's x is the head group, =C clusters of C CTAs
-_cluster_said: set[tuple[str, int]] = set()
-
-
-def _launch_heads_x(cluster: int):
-    """``ops._launch`` for a ``TK_HEADS_X=cluster`` build: the grid ``(splits, head groups, B)`` launched as
-    ``(head groups, splits, B)`` in clusters of ``cluster`` CTAs along x (1: no cluster), so that the CTAs of a
-    sequence's heads, which read the same pages, share a GPC. Prints, once per kernel and size, how many such
-    clusters the device holds at once (fewer than the grid's clusters: a second wave)."""
-
-    def launch_(ref, module, name, grid, block, args, smem=0, ctas_per_sm=None, cluster_x=1):
-        if not name.startswith("split_kv_partials"):
-            return _launch(ref, module, name, grid, block, args, smem, ctas_per_sm, cluster_x)
-        grid = (grid[1], grid[0], grid[2])
-        if cluster > 1 and (name, cluster) not in _cluster_said:
-            from optimized import launch
-
-            fn, handle = ops._function(ref.device.index or 0, module, name, smem, ctas_per_sm)
-            cap = launch.max_active_clusters(handle, block, smem, cluster)
-            print(f"{name}: clusters of {cluster} along the heads: the device holds {cap} at once "
-                  f"({cap * cluster} CTAs)", flush=True)
-            _cluster_said.add((name, cluster))
-        return _launch(ref, module, name, grid, block, args, smem, ctas_per_sm, cluster)
-
-    return launch_
-
-
 _macros: dict[object, tuple[str, ...]] = {}  # a build -> its switches
 
 
@@ -180,17 +153,13 @@ def smem64_carveout(dev: int, fn, smem: int, ctas: int) -> int:
 
 def use(mod) -> None:
     """Install ``mod`` (``ab_attention.install``) with its host side: the 64 KB build's shared memory and carveout,
-    and the launch of a ``TK_SPLIT_SLOWEST`` or ``TK_HEADS_X`` build (its grid's order, its clusters)."""
+    and the launch of a ``TK_SPLIT_SLOWEST`` build (its grid's order)."""
     install(mod)
     macros = _macros.get(id(mod), ())
     small = SMEM64 in macros
     ops.decode_smem_bytes = (lambda d: 4 * 64 * d * 2) if small else _smem_bytes
     ops._carveout_percent = smem64_carveout if small else _carveout
-    hx = [m for m in macros if m.split("=")[0] == HEADS_X]
-    if hx:
-        ops._launch = _launch_heads_x(int(hx[0].partition("=")[2] or 1))
-    else:
-        ops._launch = _launch_split_slowest if SLOWEST in macros else _launch
+    ops._launch = _launch_split_slowest if SLOWEST in macros else _launch
 
 
 def layout_name(lay: str, bs: int) -> str:

@@ -1700,29 +1700,16 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = n_q / n_kv;
   const int HG = (G + NQ - 1) / NQ;
-#if defined(TK_SPLIT_SLOWEST) && defined(TK_HEADS_X)
-#error "TK_SPLIT_SLOWEST and TK_HEADS_X each reorder the decode grid: one at a time"
-#endif
 #ifdef TK_SPLIT_SLOWEST  // (lab switch: the split is the grid's slowest index, so the block order dispatches every
                          // sequence's split 0 before any split 1; the host launches (B, n_kv * HG, splits))
   const int split = blockIdx.z;
   const int b = blockIdx.x;
-#elif defined(TK_HEADS_X)  // (lab switch: the head groups are the grid's x, so that a thread-block cluster along x
-                           // (TK_HEADS_X CTAs, the probe's launch) puts heads of one sequence, which read the same
-                           // pages, in one GPC; the host launches (n_kv * HG, splits, B))
-  const int split = blockIdx.y;
-  const int b = blockIdx.z;
 #else
   const int split = blockIdx.x;
   const int b = blockIdx.z;
 #endif
-#ifdef TK_HEADS_X
-  const int kvh = blockIdx.x / HG;
-  const int hg = blockIdx.x - kvh * HG;
-#else
   const int kvh = blockIdx.y / HG;
   const int hg = blockIdx.y - kvh * HG;
-#endif
   const int h0 = kvh * G + hg * NQ;
   const int nrows = min(NQ, G - hg * NQ);
   const long long part = (long long)b * max_splits + split;  // (b, split) index
@@ -2065,11 +2052,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   __shared__ int s_last;
   __syncthreads();
   if (tid == 0) {
-#ifdef TK_HEADS_X
-    int* tk = tickets + (long long)b * gridDim.x + blockIdx.x;
-#else
     int* tk = tickets + (long long)b * gridDim.y + blockIdx.y;
-#endif
     s_last = atomic_add_acq_rel_gpu(tk, 1) == n_live - 1;
     if (s_last) *tk = 0;
   }
