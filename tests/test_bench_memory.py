@@ -87,9 +87,48 @@ def test_agentic_peer_out_of_memory_is_reported(monkeypatch):
     with pytest.raises(pytest.skip.Exception, match="does not fit on this device"):
         agentic.test_agentic(_Benchmark(), scale, results, work, variant)
     rows = results.group(agentic.GROUP).records
-    assert rows == [{"variant": variant, "out_of_memory": "CUDA out of memory"}], rows
+    # one call over every sequence, then sub-batches halved down to the scale's smallest, all out of memory
+    assert rows == [{"variant": variant, "out_of_memory": "CUDA out of memory, in sub-batches of 1 too"}], rows
     assert any(variant in n and "out of device memory" in n for n in results.group(agentic.GROUP).notes)
     assert work._hf is None and variant not in work.out
+    work.close()
+
+
+@pytest.mark.parametrize("variant", ["transformers re-prefill", "transformers + cache"])
+def test_agentic_peer_runs_in_sub_batches_where_one_call_does_not_fit(monkeypatch, variant):
+    """A transformers variant whose one call over every sequence runs out of memory runs in halved sub-batches, one
+    call after another: the same tokens as one call (greedy, each sequence alone in its rows), the table's row and a
+    note say how it ran, and the target's detail says so where it is the peer of the target."""
+    real = agentic.hf_generate
+    calls: list[int] = []
+
+    def generate(model, ids, *args, **kwargs):
+        calls.append(ids.shape[0])
+        if ids.shape[0] > 2:                     # this "card" holds two sequences a call
+            raise torch.OutOfMemoryError(OOM)
+        return real(model, ids, *args, **kwargs)
+
+    scale = _bench.Scale("cpu")
+    work = agentic.Workload(scale)
+    s = scale.name
+    whole = work.transformers(agentic.TURNS[s], agentic.GEN[s], reuse=variant == "transformers + cache")
+    assert whole["sub_batches"] == 1
+    monkeypatch.setattr(agentic, "hf_generate", generate)
+    results = _bench.Collector()
+    agentic.test_agentic(_Benchmark(), scale, results, work, "resume")
+    agentic.test_agentic(_Benchmark(), scale, results, work, variant)
+    print(f"generate calls' batch sizes: {calls}")
+    assert calls[0] == agentic.SEQS[s] and max(calls[1:]) == 2   # the whole batch once, then sub-batches of 2
+    out = work.out[variant]
+    assert out["sub_batches"] == agentic.SEQS[s] // 2
+    assert out["tokens"] == whole["tokens"], "sub-batches changed transformers' tokens"
+    row = [r for r in results.group(agentic.GROUP).records if r["variant"] == variant]
+    assert len(row) == 1 and row[0]["seqs_per_call"] == 2 and "out_of_memory" not in row[0], row
+    assert any(variant in n and "sub-batches of 2" in n for n in results.group(agentic.GROUP).notes)
+    if variant == "transformers + cache":
+        agentic.test_agentic_targets(scale, {"copy_GBps": 10.0, "gemm_TFLOPs": 1.0}, results, work)
+        detail = results.group(agentic.GROUP).targets[0]["detail"]
+        assert f"in {agentic.SEQS[s] // 2} sub-batches" in detail, detail
     work.close()
 
 
