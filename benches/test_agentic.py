@@ -356,10 +356,14 @@ def test_agentic(benchmark, scale: Scale, results, work: Workload, variant: str)
         # which is the completed run's turns (``Stopwatch``).
         tried: list[tuple[int | None, str]] = []           # (sequences a call, the error) of each attempt that failed
 
+        def warmed_run(chunk: int | None) -> dict:
+            warm_up(chunk)
+            return work.run(variant, chunk)
+
         def attempts() -> None:
             chunk = None
             while chunk is None or chunk >= MIN_CHUNK[s]:
-                res, oom = run_or_out_of_memory(lambda c=chunk: (warm_up(c), work.run(variant, c))[1])
+                res, oom = run_or_out_of_memory(lambda c=chunk: warmed_run(c))
                 if oom is None:
                     out.update(res)
                     return
