@@ -202,7 +202,8 @@ class Workload:
         hf = self.hf()
         dev = self.scale.device
         n = len(self.prompts)
-        parts = [slice(i, min(n, i + (chunk or n))) for i in range(0, n, chunk or n)]
+        size = chunk or n
+        parts = [slice(i, min(n, i + size)) for i in range(0, n, size)]
         obs = [torch.tensor([o[k] for o in self.obs], dtype=torch.long, device=dev) for k in range(turns)]
         full = torch.cat([torch.tensor(self.prompts, dtype=torch.long, device=dev), obs[0]], 1)
         ids = [full[p] for p in parts]

@@ -28,11 +28,6 @@ for sub in ("benches", "benches/gpu"):
 from optimized import ops  # noqa: E402
 
 
-class _Ref:  # a tensor's device, as the launcher reads it
-    class device:
-        index = 0
-
-
 @pytest.fixture
 def launches(monkeypatch):
     """The probe's launches recorded instead of made."""
@@ -53,7 +48,7 @@ def test_use_routes_a_build_to_its_launch(launches, monkeypatch, macros, grid):
     mod = object()
     monkeypatch.setitem(probe._macros, id(mod), macros)
     probe.use(mod)
-    ops._launch(_Ref, "attention", "split_kv_partials_d128", (2, 8, 32), (128, 1, 1), (), 74240, 2)
+    ops._launch(object(), "attention", "split_kv_partials_d128", (2, 8, 32), (128, 1, 1), (), 74240, 2)  # (ref unread)
     assert [c[3] for c in launches] == [grid]
 
 
