@@ -576,6 +576,13 @@ def make_engine(scale: Scale, cfg: ModelConfig, weights: dict[str, torch.Tensor]
     return reference.Engine.from_state_dict(cfg, weights, **engine_kwargs)
 
 
+def alloc_retries(scale: Scale) -> int | None:
+    """How often, so far in this process, a ``cudaMalloc`` of torch's caching allocator failed and the allocator freed
+    its cached blocks and tried again (``num_alloc_retries``; each is a device synchronisation and a round of frees):
+    a peer whose time moves from run to run near the card's memory limit shows it here. ``None`` on the CPU."""
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if scale.gpu else None
+
+
 def free_cuda() -> None:
     gc.collect()
     if torch.cuda.is_available():

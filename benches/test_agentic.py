@@ -28,8 +28,8 @@ import random
 import pytest
 import torch
 
-from _bench import (Scale, Stopwatch, agreement, free_cuda, hf_generate, hf_model, kv_bytes_per_token, make_engine,
-                    model_weights, run_or_out_of_memory, skip_out_of_memory, weight_bytes_per_step)
+from _bench import (Scale, Stopwatch, agreement, alloc_retries, free_cuda, hf_generate, hf_model, kv_bytes_per_token,
+                    make_engine, model_weights, run_or_out_of_memory, skip_out_of_memory, weight_bytes_per_step)
 from reference import ModelConfig, SamplingParams, named_config
 
 GROUP = "agentic"
@@ -256,12 +256,17 @@ class Workload:
                 "tokens": got, "hand_overs": hand_overs}
 
     def run(self, variant: str, chunk: int | None = None) -> dict:
+        """The timed run of ``variant``, with the caching allocator's retries over it (``alloc_retries``)."""
         s = self.s
+        before = alloc_retries(self.scale)
         if variant == "resume":
-            return self.resume(TURNS[s], self.sp)
-        if variant == "re-prefill":
-            return self.reprefill(TURNS[s], self.sp)
-        return self.transformers(TURNS[s], GEN[s], reuse=variant == "transformers + cache", chunk=chunk)
+            out = self.resume(TURNS[s], self.sp)
+        elif variant == "re-prefill":
+            out = self.reprefill(TURNS[s], self.sp)
+        else:
+            out = self.transformers(TURNS[s], GEN[s], reuse=variant == "transformers + cache", chunk=chunk)
+        out["alloc_retries"] = None if before is None else alloc_retries(self.scale) - before
+        return out
 
     def warm_up(self, variant: str, chunk: int | None = None) -> dict:
         """Compile kernels and capture the CUDA graphs of the workload's shapes (2 short turns)."""
@@ -298,7 +303,7 @@ def work(scale: Scale, results):
         ("last_over_first", "last / turn 1", ".3f"),
         ("last_over_second", "last / turn 2", ".3f"), ("tokens_per_s", "generated tok/s", ".5g"),
         ("agree_first", "turn-1 first tokens = resume", ".2f"), ("agree_prefix", "matched prefix vs resume", ".2f"),
-        ("seqs_per_call", "sequences a generate call", ""),
+        ("seqs_per_call", "sequences a generate call", ""), ("alloc_retries", "allocator retries", ""),
         ("out_of_memory", "not timed: out of memory", "")])
     results.describe(TURNS_GROUP, "Agentic workload: time of each turn", columns=[
         ("turn", "turn", ""), ("variant", "variant", ""), ("turn_s", "seconds", ".4g"), ("context", "context at start", ""),
@@ -391,7 +396,8 @@ def test_agentic(benchmark, scale: Scale, results, work: Workload, variant: str)
     rec = {"variant": variant, "wall_s": sum(t), "turn1_s": t[0], "turn2_s": t[1] if len(t) > 1 else None,
            "turnN_s": t[-1], "last_over_first": t[-1] / t[0], "last_over_second": t[-1] / t[1] if len(t) > 1 else None,
            "tokens_per_s": SEQS[s] * TURNS[s] * GEN[s] / sum(t), "turn_s": t, **agree,
-           "seqs_per_call": SEQS[s] // out.get("sub_batches", 1) if variant.startswith("transformers") else None}
+           "seqs_per_call": SEQS[s] // out.get("sub_batches", 1) if variant.startswith("transformers") else None,
+           "alloc_retries": out["alloc_retries"]}
     if "resume" in work.out and variant != "resume":
         rec["x_engine"] = sum(t) / sum(work.out["resume"]["turn_s"])
     results.add(GROUP, **rec)

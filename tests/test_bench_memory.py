@@ -141,6 +141,34 @@ def test_agentic_peer_runs_in_sub_batches_where_one_call_does_not_fit(monkeypatc
     work.close()
 
 
+def test_agentic_run_records_the_allocator_retries_over_it(monkeypatch):
+    """Each timed agentic run records how often torch's caching allocator retried a failed ``cudaMalloc`` during it
+    (the counter's growth over the run, not over the warm-up before it); on the CPU there is no such counter."""
+    stats = {"num_alloc_retries": 5}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a, **k: dict(stats))
+    assert _bench.alloc_retries(_bench.Scale("gpu")) == 5
+    assert _bench.alloc_retries(_bench.Scale("cpu")) is None
+
+    scale = _bench.Scale("cpu")
+    work = agentic.Workload(scale)
+    results = _bench.Collector()
+    agentic.test_agentic(_Benchmark(), scale, results, work, "resume")
+    assert results.group(agentic.GROUP).records[-1]["alloc_retries"] is None
+
+    real = agentic.Workload.resume
+
+    def resume(self, *args, **kwargs):           # every call, warm-up and timed run alike, retries 3 times
+        stats["num_alloc_retries"] += 3
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(agentic.Workload, "resume", resume)
+    monkeypatch.setattr(agentic, "alloc_retries", lambda s: stats["num_alloc_retries"])
+    agentic.test_agentic(_Benchmark(), scale, results, work, "resume")
+    assert stats["num_alloc_retries"] == 11                         # the warm-up's 3 and the timed run's 3
+    assert results.group(agentic.GROUP).records[-1]["alloc_retries"] == 3
+    work.close()
+
+
 def test_engine_decode_peer_out_of_memory_is_reported(monkeypatch):
     """The engine decode bench's transformers peer running out of memory at the target batch: a skip that names the
     cause, a row that says so, the target reported with no value (not met, not missed), the peer released."""
