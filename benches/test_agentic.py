@@ -213,7 +213,7 @@ class Workload:
             seqs = []
             with Stopwatch(self.scale) as sw:
                 for j in range(len(parts)):
-                    out, new_cache = hf_generate(hf, ids[j], gen, cache=caches[j] if reuse else None)
+                    out, new_cache = hf_generate(hf, ids[j], gen, cache=caches[j])
                     caches[j] = new_cache if reuse else None    # (re-prefill: the cache is dropped at once)
                     seqs.append(out)
             times.append(sw.wall_s)
@@ -350,6 +350,7 @@ def _check(work: Workload, variant: str, out: dict, turns: int, gen: int, base: 
 def test_agentic(benchmark, scale: Scale, results, work: Workload, variant: str):
     s = scale.name
     out: dict = {}
+    seqs_per_call = None                                   # (transformers: the sequences a generate call took)
 
     def warm_up(chunk: int | None) -> None:
         work.warm[variant] = warm = work.warm_up(variant, chunk)             # checked before anything is timed
@@ -382,11 +383,12 @@ def test_agentic(benchmark, scale: Scale, results, work: Workload, variant: str)
             last, oom = tried[-1]
             skip_out_of_memory(results, GROUP, scale, variant, f"{oom}, in sub-batches of {last} too" if last else oom,
                                variant=variant)
+        seqs_per_call = SEQS[s] // out["sub_batches"]
         if tried:
             where = torch.cuda.get_device_name() if scale.gpu else "the CPU"
             results.note(GROUP, f"{variant}: one generate call over the {SEQS[s]} sequences ran out of device memory on "
                                 f"{where} ({tried[0][1]}); it ran as {out['sub_batches']} sub-batches of "
-                                f"{SEQS[s] // out['sub_batches']} sequences, one after another, every turn.")
+                                f"{seqs_per_call} sequences, one after another, every turn.")
     else:
         warm_up(None)
         benchmark.pedantic(lambda: out.update(work.run(variant)), rounds=1, iterations=1, warmup_rounds=0)
@@ -396,8 +398,7 @@ def test_agentic(benchmark, scale: Scale, results, work: Workload, variant: str)
     rec = {"variant": variant, "wall_s": sum(t), "turn1_s": t[0], "turn2_s": t[1] if len(t) > 1 else None,
            "turnN_s": t[-1], "last_over_first": t[-1] / t[0], "last_over_second": t[-1] / t[1] if len(t) > 1 else None,
            "tokens_per_s": SEQS[s] * TURNS[s] * GEN[s] / sum(t), "turn_s": t, **agree,
-           "seqs_per_call": SEQS[s] // out.get("sub_batches", 1) if variant.startswith("transformers") else None,
-           "alloc_retries": out["alloc_retries"]}
+           "seqs_per_call": seqs_per_call, "alloc_retries": out["alloc_retries"]}
     if "resume" in work.out and variant != "resume":
         rec["x_engine"] = sum(t) / sum(work.out["resume"]["turn_s"])
     results.add(GROUP, **rec)
