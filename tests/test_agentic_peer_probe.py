@@ -1,0 +1,60 @@
+"""The host side of ``benches/gpu/profile_agentic_peer.py``, on the CPU: the GPU's busy time as the union of the
+profile's kernel intervals (overlaps counted once, gaps not at all, CPU records left out), and a dry run of the whole
+script on the bench's CPU workload, which must print one row per turn and round with the same tokens from the plain and
+the profiled run."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+import types
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+for sub in ("benches", "benches/gpu"):
+    sys.path.insert(0, str(ROOT / sub))
+peer = importlib.import_module("profile_agentic_peer")
+for sub in ("benches", "benches/gpu"):
+    sys.path.remove(str(ROOT / sub))
+
+CUDA, CPU = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+
+def record(start_us: float, end_us: float, device=CUDA):
+    return types.SimpleNamespace(device_type=device, time_range=types.SimpleNamespace(start=start_us, end=end_us))
+
+
+class Profile:
+    def __init__(self, records) -> None:
+        self.records = records
+
+    def events(self):
+        return self.records
+
+
+@pytest.mark.parametrize("records, busy_us, kernels", [
+    ([], 0.0, 0),
+    ([record(0, 10), record(20, 25)], 15.0, 2),                       # a gap between two kernels is idle
+    ([record(20, 25), record(0, 10)], 15.0, 2),                       # order of the records does not matter
+    ([record(0, 10), record(5, 15)], 15.0, 2),                        # an overlap counts once
+    ([record(0, 30), record(5, 15), record(10, 12)], 30.0, 3),        # a kernel inside another adds nothing
+    ([record(0, 10), record(10, 20)], 20.0, 2),                       # back to back
+    ([record(0, 10), record(0, 100, CPU)], 10.0, 1),                  # host records are not GPU time
+])
+def test_busy_time_is_the_union_of_the_kernels(records, busy_us, kernels):
+    busy, n = peer.busy_seconds(Profile(records))
+    assert n == kernels, f"kernels: {n} != {kernels}"
+    assert busy == pytest.approx(busy_us / 1e6), f"busy: {busy} s != {busy_us} us"
+
+
+def test_dry_run_prints_a_row_per_turn_and_round(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["profile_agentic_peer.py", "--scale", "cpu", "--turns", "2", "--rounds", "2"])
+    assert peer.main() == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [tuple(r.split("|")[1:3]) for r in rows] == [(" 1 ", " 1 "), (" 1 ", " 2 "), (" 2 ", " 1 "), (" 2 ", " 2 ")]
+    for r in rows:
+        wall, busy = (float(x) for x in r.split("|")[3:5])
+        assert wall > 0 and busy == 0.0, f"CPU dry run: wall {wall}, busy {busy} (no kernel records on the CPU)"
