@@ -53,7 +53,9 @@ def test_busy_time_is_the_union_of_the_kernels(records, busy_us, kernels):
 def test_dry_run_prints_a_row_per_turn_and_round(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["profile_agentic_peer.py", "--scale", "cpu", "--turns", "2", "--rounds", "2"])
     assert peer.main() == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    out = capsys.readouterr().out
+    assert "turn 1, first profile: the 0 kernels of most GPU time" in out, "the kernel list is missing"
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [tuple(r.split("|")[1:3]) for r in rows] == [(" 1 ", " 1 "), (" 1 ", " 2 "), (" 2 ", " 1 "), (" 2 ", " 2 ")]
     for r in rows:
         wall, busy = (float(x) for x in r.split("|")[3:5])

@@ -14,13 +14,16 @@ decode steps; later turns: the observation's prefill over the kept cache and 127
 * ``busy s``: the union of the GPU's kernel intervals in the same turn run again under the profiler (from the turn's
   start state: the cache is copied before the plain run), and ``busy / wall``;
 * ``kernels`` and ``kernels a step``: the kernel launches of that turn, and per generated token;
-* ``host us a kernel``: (wall - busy) / kernels, the host time a launch costs beyond the GPU's work.
+* ``host us a kernel``: (wall - busy) / kernels, the host time a launch costs beyond the GPU's work;
+* ``cudaMallocs`` and ``allocator retries``: the caching allocator's calls to ``cudaMalloc`` in the plain run, and its
+  retries there (``device_allocs``);
+* after the table, the kernels of most GPU time in turn 1's first profile (``--top``).
 
 A peer whose busy share is small is set by the host's CPU: its time moves with the host and with whatever else the
 host runs, not with the card. The two runs of a turn must give the same tokens (checked). The host's CPU model is
 printed, and the host's time to launch one small op (``launch_us``), so that runs on different hosts can be told
-apart. ``--scale cpu`` runs the bench's CPU workload (the tiny
-model) as a dry run of this script's plumbing: the CPU has no kernel records, so its busy time reads 0.
+apart. ``--scale cpu`` runs the bench's CPU workload (the tiny model) as a dry run of this script's plumbing: the CPU
+has no kernel records, so its busy time reads 0.
 """
 
 from __future__ import annotations
@@ -83,10 +86,28 @@ def launch_us(scale: Scale, launches: int = 20000) -> float:
     return best / launches * 1e6
 
 
+def device_allocs(scale: Scale) -> tuple[int, int]:
+    """The caching allocator's ``cudaMalloc`` calls and its retries (a failed ``cudaMalloc``: the cache freed, then
+    tried again) so far; (0, 0) on the CPU."""
+    if not scale.gpu:
+        return 0, 0
+    st = torch.cuda.memory_stats()
+    return st.get("num_device_alloc", 0), st.get("num_alloc_retries", 0)
+
+
+def top_kernels(prof, n: int) -> list[tuple[str, int, float]]:
+    """The profile's ``n`` kernels of most GPU time: (name, launches, ms), most first (which SDPA backend ran shows in
+    the attention kernels' names)."""
+    rows = [(e.key, e.count, e.device_time_total / 1e3) for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(rows, key=lambda r: -r[2])[:n]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=2, help="turns measured (1: only the first)")
     ap.add_argument("--rounds", type=int, default=2, help="plain + profiled pairs of each turn")
+    ap.add_argument("--top", type=int, default=12, help="kernels listed from turn 1's first profile")
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a dry run on the tiny model")
     args = ap.parse_args()
     scale = Scale(args.scale)
@@ -102,17 +123,20 @@ def main() -> int:
     out, cache = hf_generate(hf, ids, WARM_GEN)                    # warm-up: 2 short turns over a cache
     hf_generate(hf, torch.cat([out, obs[0]], 1), WARM_GEN, cache=cache)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if scale.gpu else [])
-    print("| turn | round | wall s | busy s | busy / wall | kernels | kernels a step | host us a kernel |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| turn | round | wall s | busy s | busy / wall | kernels | kernels a step | host us a kernel | cudaMallocs "
+          "| allocator retries |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     cache = None
     for k in range(args.turns):
         for r in range(args.rounds):
             start = copy.deepcopy(cache)
             scale.sync()
+            a0 = device_allocs(scale)
             t0 = time.perf_counter()
             seq, new_cache = hf_generate(hf, ids, gen, cache=start)
             scale.sync()
             wall = time.perf_counter() - t0
+            mallocs, retries = (b - a for a, b in zip(a0, device_allocs(scale)))
             start = copy.deepcopy(cache)
             scale.sync()
             with torch.profiler.profile(activities=activities) as prof:
@@ -120,10 +144,15 @@ def main() -> int:
                 scale.sync()
             assert torch.equal(seq, seq2), f"turn {k + 1}: the profiled run gave other tokens"
             busy, kernels = busy_seconds(prof)
+            if k == 0 and r == 0:
+                tops = top_kernels(prof, args.top)
             print(f"| {k + 1} | {r + 1} | {wall:.3f} | {busy:.3f} | {busy / wall:.3f} | {kernels} | "
-                  f"{kernels / gen:.0f} | {(wall - busy) / max(kernels, 1) * 1e6:.1f} |", flush=True)
+                  f"{kernels / gen:.0f} | {(wall - busy) / max(kernels, 1) * 1e6:.1f} | {mallocs} | {retries} |", flush=True)
             del prof, start
         cache = new_cache
+    print(f"\nturn 1, first profile: the {len(tops)} kernels of most GPU time (name, launches, ms)")
+    for name, count, ms in tops:
+        print(f"  {ms:10.1f} ms {count:8d}x  {name[:150]}")
         if k + 1 < args.turns:
             ids = torch.cat([seq, obs[k + 1]], 1)
     return 0
