@@ -346,6 +346,18 @@ def _version(mod: str) -> str | None:
         return None
 
 
+def host_cpu() -> str:
+    """The host's CPU model (``/proc/cpuinfo``'s first ``model name``, else ``platform.processor()``): peers that launch
+    from Python, as transformers' ``generate``, run as fast as this CPU lets them, so a report names it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def environment(scale: Scale | None) -> dict[str, Any]:
     env: dict[str, Any] = {
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -357,6 +369,7 @@ def environment(scale: Scale | None) -> dict[str, Any]:
         "cupy": _version("cupy"),
         "transformers": _version("transformers"),
         "pytest_benchmark": _version("pytest_benchmark"),
+        "host_cpu": host_cpu(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }
@@ -407,7 +420,8 @@ def _targets_table(targets: list[dict]) -> list[str]:
 def group_markdown(name: str, g: GroupReport, env: dict, cmd: str, level: int = 1, image: bool = True) -> str:
     h = "#" * level
     out = [f"{h} {g.title}", "",
-           f"Measured {env.get('timestamp_utc')} on {env.get('device')} (scale `{env.get('scale')}`; torch "
+           f"Measured {env.get('timestamp_utc')} on {env.get('device')}, host CPU {env.get('host_cpu')} (scale "
+           f"`{env.get('scale')}`; torch "
            f"{env.get('torch')}, CuPy {env.get('cupy')}, transformers {env.get('transformers')}; commit "
            f"{(env.get('git_commit') or '?')[:12]}{' + local changes' if env.get('git_dirty') else ''}).", "",
            f"Command: `{cmd}`", ""]

@@ -1,7 +1,7 @@
 """The host side of ``benches/gpu/profile_agentic_peer.py``, on the CPU: the GPU's busy time as the union of the
 profile's kernel intervals (overlaps counted once, gaps not at all, CPU records left out), and a dry run of the whole
 script on the bench's CPU workload, which must print one row per turn and round with the same tokens from the plain and
-the profiled run."""
+the profiled run. Every bench report names the host's CPU, since such a peer runs as fast as that CPU lets it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 for sub in ("benches", "benches/gpu"):
     sys.path.insert(0, str(ROOT / sub))
 peer = importlib.import_module("profile_agentic_peer")
+_bench = importlib.import_module("_bench")
 for sub in ("benches", "benches/gpu"):
     sys.path.remove(str(ROOT / sub))
 
@@ -60,3 +61,11 @@ def test_dry_run_prints_a_row_per_turn_and_round(monkeypatch, capsys):
     for r in rows:
         wall, busy = (float(x) for x in r.split("|")[3:5])
         assert wall > 0 and busy == 0.0, f"CPU dry run: wall {wall}, busy {busy} (no kernel records on the CPU)"
+
+
+def test_reports_name_the_host_cpu():
+    env = _bench.environment(_bench.Scale("cpu"))
+    assert env["host_cpu"] and env["host_cpu"] == _bench.host_cpu(), f"environment: {env.get('host_cpu')!r}"
+    g = _bench.Collector().group("g")
+    text = _bench.group_markdown("g", g, env, "cmd")
+    assert f"host CPU {env['host_cpu']} (scale `cpu`" in text.splitlines()[2], text.splitlines()[2]

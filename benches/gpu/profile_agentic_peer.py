@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,18 +41,8 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 import torch  # noqa: E402
 
-from _bench import Scale, hf_generate  # noqa: E402
+from _bench import Scale, hf_generate, host_cpu  # noqa: E402
 from test_agentic import GEN, WARM_GEN, Workload  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def busy_seconds(prof) -> tuple[float, int]:
@@ -116,7 +105,7 @@ def main() -> int:
     dev = scale.device
     gen = GEN[scale.name]
     card = torch.cuda.get_device_name() if scale.gpu else "no GPU"
-    print(f"host CPU: {cpu_model()} ({len(os.sched_getaffinity(0))} usable cores) | {card} | torch "
+    print(f"host CPU: {host_cpu()} ({len(os.sched_getaffinity(0))} usable cores) | {card} | torch "
           f"{torch.__version__} | one small op's launch: {launch_us(scale):.2f} us", flush=True)
     obs = [torch.tensor([o[k] for o in work.obs], dtype=torch.long, device=dev) for k in range(args.turns)]
     ids = torch.cat([torch.tensor(work.prompts, dtype=torch.long, device=dev), obs[0]], 1)   # [64, 1024 + 256]
