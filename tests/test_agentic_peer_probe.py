@@ -18,6 +18,7 @@ for sub in ("benches", "benches/gpu"):
     sys.path.insert(0, str(ROOT / sub))
 peer = importlib.import_module("profile_agentic_peer")
 _bench = importlib.import_module("_bench")
+agentic = importlib.import_module("test_agentic")
 for sub in ("benches", "benches/gpu"):
     sys.path.remove(str(ROOT / sub))
 
@@ -52,8 +53,22 @@ def test_busy_time_is_the_union_of_the_kernels(records, busy_us, kernels):
 
 
 def test_dry_run_prints_a_row_per_turn_and_round(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["profile_agentic_peer.py", "--scale", "cpu", "--turns", "2", "--rounds", "2"])
+    calls = []
+    real = peer.hf_generate
+
+    def recording(model, ids, new_tokens, cache=None):
+        calls.append((ids.shape[1], new_tokens, cache is not None))
+        return real(model, ids, new_tokens, cache=cache)
+
+    monkeypatch.setattr(peer, "hf_generate", recording)
+    monkeypatch.setattr(sys, "argv", ["profile_agentic_peer.py", "--scale", "cpu", "--turns", "2", "--rounds", "2",
+                                      "--sdpa", "math"])
     assert peer.main() == 0
+    # each turn's runs (plain, profiled; two rounds) start from the same input and cache; turn 2's input is turn 1's
+    # tokens and its observation, over turn 1's cache
+    p, o, g, w = agentic.PROMPT["cpu"], agentic.OBS["cpu"], agentic.GEN["cpu"], agentic.WARM_GEN
+    assert calls == [(p + o, w, False), (p + o + w + o, w, True)] + [(p + o, g, False)] * 4 + \
+        [(p + o + g + o, g, True)] * 4, calls
     out = capsys.readouterr().out
     assert "turn 1, first profile: the 0 kernels of most GPU time" in out, "the kernel list is missing"
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
@@ -69,3 +84,10 @@ def test_reports_name_the_host_cpu():
     g = _bench.Collector().group("g")
     text = _bench.group_markdown("g", g, env, "cmd")
     assert f"host CPU {env['host_cpu']} (scale `cpu`" in text.splitlines()[2], text.splitlines()[2]
+
+
+def test_an_unknown_sdpa_backend_is_refused():
+    with pytest.raises(SystemExit, match="unknown backend"):
+        peer.sdpa_backends("flash_attention,fastest")
+    with peer.sdpa_backends("flash_attention,math"):
+        pass
