@@ -91,3 +91,17 @@ def test_an_unknown_sdpa_backend_is_refused():
         peer.sdpa_backends("flash_attention,fastest")
     with peer.sdpa_backends("flash_attention,math"):
         pass
+
+
+def test_kernel_list_reads_fields_the_profiler_has(monkeypatch):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(8).add_(1.0)
+    rows = prof.key_averages()
+    assert len(rows) > 0
+    for e in rows:     # the fields top_kernels reads (a GPU profile's kernel rows are of the same type)
+        assert isinstance(e.key, str) and e.count >= 1 and e.device_time_total >= 0, e
+    assert peer.top_kernels(prof, 5) == []                 # no kernel rows on the CPU
+    monkeypatch.setattr(torch.autograd, "DeviceType", types.SimpleNamespace(CUDA=CPU))   # CPU rows as if kernels
+    tops = peer.top_kernels(prof, 2)
+    assert 1 <= len(tops) <= 2 and all(len(t) == 3 for t in tops)
+    assert [t[2] for t in tops] == sorted((t[2] for t in tops), reverse=True), tops

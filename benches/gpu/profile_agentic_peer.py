@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 import torch  # noqa: E402
 
-from _bench import Scale, hf_generate, host_cpu  # noqa: E402
+from _bench import Scale, alloc_retries, hf_generate, host_cpu  # noqa: E402
 from test_agentic import GEN, WARM_GEN, Workload  # noqa: E402
 
 
@@ -80,12 +80,10 @@ def launch_us(scale: Scale, launches: int = 20000) -> float:
 
 
 def device_allocs(scale: Scale) -> tuple[int, int]:
-    """The caching allocator's ``cudaMalloc`` calls and its retries (a failed ``cudaMalloc``: the cache freed, then
-    tried again) so far; (0, 0) on the CPU."""
+    """The caching allocator's ``cudaMalloc`` calls and its retries (``alloc_retries``) so far; (0, 0) on the CPU."""
     if not scale.gpu:
         return 0, 0
-    st = torch.cuda.memory_stats()
-    return st.get("num_device_alloc", 0), st.get("num_alloc_retries", 0)
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0)), alloc_retries(scale)
 
 
 def top_kernels(prof, n: int) -> list[tuple[str, int, float]]:
