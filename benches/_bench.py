@@ -420,9 +420,9 @@ def _targets_table(targets: list[dict]) -> list[str]:
 def group_markdown(name: str, g: GroupReport, env: dict, cmd: str, level: int = 1, image: bool = True) -> str:
     h = "#" * level
     out = [f"{h} {g.title}", "",
-           f"Measured {env.get('timestamp_utc')} on {env.get('device')}, host CPU {env.get('host_cpu')} (scale "
-           f"`{env.get('scale')}`; torch "
-           f"{env.get('torch')}, CuPy {env.get('cupy')}, transformers {env.get('transformers')}; commit "
+           f"Measured {env.get('timestamp_utc')} on {env.get('device')}, host CPU {env.get('host_cpu')} "
+           f"(scale `{env.get('scale')}`; torch {env.get('torch')}, CuPy {env.get('cupy')}, transformers "
+           f"{env.get('transformers')}; commit "
            f"{(env.get('git_commit') or '?')[:12]}{' + local changes' if env.get('git_dirty') else ''}).", "",
            f"Command: `{cmd}`", ""]
     if g.targets:

@@ -196,16 +196,21 @@ class Workload:
                     ctx[i] = ctx[i] + outs[sid].token_ids + self.obs[i][k + 1]
         return {"turn_s": times, "tokens": toks}
 
+    def peer_inputs(self, turns: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """transformers' inputs on the scale's device: turn 1's ids (every prompt and its first observation,
+        ``[n, PROMPT + OBS]``) and each of ``turns`` turns' observations (``[n, OBS]`` each)."""
+        dev = self.scale.device
+        obs = [torch.tensor([o[k] for o in self.obs], dtype=torch.long, device=dev) for k in range(turns)]
+        return torch.cat([torch.tensor(self.prompts, dtype=torch.long, device=dev), obs[0]], 1), obs
+
     def transformers(self, turns: int, gen: int, reuse: bool, chunk: int | None = None) -> dict:
         """``generate`` over every sequence each turn; ``chunk``: that many sequences a call, the calls one after another
         (each sub-batch keeps its own cache across turns), for a card where one call over all of them does not fit."""
         hf = self.hf()
-        dev = self.scale.device
         n = len(self.prompts)
         size = chunk or n
         parts = [slice(i, min(n, i + size)) for i in range(0, n, size)]
-        obs = [torch.tensor([o[k] for o in self.obs], dtype=torch.long, device=dev) for k in range(turns)]
-        full = torch.cat([torch.tensor(self.prompts, dtype=torch.long, device=dev), obs[0]], 1)
+        full, obs = self.peer_inputs(turns)
         ids = [full[p] for p in parts]
         caches: list = [None] * len(parts)
         times, toks = [], [[] for _ in self.prompts]

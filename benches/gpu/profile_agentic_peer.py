@@ -119,14 +119,12 @@ def main() -> int:
     scale = Scale(args.scale)
     work = Workload(scale)
     hf = work.hf()
-    dev = scale.device
     gen = GEN[scale.name]
     card = torch.cuda.get_device_name() if scale.gpu else "no GPU"
     print(f"host CPU: {host_cpu()} ({len(os.sched_getaffinity(0))} usable cores) | {card} | torch "
           f"{torch.__version__} | one small op's launch: {launch_us(scale):.2f} us | SDPA backends: "
           f"{args.sdpa or 'torch default'}", flush=True)
-    obs = [torch.tensor([o[k] for o in work.obs], dtype=torch.long, device=dev) for k in range(args.turns)]
-    ids = torch.cat([torch.tensor(work.prompts, dtype=torch.long, device=dev), obs[0]], 1)   # [64, 1024 + 256]
+    ids, obs = work.peer_inputs(args.turns)                        # [64, 1024 + 256], args.turns x [64, 256]
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if scale.gpu else [])
     tops: list[tuple[str, int, float]] = []
     with sdpa_backends(args.sdpa):
