@@ -11,6 +11,7 @@ Two scales (``--bench-scale``):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import json
@@ -52,9 +53,17 @@ SPIN_CYCLES = 2_000_000
 # scale
 # =====================================================================================================
 
+#: the SDPA backends transformers' peer may pick (``--hf-sdpa``): every backend but cuDNN's. On torch 2.11 SDPA
+#: picks cuDNN's on Hopper, which builds a plan for each new shape, and a ``generate`` loop meets a new key length at
+#: every decode step: the fifty-second session's runs of ``benches/gpu/profile_agentic_peer.py`` measured it (the
+#: agentic peer's turn 1: 9.64 s on its first run, 4.36 s repeated with the same shapes, 4.24 s without cuDNN's).
+PEER_SDPA = "flash_attention,efficient_attention,math"
+
+
 @dataclass(frozen=True)
 class Scale:
     name: str                       # "cpu" | "gpu"
+    peer_sdpa: str | None = PEER_SDPA   # SDPA backends of transformers' peer (``sdpa_backends``); None: torch's choice
 
     @property
     def gpu(self) -> bool:
@@ -370,6 +379,7 @@ def environment(scale: Scale | None) -> dict[str, Any]:
         "transformers": _version("transformers"),
         "pytest_benchmark": _version("pytest_benchmark"),
         "host_cpu": host_cpu(),
+        "peer_sdpa": (scale.peer_sdpa or "torch's choice") if scale else None,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }
@@ -422,7 +432,7 @@ def group_markdown(name: str, g: GroupReport, env: dict, cmd: str, level: int = 
     out = [f"{h} {g.title}", "",
            f"Measured {env.get('timestamp_utc')} on {env.get('device')}, host CPU {env.get('host_cpu')} "
            f"(scale `{env.get('scale')}`; torch {env.get('torch')}, CuPy {env.get('cupy')}, transformers "
-           f"{env.get('transformers')}; commit "
+           f"{env.get('transformers')}, its SDPA backends: {env.get('peer_sdpa')}; commit "
            f"{(env.get('git_commit') or '?')[:12]}{' + local changes' if env.get('git_dirty') else ''}).", "",
            f"Command: `{cmd}`", ""]
     if g.targets:
@@ -647,6 +657,7 @@ def hf_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], scale: Scale):
         m.tie_weights()
         assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr(), "HF head is not tied"
     m.eval()
+    m.turnkv_sdpa = scale.peer_sdpa                # the SDPA backends ``hf_generate`` lets it pick
     m.generation_config.eos_token_id = None       # fixed lengths: nothing stops early
     m.generation_config.pad_token_id = 0
     for attr in ("temperature", "top_p", "top_k"):  # greedy: silence sampling-parameter warnings
@@ -672,8 +683,24 @@ class HFStepClock:
         return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
 
 
+def sdpa_backends(names: str | None):
+    """A context that lets SDPA pick only among ``names`` (comma-separated ``SDPBackend`` members, e.g.
+    ``flash_attention,efficient_attention,math``: every backend but cuDNN's); torch's own choice when ``None``.
+    Unknown names raise ``ValueError``."""
+    if not names:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    known = sorted(m.lower() for m in dir(SDPBackend) if m.isupper() and m != "ERROR")
+    picked = [n.strip().lower() for n in names.split(",")]
+    unknown = [n for n in picked if n not in known]
+    if unknown:
+        raise ValueError(f"unknown SDPA backend(s) {unknown}; known: {', '.join(known)}")
+    return sdpa_kernel([getattr(SDPBackend, n.upper()) for n in picked])
+
+
 def hf_generate(model, ids: torch.Tensor, new_tokens: int, cache=None, clock: HFStepClock | None = None):
-    """Greedy ``generate`` with an explicit attention mask and fixed length; returns (sequences, cache)."""
+    """Greedy ``generate`` with an explicit attention mask and fixed length, under the SDPA backends ``hf_model`` was
+    given (its scale's ``peer_sdpa``); returns (sequences, cache)."""
     import transformers
     kw: dict[str, Any] = {}
     if cache is not None:
@@ -683,7 +710,7 @@ def hf_generate(model, ids: torch.Tensor, new_tokens: int, cache=None, clock: HF
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with torch.inference_mode():
+        with torch.inference_mode(), sdpa_backends(getattr(model, "turnkv_sdpa", None)):
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens, do_sample=False, return_dict_in_generate=True, **kw)
     new_cache = getattr(out, "past_key_values", None)

@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _bench import REPO, Collector, Scale, free_cuda, gpu_unavailable_reason, scale_name, write_reports  # noqa: E402
+from _bench import (PEER_SDPA, REPO, Collector, Scale, free_cuda, gpu_unavailable_reason, scale_name,  # noqa: E402
+                    sdpa_backends, write_reports)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +37,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--bench-out", default=None,
                 help="where the JSON / markdown / PNG reports go (default: benches/results on the gpu scale, "
                      "a temporary folder on the cpu scale)")
+    g.addoption("--hf-sdpa", default=PEER_SDPA,
+                help="the SDPA backends transformers' peer may pick, comma-separated torch SDPBackend names, or "
+                     f"'torch' for torch's own choice (default: {PEER_SDPA}: every backend but cuDNN's, whose "
+                     "per-shape plans cost a generate loop a plan at every decode step)")
+
+
+def _scale(config: pytest.Config) -> Scale:
+    """The session's scale: ``--bench-scale`` resolved, with ``--hf-sdpa`` (unknown backends raise ``ValueError``)."""
+    sdpa = config.getoption("--hf-sdpa")
+    sdpa = None if sdpa in ("torch", "") else sdpa
+    sdpa_backends(sdpa)                 # raises ValueError on an unknown backend name, before any bench runs
+    return Scale(scale_name(config), peer_sdpa=sdpa)
 
 
 def _out_dir(config: pytest.Config) -> Path:
@@ -48,16 +61,21 @@ def _out_dir(config: pytest.Config) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _scale(config)
+    except ValueError as e:
+        raise pytest.UsageError(f"--hf-sdpa: {e}") from None
     config._turnkv_results = Collector()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [f"turnkv benches: scale {scale_name(config)}, reports -> {_out_dir(config)}"]
+    return [f"turnkv benches: scale {scale_name(config)}, reports -> {_out_dir(config)}, transformers' SDPA backends: "
+            f"{config.getoption('--hf-sdpa')}"]
 
 
 @pytest.fixture(scope="session")
 def scale(pytestconfig: pytest.Config) -> Scale:
-    s = Scale(scale_name(pytestconfig))
+    s = _scale(pytestconfig)
     if s.gpu:
         reason = gpu_unavailable_reason()
         if reason:
@@ -96,7 +114,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if col is None or not any(g.records or g.targets for g in col.groups.values()):
         return
     try:
-        scale = Scale(scale_name(session.config))
+        scale = _scale(session.config)
     except Exception:  # noqa: BLE001
         scale = None
     session.config._turnkv_written = write_reports(col, _out_dir(session.config), scale)

@@ -86,11 +86,39 @@ def test_reports_name_the_host_cpu():
     assert f"host CPU {env['host_cpu']} (scale `cpu`" in text.splitlines()[2], text.splitlines()[2]
 
 
-def test_an_unknown_sdpa_backend_is_refused():
-    with pytest.raises(SystemExit, match="unknown backend"):
-        peer.sdpa_backends("flash_attention,fastest")
-    with peer.sdpa_backends("flash_attention,math"):
+def test_an_unknown_sdpa_backend_is_refused(monkeypatch):
+    with pytest.raises(ValueError, match="unknown SDPA backend"):
+        _bench.sdpa_backends("flash_attention,fastest")
+    with _bench.sdpa_backends("flash_attention,math"):
         pass
+    monkeypatch.setattr(sys, "argv", ["profile_agentic_peer.py", "--scale", "cpu", "--sdpa", "cudnn"])
+    with pytest.raises(SystemExit, match="--sdpa: unknown SDPA backend"):
+        peer.main()
+
+
+def test_the_peer_runs_under_its_scales_sdpa_backends():
+    """``hf_generate`` runs transformers under the backends of the scale ``hf_model`` was built with: on the CPU, which
+    has no memory-efficient SDPA kernel, a peer limited to that backend fails, and the benches' default (every backend
+    but cuDNN's) and torch's own choice give the same tokens."""
+    tokens = {}
+    for sdpa in (_bench.PEER_SDPA, None, "efficient_attention"):
+        work = agentic.Workload(_bench.Scale("cpu", peer_sdpa=sdpa))
+        ids, _ = work.peer_inputs(1)
+        if sdpa == "efficient_attention":
+            with pytest.raises(RuntimeError, match="No viable backend"):
+                _bench.hf_generate(work.hf(), ids, 3)
+        else:
+            tokens[sdpa] = _bench.hf_generate(work.hf(), ids, 3)[0]
+        work.close()
+    assert torch.equal(tokens[_bench.PEER_SDPA], tokens[None]), "the peer's tokens moved with its SDPA backends"
+
+
+def test_reports_name_the_peers_sdpa_backends():
+    env = _bench.environment(_bench.Scale("cpu"))
+    assert env["peer_sdpa"] == _bench.PEER_SDPA
+    assert _bench.environment(_bench.Scale("cpu", peer_sdpa=None))["peer_sdpa"] == "torch's choice"
+    text = _bench.group_markdown("g", _bench.Collector().group("g"), env, "cmd")
+    assert f"its SDPA backends: {_bench.PEER_SDPA};" in text.splitlines()[2], text.splitlines()[2]
 
 
 def test_kernel_list_reads_fields_the_profiler_has(monkeypatch):
@@ -105,3 +133,13 @@ def test_kernel_list_reads_fields_the_profiler_has(monkeypatch):
     tops = peer.top_kernels(prof, 2)
     assert 1 <= len(tops) <= 2 and all(len(t) == 3 for t in tops)
     assert [t[2] for t in tops] == sorted((t[2] for t in tops), reverse=True), tops
+
+
+def test_the_benches_refuse_an_unknown_peer_backend():
+    """``--hf-sdpa`` is checked when the bench session starts: an unknown backend is a usage error, before any bench."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "pytest", "benches", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "--bench-scale", "cpu", "--hf-sdpa", "flash_attention,fastest"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 4, (r.returncode, r.stdout[-500:], r.stderr[-500:])
+    assert "--hf-sdpa: unknown SDPA backend(s) ['fastest']" in r.stderr, r.stderr[-500:]

@@ -19,7 +19,8 @@ decode steps; later turns: the observation's prefill over the kept cache and 127
   retries there (``device_allocs``);
 * after the table, the kernels of most GPU time in turn 1's first profile (``--top``).
 
-``--sdpa`` limits the backends SDPA may pick (``sdpa_backends``), to tell whether a backend's per-shape setup makes a
+``--sdpa`` limits the backends SDPA may pick (``_bench.sdpa_backends``; by default torch's own choice, unlike the
+benches' transformers peer, ``--hf-sdpa``), to tell whether a backend's per-shape setup makes a
 turn's first run slow.
 
 A peer whose busy share is small is set by the host's CPU: its time moves with the host and with whatever else the
@@ -32,7 +33,6 @@ has no kernel records, so its busy time reads 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import os
 import sys
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 import torch  # noqa: E402
 
-from _bench import Scale, alloc_retries, hf_generate, host_cpu  # noqa: E402
+from _bench import Scale, alloc_retries, hf_generate, host_cpu, sdpa_backends  # noqa: E402
 from test_agentic import GEN, WARM_GEN, Workload  # noqa: E402
 
 
@@ -94,72 +94,63 @@ def top_kernels(prof, n: int) -> list[tuple[str, int, float]]:
     return sorted(rows, key=lambda r: -r[2])[:n]
 
 
-def sdpa_backends(names: str | None):
-    """A context that lets SDPA pick only among ``names`` (comma-separated ``SDPBackend`` members, e.g.
-    ``flash_attention,efficient_attention,math``: every backend but cuDNN's); torch's own choice when ``None``."""
-    if not names:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    known = sorted(m.lower() for m in dir(SDPBackend) if m.isupper() and m != "ERROR")
-    picked = [n.strip().lower() for n in names.split(",")]
-    unknown = [n for n in picked if n not in known]
-    if unknown:
-        raise SystemExit(f"--sdpa: unknown backend(s) {unknown}; known: {', '.join(known)}")
-    return sdpa_kernel([getattr(SDPBackend, n.upper()) for n in picked])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=2, help="turns measured (1: only the first)")
     ap.add_argument("--rounds", type=int, default=2, help="plain + profiled pairs of each turn")
     ap.add_argument("--top", type=int, default=12, help="kernels listed from turn 1's first profile")
-    ap.add_argument("--sdpa", default=None, help="the SDPA backends allowed, comma-separated (default: torch's choice)")
+    ap.add_argument("--sdpa", default="torch", help="the SDPA backends transformers may pick, comma-separated, or "
+                                                    "'torch' (default): torch's own choice")
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a dry run on the tiny model")
     args = ap.parse_args()
-    scale = Scale(args.scale)
+    sdpa = None if args.sdpa in ("torch", "") else args.sdpa
+    try:
+        sdpa_backends(sdpa)
+    except ValueError as e:
+        raise SystemExit(f"--sdpa: {e}") from None
+    scale = Scale(args.scale, peer_sdpa=sdpa)                     # hf_generate runs under these backends
     work = Workload(scale)
     hf = work.hf()
     gen = GEN[scale.name]
     card = torch.cuda.get_device_name() if scale.gpu else "no GPU"
     print(f"host CPU: {host_cpu()} ({len(os.sched_getaffinity(0))} usable cores) | {card} | torch "
           f"{torch.__version__} | one small op's launch: {launch_us(scale):.2f} us | SDPA backends: "
-          f"{args.sdpa or 'torch default'}", flush=True)
+          f"{sdpa or 'torch default'}", flush=True)
     ids, obs = work.peer_inputs(args.turns)                        # [64, 1024 + 256], args.turns x [64, 256]
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if scale.gpu else [])
     tops: list[tuple[str, int, float]] = []
-    with sdpa_backends(args.sdpa):
-        out, cache = hf_generate(hf, ids, WARM_GEN)                # warm-up: 2 short turns over a cache
-        hf_generate(hf, torch.cat([out, obs[0]], 1), WARM_GEN, cache=cache)
-        print("| turn | round | wall s | busy s | busy / wall | kernels | kernels a step | host us a kernel | "
-              "cudaMallocs | allocator retries |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        cache = None                                               # the cache at the start of turn k
-        for k in range(args.turns):
-            for r in range(args.rounds):
-                start = copy.deepcopy(cache)
+    out, cache = hf_generate(hf, ids, WARM_GEN)                # warm-up: 2 short turns over a cache
+    hf_generate(hf, torch.cat([out, obs[0]], 1), WARM_GEN, cache=cache)
+    print("| turn | round | wall s | busy s | busy / wall | kernels | kernels a step | host us a kernel | "
+          "cudaMallocs | allocator retries |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    cache = None                                               # the cache at the start of turn k
+    for k in range(args.turns):
+        for r in range(args.rounds):
+            start = copy.deepcopy(cache)
+            scale.sync()
+            a0 = device_allocs(scale)
+            t0 = time.perf_counter()
+            seq, new_cache = hf_generate(hf, ids, gen, cache=start)
+            scale.sync()
+            wall = time.perf_counter() - t0
+            mallocs, retries = (b - a for a, b in zip(a0, device_allocs(scale)))
+            start = copy.deepcopy(cache)
+            scale.sync()
+            with torch.profiler.profile(activities=activities) as prof:
+                seq2, _ = hf_generate(hf, ids, gen, cache=start)
                 scale.sync()
-                a0 = device_allocs(scale)
-                t0 = time.perf_counter()
-                seq, new_cache = hf_generate(hf, ids, gen, cache=start)
-                scale.sync()
-                wall = time.perf_counter() - t0
-                mallocs, retries = (b - a for a, b in zip(a0, device_allocs(scale)))
-                start = copy.deepcopy(cache)
-                scale.sync()
-                with torch.profiler.profile(activities=activities) as prof:
-                    seq2, _ = hf_generate(hf, ids, gen, cache=start)
-                    scale.sync()
-                assert torch.equal(seq, seq2), f"turn {k + 1}: the profiled run gave other tokens"
-                busy, kernels = busy_seconds(prof)
-                if k == 0 and r == 0:
-                    tops = top_kernels(prof, args.top)
-                print(f"| {k + 1} | {r + 1} | {wall:.3f} | {busy:.3f} | {busy / wall:.3f} | {kernels} | "
-                      f"{kernels / gen:.0f} | {(wall - busy) / max(kernels, 1) * 1e6:.1f} | {mallocs} | {retries} |",
-                      flush=True)
-                del prof, start
-            cache = new_cache
-            if k + 1 < args.turns:
-                ids = torch.cat([seq, obs[k + 1]], 1)              # the next turn: this one's tokens + observation
+            assert torch.equal(seq, seq2), f"turn {k + 1}: the profiled run gave other tokens"
+            busy, kernels = busy_seconds(prof)
+            if k == 0 and r == 0:
+                tops = top_kernels(prof, args.top)
+            print(f"| {k + 1} | {r + 1} | {wall:.3f} | {busy:.3f} | {busy / wall:.3f} | {kernels} | "
+                  f"{kernels / gen:.0f} | {(wall - busy) / max(kernels, 1) * 1e6:.1f} | {mallocs} | {retries} |",
+                  flush=True)
+            del prof, start
+        cache = new_cache
+        if k + 1 < args.turns:
+            ids = torch.cat([seq, obs[k + 1]], 1)              # the next turn: this one's tokens + observation
     print(f"\nturn 1, first profile: the {len(tops)} kernels of most GPU time (name, launches, ms)")
     for name, count, ms in tops:
         print(f"  {ms:10.1f} ms {count:8d}x  {name[:150]}")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The fifty-second session's device call (run from the repository root, any H100 or H200). That session found the
+# transformers peer's slow first runs to be cuDNN SDPA's per-shape plans (benches/gpu/profile_agentic_peer.py with and
+# without cuDNN's backend), which a generate loop pays at every decode step; the benches' peer now runs without cuDNN's
+# backend (--hf-sdpa, default _bench.PEER_SDPA). This measures what that changes:
+#   bash benches/gpu/h100_fiftysecond_round.sh peers   # the engine decode bench with the new peer, then with torch's
+#                                                      # choice (--hf-sdpa torch), then the agentic bench (new peer)
+source benches/gpu/_env.sh
+mode=${1:-peers}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+date +%T; build_kernels; date +%T
+# decode_bench SECONDS TAG ARGS...: the engine decode bench (reports packed as $OUT/bench_decode_TAG.tgz)
+decode_bench() {
+  local secs=$1 tag=$2; shift 2
+  timeout "$secs" bash benches/run_gpu.sh -k engine_decode "$@" > /dev/null 2>&1
+  echo "engine decode ($tag) rc=$?"
+  grep -E "\[(MET |miss)\]|passed|failed" "$OUT/bench/run_gpu.log" | cut -c1-240 | tail -6
+  grep -E "^\| qwen3-[0-9.]+b \| (1|32|256) \| transformers" "$OUT/bench/engine_decode.md" | cut -c1-90
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode_$tag.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode_$tag.tgz"
+}
+if [ "$mode" = peers ]; then
+  decode_bench 150 no_cudnn
+  date +%T
+  decode_bench 150 torch_sdpa --hf-sdpa torch
+  date +%T
+  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+fi
+date +%T
+exit 0
