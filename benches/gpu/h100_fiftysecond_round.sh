@@ -5,6 +5,9 @@
 # backend (--hf-sdpa, default _bench.PEER_SDPA). This measures what that changes:
 #   bash benches/gpu/h100_fiftysecond_round.sh peers   # the engine decode bench with the new peer, then with torch's
 #                                                      # choice (--hf-sdpa torch), then the agentic bench (new peer)
+#   bash benches/gpu/h100_fiftysecond_round.sh repeat  # on another host: the engine decode bench and the agentic bench
+#                                                      # with the new peer, then the engine decode bench again (how
+#                                                      # much that peer moves between runs and hosts)
 source benches/gpu/_env.sh
 mode=${1:-peers}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -25,6 +28,14 @@ if [ "$mode" = peers ]; then
   date +%T
   bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
   mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+fi
+if [ "$mode" = repeat ]; then
+  decode_bench 150 no_cudnn
+  date +%T
+  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+  date +%T
+  decode_bench 150 no_cudnn_again
 fi
 date +%T
 exit 0
