@@ -8,6 +8,8 @@
 #   bash benches/gpu/h100_fiftysecond_round.sh repeat  # on another host: the engine decode bench and the agentic bench
 #                                                      # with the new peer, then the engine decode bench again (how
 #                                                      # much that peer moves between runs and hosts)
+#   bash benches/gpu/h100_fiftysecond_round.sh agentic # the agentic bench with its ceilings measured before its runs,
+#                                                      # then the ceilings again in a fresh process right after it
 source benches/gpu/_env.sh
 mode=${1:-peers}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -36,6 +38,14 @@ if [ "$mode" = repeat ]; then
   mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
   date +%T
   decode_bench 150 no_cudnn_again
+fi
+if [ "$mode" = agentic ]; then
+  python3 -c "import sys; sys.path.insert(0, 'benches'); from _ceilings import measure_ceilings; from _bench import Scale
+print('ceilings before the bench:', measure_ceilings(Scale('gpu')))"
+  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+  python3 -c "import sys; sys.path.insert(0, 'benches'); from _ceilings import measure_ceilings; from _bench import Scale
+print('ceilings after the bench:', measure_ceilings(Scale('gpu')))"
 fi
 date +%T
 exit 0
