@@ -135,11 +135,18 @@ def test_kernel_list_reads_fields_the_profiler_has(monkeypatch):
     assert [t[2] for t in tops] == sorted((t[2] for t in tops), reverse=True), tops
 
 
-def test_the_benches_refuse_an_unknown_peer_backend():
-    """``--hf-sdpa`` is checked when the bench session starts: an unknown backend is a usage error, before any bench."""
+def _collect_benches(*args: str):
     import subprocess
-    r = subprocess.run([sys.executable, "-m", "pytest", "benches", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        "--bench-scale", "cpu", "--hf-sdpa", "flash_attention,fastest"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pytest", "benches", "--collect-only", "-p", "no:cacheprovider",
+                           "--bench-scale", "cpu", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_the_benches_refuse_an_unknown_peer_backend():
+    """``--hf-sdpa`` is checked when the bench session starts: an unknown backend is a usage error, before any bench;
+    ``torch`` (torch's own choice) is accepted and named in the session's header."""
+    r = _collect_benches("--hf-sdpa", "flash_attention,fastest")
     assert r.returncode == 4, (r.returncode, r.stdout[-500:], r.stderr[-500:])
     assert "--hf-sdpa: unknown SDPA backend(s) ['fastest']" in r.stderr, r.stderr[-500:]
+    r = _collect_benches("--hf-sdpa", "torch")
+    assert r.returncode == 0, (r.returncode, r.stdout[-500:], r.stderr[-500:])
+    assert "transformers' SDPA backends: torch" in r.stdout, r.stdout[:500]
