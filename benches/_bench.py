@@ -698,6 +698,14 @@ def sdpa_backends(names: str | None):
     return sdpa_kernel([getattr(SDPBackend, n.upper()) for n in picked])
 
 
+def peer_sdpa(option: str) -> str | None:
+    """A ``--hf-sdpa`` / ``--sdpa`` option's value as ``Scale.peer_sdpa``: ``torch`` (or empty) is torch's own choice
+    (``None``), anything else the backends ``sdpa_backends`` takes, checked (unknown names raise ``ValueError``)."""
+    names = None if option in ("torch", "") else option
+    sdpa_backends(names)
+    return names
+
+
 def hf_generate(model, ids: torch.Tensor, new_tokens: int, cache=None, clock: HFStepClock | None = None):
     """Greedy ``generate`` with an explicit attention mask and fixed length, under the SDPA backends ``hf_model`` was
     given (its scale's ``peer_sdpa``); returns (sequences, cache)."""

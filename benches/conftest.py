@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _bench import (PEER_SDPA, REPO, Collector, Scale, free_cuda, gpu_unavailable_reason, scale_name,  # noqa: E402
-                    sdpa_backends, write_reports)
+                    peer_sdpa, write_reports)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,10 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _scale(config: pytest.Config) -> Scale:
     """The session's scale: ``--bench-scale`` resolved, with ``--hf-sdpa`` (unknown backends raise ``ValueError``)."""
-    sdpa = config.getoption("--hf-sdpa")
-    sdpa = None if sdpa in ("torch", "") else sdpa
-    sdpa_backends(sdpa)                 # raises ValueError on an unknown backend name, before any bench runs
-    return Scale(scale_name(config), peer_sdpa=sdpa)
+    return Scale(scale_name(config), peer_sdpa=peer_sdpa(config.getoption("--hf-sdpa")))
 
 
 def _out_dir(config: pytest.Config) -> Path:

@@ -91,6 +91,10 @@ def test_an_unknown_sdpa_backend_is_refused(monkeypatch):
         _bench.sdpa_backends("flash_attention,fastest")
     with _bench.sdpa_backends("flash_attention,math"):
         pass
+    assert _bench.peer_sdpa("torch") is None and _bench.peer_sdpa("") is None      # torch's own choice
+    assert _bench.peer_sdpa(_bench.PEER_SDPA) == _bench.PEER_SDPA
+    with pytest.raises(ValueError, match="unknown SDPA backend"):
+        _bench.peer_sdpa("cudnn")
     monkeypatch.setattr(sys, "argv", ["profile_agentic_peer.py", "--scale", "cpu", "--sdpa", "cudnn"])
     with pytest.raises(SystemExit, match="--sdpa: unknown SDPA backend"):
         peer.main()

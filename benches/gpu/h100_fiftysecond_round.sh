@@ -23,29 +23,34 @@ decode_bench() {
   grep -E "^\| qwen3-[0-9.]+b \| (1|32|256) \| transformers" "$OUT/bench/engine_decode.md" | cut -c1-90
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode_$tag.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode_$tag.tgz"
 }
+# agentic_bench: the agentic bench but its trickle (reports packed as $OUT/bench_agentic.tgz)
+agentic_bench() {
+  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+}
+# ceilings_now WHEN: the copy and GEMM ceilings measured in a fresh process
+ceilings_now() {
+  python3 -c "import sys; sys.path.insert(0, 'benches'); from _ceilings import measure_ceilings; from _bench import Scale
+print('ceilings $1:', measure_ceilings(Scale('gpu')))"
+}
 if [ "$mode" = peers ]; then
   decode_bench 150 no_cudnn
   date +%T
   decode_bench 150 torch_sdpa --hf-sdpa torch
   date +%T
-  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
-  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+  agentic_bench
 fi
 if [ "$mode" = repeat ]; then
   decode_bench 150 no_cudnn
   date +%T
-  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
-  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+  agentic_bench
   date +%T
   decode_bench 150 no_cudnn_again
 fi
 if [ "$mode" = agentic ]; then
-  python3 -c "import sys; sys.path.insert(0, 'benches'); from _ceilings import measure_ceilings; from _bench import Scale
-print('ceilings before the bench:', measure_ceilings(Scale('gpu')))"
-  bench_packed "${AGENTIC_SECS:-260}" "test_agentic and not trickle" "run_gpu_agentic.log"
-  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
-  python3 -c "import sys; sys.path.insert(0, 'benches'); from _ceilings import measure_ceilings; from _bench import Scale
-print('ceilings after the bench:', measure_ceilings(Scale('gpu')))"
+  ceilings_now "before the bench"
+  agentic_bench
+  ceilings_now "after the bench"
 fi
 date +%T
 exit 0

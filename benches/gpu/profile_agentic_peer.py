@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 import torch  # noqa: E402
 
-from _bench import Scale, alloc_retries, hf_generate, host_cpu, sdpa_backends  # noqa: E402
+from _bench import Scale, alloc_retries, hf_generate, host_cpu, peer_sdpa  # noqa: E402
 from test_agentic import GEN, WARM_GEN, Workload  # noqa: E402
 
 
@@ -103,9 +103,8 @@ def main() -> int:
                                                     "'torch' (default): torch's own choice")
     ap.add_argument("--scale", choices=("gpu", "cpu"), default="gpu", help="cpu: a dry run on the tiny model")
     args = ap.parse_args()
-    sdpa = None if args.sdpa in ("torch", "") else args.sdpa
     try:
-        sdpa_backends(sdpa)
+        sdpa = peer_sdpa(args.sdpa)
     except ValueError as e:
         raise SystemExit(f"--sdpa: {e}") from None
     scale = Scale(args.scale, peer_sdpa=sdpa)                     # hf_generate runs under these backends
