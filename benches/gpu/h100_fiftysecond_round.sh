@@ -10,6 +10,10 @@
 #                                                      # much that peer moves between runs and hosts)
 #   bash benches/gpu/h100_fiftysecond_round.sh agentic # the agentic bench with its ceilings measured before its runs,
 #                                                      # then the ceilings again in a fresh process right after it
+#   bash benches/gpu/h100_fiftysecond_round.sh profile # for the next session (not run yet): where qwen3-0.6b's batch-32
+#                                                      # step goes (the one peer-relative target within reach of the
+#                                                      # peer without cuDNN: 18.3x, 20x needs a step 8.6% shorter):
+#                                                      # the graph's kernel timeline and an eager step's kernel times
 source benches/gpu/_env.sh
 mode=${1:-peers}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -51,6 +55,11 @@ if [ "$mode" = agentic ]; then
   ceilings_now "before the bench"
   agentic_bench
   ceilings_now "after the bench"
+fi
+if [ "$mode" = profile ]; then
+  timeout 400 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 --profile-batches 32 \
+    --timeline-batches 32 --variants default --rounds 3 > "$OUT/profile_decode_06b_b32.log" 2>&1
+  echo "profile_decode rc=$?"; grep -v USDT "$OUT/profile_decode_06b_b32.log" | tail -60
 fi
 date +%T
 exit 0
