@@ -548,7 +548,7 @@ def write_reports(collector: Collector, out_dir: Path, scale: Scale | None) -> l
         try:
             written += write_floors(floor_groups, out_dir, {n: cmd for n in floor_groups},
                                     source=f"the run of {env['timestamp_utc']} on {env.get('device')} "
-                                           f"(scale {env['scale']})")
+                                           f"(scale {env['scale']}; transformers' SDPA backends: {env.get('peer_sdpa')})")
         except Exception as e:  # noqa: BLE001 -- the groups' own reports are written; say why this one is not
             msg = f"benches/floors.py could not build the table: {type(e).__name__}: {e}"
             (out_dir / "floors.md").write_text(f"# Floor and achieved, kernel by kernel\n\n{msg}\n")

@@ -98,6 +98,7 @@ def test_write_reports_adds_the_table(tmp_path, monkeypatch) -> None:
     assert json.loads((tmp_path / "floors.json").read_text())["rows"][0]["pct_of_floor"] == pytest.approx(25.0)
     text = (tmp_path / "floors.md").read_text()
     assert "| `rmsnorm` | 64 rows | 1.0 µs | 4.0 µs | 25.0% | – | – |" in text
+    assert f"(scale cpu; transformers' SDPA backends: {_bench.PEER_SDPA})." in text   # the peer column's peer
     assert "Not in this run, or with no floor recorded: kernel_decode, kernel_prefill, kernel_gemm, engine_decode, " \
            "agentic." in text
 
