@@ -59,7 +59,7 @@ def _out_dir(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     try:
-        _scale(config)
+        config._turnkv_scale = _scale(config)       # the session's one Scale, for the fixture and the report hook
     except ValueError as e:
         raise pytest.UsageError(f"--hf-sdpa: {e}") from None
     config._turnkv_results = Collector()
@@ -72,7 +72,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def scale(pytestconfig: pytest.Config) -> Scale:
-    s = _scale(pytestconfig)
+    s = pytestconfig._turnkv_scale
     if s.gpu:
         reason = gpu_unavailable_reason()
         if reason:
@@ -110,11 +110,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     col: Collector | None = getattr(session.config, "_turnkv_results", None)
     if col is None or not any(g.records or g.targets for g in col.groups.values()):
         return
-    try:
-        scale = _scale(session.config)
-    except Exception:  # noqa: BLE001
-        scale = None
-    session.config._turnkv_written = write_reports(col, _out_dir(session.config), scale)
+    session.config._turnkv_written = write_reports(col, _out_dir(session.config),
+                                                   getattr(session.config, "_turnkv_scale", None))
 
 
 @pytest.hookimpl(trylast=True)

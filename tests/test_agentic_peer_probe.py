@@ -78,12 +78,14 @@ def test_dry_run_prints_a_row_per_turn_and_round(monkeypatch, capsys):
         assert wall > 0 and busy == 0.0, f"CPU dry run: wall {wall}, busy {busy} (no kernel records on the CPU)"
 
 
-def test_reports_name_the_host_cpu():
+def test_reports_name_the_host_cpu_and_the_peers_sdpa_backends():
     env = _bench.environment(_bench.Scale("cpu"))
     assert env["host_cpu"] and env["host_cpu"] == _bench.host_cpu(), f"environment: {env.get('host_cpu')!r}"
-    g = _bench.Collector().group("g")
-    text = _bench.group_markdown("g", g, env, "cmd")
-    assert f"host CPU {env['host_cpu']} (scale `cpu`" in text.splitlines()[2], text.splitlines()[2]
+    assert env["peer_sdpa"] == _bench.PEER_SDPA
+    assert _bench.environment(_bench.Scale("cpu", peer_sdpa=None))["peer_sdpa"] == "torch's choice"
+    line = _bench.group_markdown("g", _bench.Collector().group("g"), env, "cmd").splitlines()[2]
+    assert f"host CPU {env['host_cpu']} (scale `cpu`" in line, line
+    assert f"its SDPA backends: {_bench.PEER_SDPA};" in line, line
 
 
 def test_an_unknown_sdpa_backend_is_refused(monkeypatch):
@@ -115,14 +117,6 @@ def test_the_peer_runs_under_its_scales_sdpa_backends():
             tokens[sdpa] = _bench.hf_generate(work.hf(), ids, 3)[0]
         work.close()
     assert torch.equal(tokens[_bench.PEER_SDPA], tokens[None]), "the peer's tokens moved with its SDPA backends"
-
-
-def test_reports_name_the_peers_sdpa_backends():
-    env = _bench.environment(_bench.Scale("cpu"))
-    assert env["peer_sdpa"] == _bench.PEER_SDPA
-    assert _bench.environment(_bench.Scale("cpu", peer_sdpa=None))["peer_sdpa"] == "torch's choice"
-    text = _bench.group_markdown("g", _bench.Collector().group("g"), env, "cmd")
-    assert f"its SDPA backends: {_bench.PEER_SDPA};" in text.splitlines()[2], text.splitlines()[2]
 
 
 def test_kernel_list_reads_fields_the_profiler_has(monkeypatch):

@@ -10,11 +10,12 @@ build_kernels() {
   python3 -c "import optimized.kernels as k; k.load_all(); print('kernels built')" 2>&1 | tail -3
 }
 
-# run_benches SECONDS EXPR: the pytest benches matching EXPR (benches/run_gpu.sh -k EXPR, reports under
-# $OUT/bench) and their target lines
+# run_benches SECONDS EXPR [PYTEST ARGS...]: the pytest benches matching EXPR (benches/run_gpu.sh -k EXPR ARGS,
+# reports under $OUT/bench) and their target lines
 run_benches() {
-  timeout "$1" bash benches/run_gpu.sh -k "$2" > /dev/null 2>&1
-  echo "benches ($2) rc=$?"
+  local secs=$1 expr=$2; shift 2
+  timeout "$secs" bash benches/run_gpu.sh -k "$expr" "$@" > /dev/null 2>&1
+  echo "benches ($expr) rc=$?"
   grep -E "\[(MET |miss)\]|passed|failed" "$OUT/bench/run_gpu.log" | tail -10
 }
 

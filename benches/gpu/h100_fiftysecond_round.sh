@@ -21,9 +21,7 @@ date +%T; build_kernels; date +%T
 # decode_bench SECONDS TAG ARGS...: the engine decode bench (reports packed as $OUT/bench_decode_TAG.tgz)
 decode_bench() {
   local secs=$1 tag=$2; shift 2
-  timeout "$secs" bash benches/run_gpu.sh -k engine_decode "$@" > /dev/null 2>&1
-  echo "engine decode ($tag) rc=$?"
-  grep -E "\[(MET |miss)\]|passed|failed" "$OUT/bench/run_gpu.log" | cut -c1-240 | tail -6
+  echo "engine decode ($tag):"; run_benches "$secs" engine_decode "$@"
   grep -E "^\| qwen3-[0-9.]+b \| (1|32|256) \| transformers" "$OUT/bench/engine_decode.md" | cut -c1-90
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode_$tag.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode_$tag.tgz"
 }
