@@ -1556,6 +1556,11 @@ SKINNY_WG_CONFIGS = ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4),
                      (128, 5, 32, 2, 1), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4),
                      (128, 4, 64, 2, 1), (128, 3, 64, 2, 2))
 SKINNY_WG_MAX_M = 64
+#: the configurations (chunk columns, stages, x rows, CTAs splitting K; 64-row units) built with the folded
+#: add_rmsnorm's kernels (``skinny_wg``'s ``residual=`` and ``norm=``): every one of one tile a unit but (128, 3, 64, 8),
+#: whose residual epilogue spills
+SKINNY_WG_NORM_CONFIGS = ((128, 8, 32, 1), (128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 32, 8), (128, 6, 64, 1),
+                          (128, 6, 64, 2), (128, 5, 64, 4))
 #: the target ``skinny_wg.cu`` must be built for (wgmma): a compute-capability-9.0 device (``kernels.ARCH_TARGETS``)
 SKINNY_WG_TARGET = "sm_90a"
 _SKINNY_WG_THREADS = 160
@@ -1612,9 +1617,23 @@ def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]
                      f"{SKINNY_WG_CONFIGS}")
 
 
+def skinny_wg_ssq(N: int, ref: torch.Tensor) -> torch.Tensor:
+    """The sums of squares a residual-epilogue ``skinny_wg`` writes for ``N`` output columns: fp32 ``[units, 64]``
+    (a 64-column unit a row, an x row a column), on ``ref``'s device."""
+    return torch.empty(-(-N // 64), 64, dtype=torch.float32, device=ref.device)
+
+
+def skinny_wg_fold_ok(M: int, kp: int) -> bool:
+    """Whether the folded add_rmsnorm's kernels (``skinny_wg(residual=...)``, ``norm=...``) are built for ``M`` rows
+    with ``kp`` CTAs splitting K (and one 64-row tile a unit): ``SKINNY_WG_NORM_CONFIGS``."""
+    return 0 < M <= SKINNY_WG_MAX_M and any(c[2:] == (skinny_wg_rows(M), kp) for c in SKINNY_WG_NORM_CONFIGS)
+
+
 def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
               out: torch.Tensor | None = None, swiglu: bool = False, wt: int = 1, kp: int = 1,
-              pre: int | None = None, evict_first: bool = True) -> torch.Tensor:
+              pre: int | None = None, evict_first: bool = True,
+              residual: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+              norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_WG_MAX_M`` rows by the warpgroup
     kernel (``skinny_wg.cu``): tensor copies stream 64 ``wt`` weight rows and the x rows through shared memory,
     one warpgroup multiplies them by ``wgmma``, and ``kp`` > 1 CTAs of a cluster split K, CTA 0 adding the others'
@@ -1622,11 +1641,24 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     CTA may fetch before the programmatic-dependent-launch wait (default: all of them). ``evict_first``: as
     ``skinny_staged``. K must be a multiple of 64 ``kp``, and of 128 ``kp`` when ``kp`` > 1. Needs the driver's
     launch path (PDL on) and a compute-capability-9.0 device (the kernels' ``sm_90a`` build). Deterministic: the
-    same inputs and configuration give the same bits; another configuration sums in another order."""
+    same inputs and configuration give the same bits; another configuration sums in another order.
+
+    The add_rmsnorm between two GEMMs (``s = s + o``, then ``rms_norm(s) * weight``) folded into them (``wt`` 1 and a
+    configuration of ``SKINNY_WG_NORM_CONFIGS``: ``skinny_wg_fold_ok``):
+
+    * ``residual = (stream, ssq, weight)``: the residual epilogue. ``stream`` (bf16 ``[M, N]``, contiguous) becomes
+      ``bf16(stream + bf16(x @ w.T))`` in place, as ``add_rmsnorm`` updates it; ``ssq`` (``skinny_wg_ssq(N, x)``)
+      gets the squares of each new row summed over each 64-column unit; returns ``bf16(stream * weight)`` (bf16
+      ``[M, N]``; ``weight``: the norm's, bf16 ``[N]``), the x of the GEMM after it.
+    * ``norm = (ssq, eps)``: the normed prologue. ``x`` is that weighted stream and ``ssq`` (fp32 ``[parts, 64]``)
+      the sums the residual epilogue wrote; each product row is scaled by ``1 / sqrt(sum(ssq[:, m]) / K + eps)``
+      before it is stored (or goes into the SwiGLU). The result is ``rms_norm(stream) * weight`` times ``w.T`` with
+      the roundings in other places than ``add_rmsnorm`` and a plain GEMM put them (DESIGN §4's default mode)."""
     M, N, K = _linear_shape(x, w)
     if not M <= SKINNY_WG_MAX_M:
         raise ValueError(f"skinny_wg takes at most {SKINNY_WG_MAX_M} rows, got {M}")
     kc, stages, nx, wt, kp = skinny_wg_config(M, wt, kp)
+    fused, xw = _skinny_wg_fused(x, w, M, N, K, kp, out_dtype, out, swiglu, wt, residual, norm)
     pre = stages if pre is None else pre
     if not (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0):
         raise ValueError(f"pre must be a non-negative int, got {pre!r}")
@@ -1639,10 +1671,11 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         raise ValueError(f"skinny_wg needs the driver's launch path (PDL on) and its kernels built for "
                          f"{SKINNY_WG_TARGET} (a compute-capability-9.0 GPU)")
     dev = _device_index(x)
-    out, ldx = _linear_out(x, w, out_dtype, out, width=width)
+    out, ldx = _linear_out(x, w, out_dtype, residual[0] if residual is not None else out, width=width)
     if M == 0:
-        return out
+        return out if xw is None else xw
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
+    kind = "res" if residual is not None else kind + "n" if norm is not None else kind
     name = f"skinny_wg_k{kc}s{stages}n{nx}t{wt}p{kp}_{kind}"
     smem = skinny_wg_smem(kc, stages, nx, wt, kp)
     if kp > 1:
@@ -1665,8 +1698,51 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, kc, 64 * wt)
     xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, kc, nx)
     _launch(x, "skinny_wg", name, (grid, 1, 1), (_SKINNY_WG_THREADS, 1, 1),
-            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))), smem, cluster_x=kp)
-    return out
+            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))) + fused, smem,
+            cluster_x=kp)
+    return out if xw is None else xw
+
+
+def _skinny_wg_fused(x, w, M, N, K, kp, out_dtype, out, swiglu, wt, residual, norm) -> tuple[tuple, torch.Tensor | None]:
+    """``skinny_wg``'s residual-epilogue / normed-prologue arguments checked: the kernel's last six (ssq_in, ssq_out,
+    norm weight, xw, parts, eps; null and zero for neither) and the residual epilogue's new xw output (else None)."""
+    if residual is None and norm is None:
+        return (_p(None), _p(None), _p(None), _p(None), _i(0), _f(0.0)), None
+    if residual is not None and norm is not None:
+        raise ValueError("skinny_wg takes the residual epilogue (residual=) or the normed prologue (norm=), not both")
+    if not skinny_wg_fold_ok(M, kp) or wt != 1:
+        raise ValueError(f"the folded add_rmsnorm is built for one tile a unit and {SKINNY_WG_NORM_CONFIGS} "
+                         f"(x rows, kp), got {M} rows, wt = {wt!r}, kp = {kp!r}")
+    if out_dtype != torch.bfloat16 or out is not None:
+        raise ValueError("the folded add_rmsnorm (residual=, norm=) writes bf16 and takes no out=")
+    if norm is not None:
+        if not (isinstance(norm, tuple) and len(norm) == 2):
+            raise ValueError("norm must be (ssq, eps)")
+        nssq, eps = norm
+        _tensor("norm ssq", nssq, torch.float32, 2)
+        _contig("norm ssq", nssq)
+        if tuple(nssq.shape) != (-(-K // 64), 64):
+            raise ValueError(f"norm ssq must be [K / 64, 64] = [{-(-K // 64)}, 64], got {tuple(nssq.shape)}")
+        _same_device(x=x, norm_ssq=nssq)
+        return (_p(nssq), _p(None), _p(None), _p(None), _i(nssq.shape[0]), _f(float(eps))), None
+    if not (isinstance(residual, tuple) and len(residual) == 3):
+        raise ValueError("residual must be (stream, ssq, weight)")
+    stream, ssq, weight = residual
+    if swiglu:
+        raise ValueError("the residual epilogue stores the product, not a SwiGLU")
+    _tensor("residual stream", stream, torch.bfloat16, 2)
+    _contig("residual stream", stream)
+    if tuple(stream.shape) != (M, N):
+        raise ValueError(f"the residual stream must be [{M}, {N}], got {tuple(stream.shape)}")
+    _tensor("ssq", ssq, torch.float32, 2)
+    _contig("ssq", ssq)
+    if tuple(ssq.shape) != (-(-N // 64), 64):
+        raise ValueError(f"ssq must be [{-(-N // 64)}, 64] (skinny_wg_ssq), got {tuple(ssq.shape)}")
+    _norm_weight(weight, N)
+    _same_device(x=x, stream=stream, ssq=ssq, weight=weight)
+    xw = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    return (_p(None), _p(ssq), _p(weight), _p(xw), _i(0), _f(0.0)), xw
+
 
 # --------------------------------------------------------------------------------------
 # sampling

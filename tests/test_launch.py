@@ -552,7 +552,7 @@ def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     xs = torch.randn(20, 2056).to(bf)[:, :2048]                       # rows 2056 elements apart
     ops.skinny_cluster(xs, torch.randn(1024, 2048).to(bf), stages=5, tp=1, pre=2, evict_first=False)   # 64 units
     assert log[-1][1:3] == ("skinny_cluster_k256s5t1c4_m64_bf16", (64, 1, 1))
-    assert [int(a) for a in log[-1][4][3:]] == [20, 1024, 2048, 2, 0]
+    assert [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 2, 0]
     assert maps[-1] == (xs.data_ptr(), 20, 2048, 2 * 2056, 256, 16)
     out = ops.skinny_cluster(x[:33], torch.randn(2 * 3072, 1024).to(bf), swiglu=True)   # 384 tiles: more than held
     assert out.shape == (33, 3072) and log[-1][1:3] == ("skinny_cluster_k256s3t2c4_m64_swiglu", (128, 1, 1))
@@ -596,20 +596,15 @@ def test_skinny_cluster_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert len(log) == n
 
 
-def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
-    """``ops.skinny_wg`` on the CPU with ``_launch`` recorded: the kernel of ``skinny_wg_config`` (x tile 32 up to 32
-    rows, else 64), 160 threads, its shared memory (stages and split-K landing area), clusters of ``kp`` along x,
-    a grid of at most one cluster a unit and at most one CTA a multiprocessor (``kp`` = 1) or the clusters the
-    device holds (``kp`` > 1, asked once per kernel); the block maps of w and x (64 ``wt``-row and NX-row boxes of
-    128 columns, x's row stride) and the SwiGLU map of ``[gate | up]``, cached; every built configuration has its
-    kernels and fits 227 KB; bad input -- more than 64 rows, an unbuilt (wt, kp), K not a multiple of 64 kp (or of
-    128 kp when split), a float32 SwiGLU, no driver launch path, a device without the sm_90a build -- is a
-    ValueError that launches nothing."""
+@pytest.fixture
+def wg_launch(launch_log, monkeypatch):
+    """``ops.skinny_wg`` on the CPU with ``_launch`` recorded: a compute-capability-9.0 device of 132
+    multiprocessors with the sm_90a build and the driver's launch path, cluster occupancy queries and tensor-map
+    encodings recorded. Yields (launch log, occupancy queries, maps)."""
     import contextlib
     import sys
     import types
 
-    import torch
 
     from optimized import kernels, launch, ops
 
@@ -635,7 +630,23 @@ def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
     monkeypatch.setattr(launch, "encode_swiglu_map", encoder("swiglu"))
     monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None,
                         cluster_x=1: launch_log.append((module, name, grid, block, args, smem, cluster_x)))
-    log = launch_log
+    yield launch_log, queries, maps
+
+
+def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
+    """``ops.skinny_wg`` on the CPU with ``_launch`` recorded: the kernel of ``skinny_wg_config`` (x tile 32 up to 32
+    rows, else 64), 160 threads, its shared memory (stages and split-K landing area), clusters of ``kp`` along x,
+    a grid of at most one cluster a unit and at most one CTA a multiprocessor (``kp`` = 1) or the clusters the
+    device holds (``kp`` > 1, asked once per kernel); the block maps of w and x (64 ``wt``-row and NX-row boxes of
+    128 columns, x's row stride) and the SwiGLU map of ``[gate | up]``, cached; every built configuration has its
+    kernels and fits 227 KB; bad input -- more than 64 rows, an unbuilt (wt, kp), K not a multiple of 64 kp (or of
+    128 kp when split), a float32 SwiGLU, no driver launch path, a device without the sm_90a build -- is a
+    ValueError that launches nothing."""
+    import torch
+
+    from optimized import kernels, launch, ops
+
+    log, queries, maps = wg_launch
     bf = torch.bfloat16
     x = torch.randn(64, 1024 + 64).to(bf)[:, :1024]                   # rows 1088 elements apart
     w = torch.randn(24576, 1024).to(bf)
@@ -646,13 +657,14 @@ def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
     assert smem == 1024 + 6 * (64 + 64) * 128 * 2 == ops.skinny_wg_smem(128, 6, 64, 1, 1)
     assert maps == [("block", w.data_ptr(), 24576, 1024, 2048, 128, 64), ("block", x.data_ptr(), 64, 1024, 2176, 128, 64)]
     assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
-    assert int(args[2]) == out.data_ptr() and [int(a) for a in args[3:]] == [64, 24576, 1024, 6, 1]   # M N K pre evict
+    assert int(args[2]) == out.data_ptr() and [int(a) for a in args[3:8]] == [64, 24576, 1024, 6, 1]   # M N K pre evict
+    assert [float(a) for a in args[8:]] == [0] * 6                    # no folded add_rmsnorm: null, zero
     assert queries == []                                               # no cluster: no occupancy query
     x2 = torch.randn(20, 2048).to(bf)
     ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=8, pre=2, evict_first=False)   # 16 units, split 8 ways
     assert log[-1][1:3] == ("skinny_wg_k128s6n32t1p8_bf16", (128, 1, 1)) and log[-1][6] == 8
     assert log[-1][5] == 1024 + 6 * 96 * 256 + 7 * 64 * 32 * 4 == ops.skinny_wg_smem(128, 6, 32, 1, 8)
-    assert [int(a) for a in log[-1][4][3:]] == [20, 1024, 2048, 2, 0]
+    assert [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 2, 0]
     assert queries == [(9, (160, 1, 1), log[-1][5], 8)]
     assert maps[-1] == ("block", x2.data_ptr(), 20, 2048, 4096, 128, 32)
     out = ops.skinny_wg(x[:40], torch.randn(2 * 3072, 1024).to(bf), swiglu=True, wt=2)   # 48 units of 64 outputs
@@ -668,7 +680,11 @@ def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
         assert {f"skinny_wg_k{kc}s{S}n{nx}t{wt}p{kp}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
         assert ops.skinny_wg_smem(kc, S, nx, wt, kp) <= 227 * 1024 - 256   # skinny_wg.cu's static_assert
         assert ops.skinny_wg_config(nx, wt, kp) == (kc, S, nx, wt, kp)
-    assert len(names) == 3 * len(ops.SKINNY_WG_CONFIGS)
+    for kc, S, nx, kp in ops.SKINNY_WG_NORM_CONFIGS:                # the folded add_rmsnorm's kernels (wt 1)
+        assert (kc, S, nx, 1, kp) in ops.SKINNY_WG_CONFIGS
+        assert {f"skinny_wg_k{kc}s{S}n{nx}t1p{kp}_{kind}" for kind in ("res", "bf16n", "swiglun")} <= names
+        assert ops.skinny_wg_smem(kc, S, nx, 1, kp) + 1024 <= 227 * 1024 - 256   # + its static sums of squares
+    assert len(names) == 3 * len(ops.SKINNY_WG_CONFIGS) + 3 * len(ops.SKINNY_WG_NORM_CONFIGS)
     n = len(log)
     for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                   # more than 64 rows
                        (dict(wt=3), x, w), (dict(kp=3), x, w), (dict(wt=2, kp=4), x, w),   # not built at 64 rows
@@ -687,6 +703,62 @@ def test_skinny_wg_launch_and_rejects_bad_input(launch_log, monkeypatch):
     with pytest.raises(ValueError, match="launch path"):
         ops.skinny_wg(x, w)
     assert len(log) == n
+
+def test_skinny_wg_folded_norm_arguments_and_rejects_bad_input(wg_launch):
+    """``ops.skinny_wg``'s folded add_rmsnorm on the CPU with ``_launch`` recorded. ``residual=(stream, ssq,
+    weight)``: the ``_res`` kernel writing into the stream in place, into ssq ``[N / 64, 64]`` and into a new xw
+    ``[M, N]`` (returned). ``norm=(ssq, eps)``: the ``_bf16n`` / ``_swiglun`` kernel with the parts and eps.
+    ``skinny_wg_fold_ok``: the configurations built (``SKINNY_WG_NORM_CONFIGS``). Bad input -- both at once, wt 2,
+    an unbuilt split, float32 or out=, a SwiGLU residual epilogue, a stream, ssq or weight of the wrong shape,
+    dtype or layout, an ssq of other parts than K / 64 -- is a ValueError that launches nothing and writes
+    nothing."""
+    import torch
+
+    from optimized import ops
+
+    log, _, _ = wg_launch
+    bf = torch.bfloat16
+    o, wo = torch.randn(32, 2048).to(bf), torch.randn(1024, 2048).to(bf)    # o_proj at qwen3-0.6b's shape
+    res, nw = torch.randn(32, 1024).to(bf), torch.randn(1024).to(bf)
+    ssq = ops.skinny_wg_ssq(1024, o)
+    assert ssq.shape == (16, 64) and ssq.dtype == torch.float32
+    xw = ops.skinny_wg(o, wo, kp=4, residual=(res, ssq, nw))
+    assert xw.shape == (32, 1024) and xw.dtype == bf and xw.data_ptr() not in (res.data_ptr(), ssq.data_ptr())
+    _, name, grid, _, args, _, cx = log[-1]
+    assert (name, grid, cx) == ("skinny_wg_k128s8n32t1p4_res", (64, 1, 1), 4)
+    assert int(args[2]) == res.data_ptr() and [int(a) for a in args[3:8]] == [32, 1024, 2048, 8, 1]
+    assert [int(a) for a in args[8:13]] == [0, ssq.data_ptr(), nw.data_ptr(), xw.data_ptr(), 0]
+    wgu = torch.randn(2 * 3072, 1024).to(bf)
+    out = ops.skinny_wg(xw, wgu, swiglu=True, norm=(ssq, 1e-6))               # gate/up
+    _, name, grid, _, args, _, _ = log[-1]
+    assert out.shape == (32, 3072) and (name, grid) == ("skinny_wg_k128s8n32t1p1_swiglun", (96, 1, 1))
+    assert [int(a) for a in args[8:13]] == [ssq.data_ptr(), 0, 0, 0, 16] and float(args[13]) == np.float32(1e-6)
+    ops.skinny_wg(xw[:20], torch.randn(4096, 1024).to(bf), kp=2, norm=(ssq, 1e-6))   # qkv, 20 rows, split 2
+    assert log[-1][1] == "skinny_wg_k128s8n32t1p2_bf16n"
+    assert ops.skinny_wg_fold_ok(64, 4) and ops.skinny_wg_fold_ok(17, 8) and not ops.skinny_wg_fold_ok(64, 8)
+    assert not ops.skinny_wg_fold_ok(65, 1) and not ops.skinny_wg_fold_ok(32, 3)
+    ssq.fill_(1.0)                                                          # (the recorded launches wrote nothing)
+    before, snap, ssq_snap = len(log), res.clone(), ssq.clone()
+    x = torch.randn(32, 1024).to(bf)
+    for kw in (dict(residual=(res, ssq, nw), norm=(ssq, 1e-6)),            # both at once
+               dict(wt=2, norm=(ssq, 1e-6)), dict(out_dtype=torch.float32, norm=(ssq, 1e-6)),
+               dict(out=torch.empty(32, 4096, dtype=bf), norm=(ssq, 1e-6)),
+               dict(norm=(ssq,)), dict(norm=(ssq[:, :32].contiguous(), 1e-6)), dict(norm=(ssq.to(bf), 1e-6)),
+               dict(norm=(ssq[:8], 1e-6)), dict(norm=(ssq.t(), 1e-6)), dict(residual=(res, ssq))):
+        with pytest.raises(ValueError):
+            ops.skinny_wg(x, torch.randn(4096, 1024).to(bf), **kw)
+    with pytest.raises(ValueError):                                         # 40 rows split 8: not built
+        ops.skinny_wg(torch.randn(40, 2048).to(bf), wo, kp=8, residual=(torch.randn(40, 1024).to(bf), ssq, nw))
+    for kw, w in ((dict(residual=(res, ssq, nw), swiglu=True), torch.randn(2048, 2048).to(bf)),
+                  (dict(residual=(res[:, :512], ssq, nw)), wo),              # not [M, N]
+                  (dict(residual=(res.float(), ssq, nw)), wo),
+                  (dict(residual=(torch.randn(1024, 32).to(bf).t(), ssq, nw)), wo),   # strided
+                  (dict(residual=(res, ssq[:8], nw)), wo), (dict(residual=(res, ssq.double(), nw)), wo),
+                  (dict(residual=(res, ssq, nw[:512])), wo), (dict(residual=(res, ssq, nw.float())), wo)):
+        with pytest.raises(ValueError):
+            ops.skinny_wg(o, w, kp=4, **kw)
+    assert len(log) == before and torch.equal(res, snap) and torch.equal(ssq, ssq_snap)
+
 
 def test_skinny_wg_split_rule_at_the_measured_shapes():
     """``ops.skinny_wg_split``: the fewest CTAs splitting K that put the units on 64 CTAs (weights under 16 MB) or 128

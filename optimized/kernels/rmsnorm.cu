@@ -16,6 +16,7 @@
 
 #include <cuda_bf16.h>
 
+#include "norm.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -55,10 +56,6 @@ __device__ __forceinline__ uint4 norm8(const float (&x)[8], const uint4& wv, flo
     o[j] = __floats2bfloat162_rn(__fmul_rn(w[2 * j], n0), __fmul_rn(w[2 * j + 1], n1));
   }
   return ov;
-}
-
-__device__ __forceinline__ float inv_rms(float sumsq, int H, float eps) {
-  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, (float)H), eps)));
 }
 
 // one chunk of add_rmsnorm's first pass: s = bf16(r + x), returned and as floats in f, its squares added to ss

@@ -5,7 +5,8 @@
 
 namespace {
 
-enum Epilogue { kPlain = 0, kSwiGLU = 1 };
+// kResidual: skinny_wg.cu's residual epilogue (its own store, residual_store)
+enum Epilogue { kPlain = 0, kSwiGLU = 1, kResidual = 2 };
 
 // The epilogue's store of one C fragment (lane l of the n8 tile of x rows m0 .. m0+7), summed in
 // fp32: tile `tile` of 16 weight rows (plain: output columns 16 tile .. +15; SwiGLU: 8 gate and 8 up

@@ -30,13 +30,24 @@
 //     "empty" barrier counts the four consumer warps. The weights of the first `pre` stages may be issued
 //     before the PDL wait (no kernel writes them); x only after it. The consumers issue a stage's wgmmas as one
 //     group and release the stage before it once all but that group are done (wgmma.wait_group 1);
-//   * rows past N (or I) and x rows past M arrive as zeros (the maps' bounds) and are not stored.
+//   * rows past N (or I) and x rows past M arrive as zeros (the maps' bounds) and are not stored;
+//   * the add_rmsnorm between two GEMMs, folded into them (WT = 1 builds; ops.skinny_wg's residual= and norm=):
+//     the GEMM before it takes the residual epilogue (EPI = kResidual). y is the residual stream, updated in place
+//     as add_rmsnorm updates it (s = bf16(y + bf16(acc))); xw = bf16(s * nw) is the new stream times the norm's
+//     weight, the x of the GEMM after it; and the squares of s are summed per x row over the unit's columns into
+//     ssq[u][row] (lanes, then warps: a fixed order). The residual and the weight are loaded at the unit's start,
+//     so the epilogue waits on no load. The GEMM after it takes the normed prologue (XN): each x row's 1 / rms from
+//     the ssq parts (1 / sqrt(sum / K + eps), after the PDL wait, while x's copies fly), applied to the fp32
+//     sums before the store (or the SwiGLU). So rms_norm(s) * nw times W is computed as (s * nw) W / rms: the
+//     same product with the roundings in other places (DESIGN §4's default mode; the kernel checks hold it to
+//     the flash rule against the composition).
 // A thread's accumulators: acc[t][j][0..1] = (weight row 64 t + 16 w + g, x rows 8 j + 2 t4, + 1), acc[t][j][2..3]
 // = (row + 8, the same x rows), w its warp, g = lane / 4, t4 = lane % 4.
 
 #include <cuda_bf16.h>
 
 #include "mma.cuh"
+#include "norm.cuh"
 #include "swiglu.cuh"
 #include "pdl.cuh"
 #include "skinny.cuh"
@@ -61,19 +72,96 @@ __device__ __forceinline__ void wgmma_ss<8>(float (&d)[8][4], u64 desc_a, u64 de
 __host__ __device__ constexpr int wg_stage_bytes(int KC, int NX, int WT) { return (64 * WT + NX) * KC * 2; }
 __host__ __device__ constexpr int wg_recv_bytes(int NX, int WT, int KP) { return (KP - 1) * 64 * WT * NX * 4; }
 
-template <int KC, int S, int NX, int WT, int KP, bool F32, int EPI>
+// kResidual's inputs of one thread for unit u, loaded at the unit's start: the residual values of its fragment
+// elements (zero outside [M, N]) and the norm weight of its output columns
+template <int WT, int J>
+struct ResidualIn {
+  __nv_bfloat16 r[WT][J][4];
+  float w[WT][2];
+};
+
+template <int WT, int J>
+__device__ __forceinline__ void residual_load(ResidualIn<WT, J>& in, const __nv_bfloat16* __restrict__ y,
+                                              const __nv_bfloat16* __restrict__ nw, int u, int warp, int lane, int M,
+                                              int N) {
+  const int gg = lane >> 2, tt = lane & 3;
+#pragma unroll
+  for (int t = 0; t < WT; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = (u * 4 * WT + 4 * t + warp) * 16 + gg + 8 * h;
+      in.w[t][h] = n < N ? __bfloat162float(nw[n]) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = (u * 4 * WT + 4 * t + warp) * 16 + gg + 8 * (c >> 1), m = 8 * j + 2 * tt + (c & 1);
+        in.r[t][j][c] = n < N && m < M ? y[(long long)m * N + n] : __float2bfloat16_rn(0.f);
+      }
+  }
+}
+
+// kResidual's store of unit u: y = s = bf16(y + bf16(acc)) in place (rmsnorm.cu's add_chunk rounding), xw =
+// bf16(s * nw), and the squares of s summed per x row over the unit's columns into ssq[u * 64 + row] (over the
+// lanes of a row, then the four warps in order)
+template <int WT, int J>
+__device__ __forceinline__ void residual_store(__nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ xw,
+                                               const ResidualIn<WT, J>& in, const float (&acc)[WT][J][4], int u,
+                                               int warp, int lane, int tid, int M, int N, float* __restrict__ ssq,
+                                               float (&part)[4][64]) {
+  const int gg = lane >> 2, tt = lane & 3;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {  // x rows 8 j + 2 tt (+ 1): their sums finished before the next j's (registers)
+    float ss[2] = {0.f, 0.f};
+#pragma unroll
+    for (int t = 0; t < WT; ++t)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = (u * 4 * WT + 4 * t + warp) * 16 + gg + 8 * (c >> 1), m = 8 * j + 2 * tt + (c & 1);
+        if (n < N && m < M) {
+          const float a = __bfloat162float(__float2bfloat16_rn(acc[t][j][c]));
+          const __nv_bfloat16 sb = __float2bfloat16_rn(__fadd_rn(__bfloat162float(in.r[t][j][c]), a));
+          const float sv = __bfloat162float(sb);
+          y[(long long)m * N + n] = sb;
+          xw[(long long)m * N + n] = __float2bfloat16_rn(__fmul_rn(sv, in.w[t][c >> 1]));
+          ss[c & 1] += sv * sv;
+        }
+      }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      float v = ss[b];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (gg == 0) part[warp][8 * j + 2 * tt + b] = v;
+    }
+  }
+  asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  if (tid < M && tid < 8 * J) ssq[u * 64 + tid] = ((part[0][tid] + part[1][tid]) + part[2][tid]) + part[3][tid];
+  asm volatile("bar.sync 2, 128;\n" ::: "memory");  // part is free for the next unit
+}
+
+template <int KC, int S, int NX, int WT, int KP, bool F32, int EPI, bool XN>
 __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
-                                               int M, int N, int K, int pre, int evict) {
+                                               int M, int N, int K, int pre, int evict,
+                                               const float* __restrict__ ssq_in, float* __restrict__ ssq_out,
+                                               const __nv_bfloat16* __restrict__ nw, __nv_bfloat16* __restrict__ xw,
+                                               int parts, float eps) {
   constexpr int kStage = wg_stage_bytes(KC, NX, WT);
   static_assert(KC % 64 == 0 && (NX == 32 || NX == 64) && (WT == 1 || WT == 2), "skinny_wg shapes");
   static_assert(KP == 1 || KP == 2 || KP == 4 || KP == 8, "skinny_wg split");
-  static_assert(1024 + S * kStage + wg_recv_bytes(NX, WT, KP) <= 227 * 1024 - 256, "skinny_wg: shared memory");
+  static_assert(1024 + S * kStage + wg_recv_bytes(NX, WT, KP) + (XN ? 256 : 0) + (EPI == kResidual ? 1024 : 0) <=
+                    227 * 1024 - 256, "skinny_wg: shared memory");
+  static_assert(EPI != kResidual || (!F32 && !XN), "the residual epilogue stores bf16 of a plain x");
 #if defined(TK_WGMMA)
   constexpr int R = 64 * WT, J = NX / 8;
   constexpr int kW = R * KC * 2;
   constexpr int kPart = WT * J * 128 * 16;  // one CTA's partials: [WT][J][128 threads][4 floats]
   extern __shared__ __align__(128) unsigned char wg_smem[];  // up to 1 KB of slack, S stages, the landing area
   __shared__ __align__(8) u64 bars[2 * S + 2];             // full[s], empty[s], red, free
+  __shared__ float rs_s[XN ? 64 : 1];                      // XN: each x row's 1 / rms
+  __shared__ float part_s[EPI == kResidual ? 4 : 1][64];   // kResidual: the warps' sums of squares
   // the warp index through a shuffle: ptxas then knows it is warp-uniform, and the consumers' branch is not a
   // divergent path (where it would serialize the wgmmas: its advisory C7518)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
@@ -132,10 +220,23 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   } else {  // ---- consumers
     pdl_wait();
     pdl_launch_dependents();
+    if constexpr (XN) {  // each x row's 1 / rms from the GEMM before's parts (ssq_in [parts][64])
+      if (tid < NX) {
+        float sum = 0.f;
+        if (tid < M)
+          for (int p = 0; p < parts; ++p) sum += ssq_in[p * 64 + tid];
+        rs_s[tid] = tid < M ? inv_rms(sum, K, eps) : 0.f;
+      }
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    }
     float acc[WT][J][4];
+    [[maybe_unused]] ResidualIn<WT, J> rin;
     int i = 0;
     for (int uu = 0; uu < mine; ++uu) {
       const int u = c + uu * clusters;
+      if constexpr (EPI == kResidual)  // the unit's residual and weight, waited on only in its epilogue
+        if (KP == 1 || rank == 0)
+          residual_load<WT, J>(rin, reinterpret_cast<const __nv_bfloat16*>(y), nw, u, warp, lane, M, N);
       for (int kc = 0; kc < kch; ++kc, ++i) {
         const int s = i % S;
         const u32 st = base + s * kStage;
@@ -191,11 +292,24 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
           asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
           if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
         }
+        if constexpr (EPI == kResidual) {
+          residual_store<WT, J>(reinterpret_cast<__nv_bfloat16*>(y), xw, rin, acc, u, warp, lane, tid, M, N, ssq_out,
+                                part_s);
+        } else {
+          if constexpr (XN) {  // the rows' 1 / rms on the sums (x rows 8 j + 2 t4, + 1 of the fragment)
 #pragma unroll
-        for (int t = 0; t < WT; ++t)
+            for (int t = 0; t < WT; ++t)
 #pragma unroll
-          for (int j = 0; j < J; ++j)
-            skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
+              for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[t][j][e] *= rs_s[8 * j + 2 * (lane & 3) + (e & 1)];
+          }
+#pragma unroll
+          for (int t = 0; t < WT; ++t)
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+              skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
+        }
       }
     }
   }
@@ -208,19 +322,27 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
 }  // namespace
 
 // skinny_wg_k{KC}s{S}n{NX}t{WT}p{KP}_{bf16,f32,swiglu}: the kernel for M <= NX rows with chunks of KC columns,
-// S stages, units of 64 WT weight rows, K split over clusters of KP CTAs. Grid: KP x (at most the units) CTAs of
-// 160 threads (launched as clusters of KP), ops.skinny_wg_smem bytes of dynamic shared memory. wmap, xmap: the
-// tensor maps ops.skinny_wg encodes.
-#define TK_WG_K(KCV, SV, NXV, WTV, KPV, SUF, F32V, EPIV)                                                         \
+// S stages, units of 64 WT weight rows, K split over clusters of KP CTAs; for WT = 1 also _res (the residual
+// epilogue), _bf16n and _swiglun (the normed prologue). Grid: KP x (at most the units) CTAs of 160 threads
+// (launched as clusters of KP), ops.skinny_wg_smem bytes of dynamic shared memory. wmap, xmap: the tensor maps
+// ops.skinny_wg encodes; ssq_in, parts, eps: the normed prologue's; ssq_out, nw, xw: the residual epilogue's.
+#define TK_WG_K(KCV, SV, NXV, WTV, KPV, SUF, F32V, EPIV, XNV)                                                    \
   extern "C" __global__ void __launch_bounds__(160, 1) skinny_wg_k##KCV##s##SV##n##NXV##t##WTV##p##KPV##_##SUF( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, void* __restrict__ y,      \
-      int M, int N, int K, int pre, int evict) {                                                                  \
-    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV>(&wmap, &xmap, y, M, N, K, pre, evict);                     \
+      int M, int N, int K, int pre, int evict, const float* __restrict__ ssq_in, float* __restrict__ ssq_out,    \
+      const __nv_bfloat16* __restrict__ nw, __nv_bfloat16* __restrict__ xw, int parts, float eps) {               \
+    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV, XNV>(&wmap, &xmap, y, M, N, K, pre, evict, ssq_in,         \
+                                                            ssq_out, nw, xw, parts, eps);                         \
   }
-#define TK_WG(KCV, SV, NXV, WTV, KPV)                          \
-  TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16, false, kPlain)         \
-  TK_WG_K(KCV, SV, NXV, WTV, KPV, f32, true, kPlain)           \
-  TK_WG_K(KCV, SV, NXV, WTV, KPV, swiglu, false, kSwiGLU)
+#define TK_WG(KCV, SV, NXV, WTV, KPV)                                 \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16, false, kPlain, false)         \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, f32, true, kPlain, false)           \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, swiglu, false, kSwiGLU, false)
+// the folded add_rmsnorm's three kernels of a WT = 1 configuration (not (128, 3, 64, 8): its residual epilogue spills)
+#define TK_WG_NORM(KCV, SV, NXV, KPV)                                 \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, res, false, kResidual, false)         \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, bf16n, false, kPlain, true)           \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, swiglun, false, kSwiGLU, true)
 // (KC, S, NX, WT, KP): the stages that fit 227 KB with the landing area (ops.SKINNY_WG_CONFIGS)
 TK_WG(128, 8, 32, 1, 1)
 TK_WG(128, 8, 32, 1, 2)
@@ -235,3 +357,10 @@ TK_WG(128, 5, 32, 2, 2)
 TK_WG(128, 4, 32, 2, 4)
 TK_WG(128, 4, 64, 2, 1)
 TK_WG(128, 3, 64, 2, 2)
+TK_WG_NORM(128, 8, 32, 1)
+TK_WG_NORM(128, 8, 32, 2)
+TK_WG_NORM(128, 8, 32, 4)
+TK_WG_NORM(128, 6, 32, 8)
+TK_WG_NORM(128, 6, 64, 1)
+TK_WG_NORM(128, 6, 64, 2)
+TK_WG_NORM(128, 5, 64, 4)
