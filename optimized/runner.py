@@ -325,6 +325,12 @@ class CudaRunner:
         #: a step's embedding and its first RMSNorm run as one launch (``ops.embed_rmsnorm``, the same bits);
         #: ``False``: the two launches, for A/B measurements
         self.fuse_embed_norm = True
+        #: a decode step whose GEMMs are all on the warpgroup kernel (17-64 rows, ``wg_gemm``) folds each add_rmsnorm
+        #: between two of them into them: o_proj and down add their products into the residual stream, sum its
+        #: squares and write it times the norm's weight (``ops.skinny_wg(residual=...)``), gate/up and the next qkv
+        #: take that as x and scale their rows by 1 / rms (``norm=...``): two launches fewer a layer
+        #: (``_fold_norms``); ``False``: the add_rmsnorm launches, for A/B measurements
+        self.fuse_norm_gemm = True
         #: measurement only, and unsafe: after a decode graph's capture the full dependencies into cuBLAS's
         #: kernels whose names match ``blas_pdl_kernels`` become programmatic edges (``optimized/graph_edges.py``),
         #: so each such GEMM launches while the kernel before it runs. That is correct only for kernels that wait
@@ -458,7 +464,7 @@ class CudaRunner:
         kernel where ``staged`` names the GEMM's ``role``, or our fixed-order GEMM in batch-invariant mode."""
         if self._canonical(x.shape[0]):
             return ops.gemm(x, w)
-        wg = self._wg_cfg(x, w, role)
+        wg = self._wg_cfg(x.shape[0], w, role)
         if wg is not None:
             return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(x, w, role)
@@ -482,10 +488,10 @@ class CudaRunner:
     def _cluster_kw(cl: tuple[int, ...]) -> dict[str, int]:
         return dict(kc=cl[0], stages=cl[1], tp=cl[2], cluster=cl[3], pre=cl[4], warps=cl[5] if len(cl) > 5 else 4)
 
-    def _wg_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str, swiglu: bool = False) -> tuple[int, int] | None:
-        """The warpgroup kernel's (tiles a unit, CTAs splitting K) (``wg_gemm``) for this GEMM of 17-64 rows, or None
-        (also where that configuration does not take this K: ``ops.skinny_wg``)."""
-        M, (N, K) = x.shape[0], w.shape
+    def _wg_cfg(self, M: int, w: torch.Tensor, role: str, swiglu: bool = False) -> tuple[int, int] | None:
+        """The warpgroup kernel's (tiles a unit, CTAs splitting K) (``wg_gemm``) for this GEMM of ``M`` (17-64) rows,
+        or None (also where that configuration does not take this K: ``ops.skinny_wg``)."""
+        N, K = w.shape
         if self.invariant or self.skinny_max_m <= 0 or not 16 < M <= ops.SKINNY_WG_MAX_M or K % 64:
             return None
         roles = self.wg_gemm.get(ops.skinny_wg_rows(M), {})
@@ -535,7 +541,7 @@ class CudaRunner:
         """``[S, H]`` bf16 -> float32 ``[S, V]`` (fp32 output of the GEMM where torch allows it)."""
         if self._canonical(hidden.shape[0]):
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
-        wg = self._wg_cfg(hidden, self.lm_head, "lm_head")
+        wg = self._wg_cfg(hidden.shape[0], self.lm_head, "lm_head")
         if wg is not None:
             return ops.skinny_wg(hidden, self.lm_head, out_dtype=torch.float32, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(hidden, self.lm_head, "lm_head")
@@ -560,8 +566,13 @@ class CudaRunner:
         eps = cfg.rms_norm_eps
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
         residual, h = self._embed_norm(ids, self.layers[0]["in_norm"], eps)          # [T, H] each
+        fold = qidx is None and self._fold_norms(T)    # the add_rmsnorms inside the GEMMs (the last one's apart)
+        ssq = xw = None                                # fold: the stream's sums of squares, the stream x the weight
         for i, L in enumerate(self.layers):
-            qkv = self._mm(h, L["wqkv"], role="qkv")                                  # [T, (n_q + 2 n_kv) D]
+            if fold and i > 0:                         # qkv of the stream normed (by down's epilogue and its rows' rms)
+                qkv = self._wg_normed(xw, L["wqkv"], ssq, "qkv")
+            else:
+                qkv = self._mm(h, L["wqkv"], role="qkv")                              # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
             k = qkv[:, nq * D:(nq + nkv) * D].view(T, nkv, D)                         # [T, n_kv, D]
             v = qkv[:, (nq + nkv) * D:].view(T, nkv, D)                               # [T, n_kv, D]
@@ -574,14 +585,52 @@ class CudaRunner:
                                  rotate_k=self.rope is None,
                                  store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
                 o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
-            attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",     # [T, H]
-                                         prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
-            h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)                  # residual += attn
-            a = self._mlp_act(h, L["wgu"])                                            # [T, I]
+            if fold:                                   # residual += attn, then gate/up of its norm
+                ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], "o_proj")
+                a = self._wg_normed(xw, L["wgu"], ssq, "gate_up", swiglu=True)                       # [T, I]
+            else:
+                attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",   # [T, H]
+                                             prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
+                h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)              # residual += attn
+                a = self._mlp_act(h, L["wgu"])                                        # [T, I]
+            if fold and i + 1 < len(self.layers):      # residual += mlp (the next layer's qkv of its norm)
+                ssq, xw = self._wg_residual(a, L["wd"], residual, self.layers[i + 1]["in_norm"], "down")
+                continue
             m = self._reduce(self._mm(a, L["wd"], role="down"))                       # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
+
+    def _fold_norms(self, T: int) -> bool:
+        """Whether a decode step of ``T`` rows folds its add_rmsnorms into the GEMMs around them (``fuse_norm_gemm``):
+        qkv, o_proj, gate/up (its SwiGLU epilogue on) and down all on the warpgroup kernel with one tile a unit and
+        a split the folded kernels are built for (``ops.skinny_wg_fold_ok``), and one GPU (tensor parallelism sums
+        o_proj's and down's partial products between the GEMM and the norm)."""
+        if not self.fuse_norm_gemm or type(self)._reduce is not CudaRunner._reduce or self._canonical(T):
+            return False
+        L = self.layers[0]
+        if not (self.fuse_swiglu and L["wgu"].shape[0] % 16 == 0):
+            return False
+        cfgs = [self._wg_cfg(T, L[key], role, swiglu=role == "gate_up")
+                for role, key in (("qkv", "wqkv"), ("o_proj", "wo"), ("gate_up", "wgu"), ("down", "wd"))]
+        return all(c is not None and c[0] == 1 and ops.skinny_wg_fold_ok(T, c[1]) for c in cfgs)
+
+    def _wg_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     role: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual += x @ w.T`` in place by the warpgroup kernel's residual epilogue; returns the new rows' sums of
+        squares by 64 columns (``ops.skinny_wg_ssq``) and the new rows times the next norm's ``weight``: what the
+        normed prologue of the GEMM after it takes."""
+        wt, kp = self._wg_cfg(x.shape[0], w, role)
+        ssq = ops.skinny_wg_ssq(w.shape[0], x)
+        return ssq, ops.skinny_wg(x, w, wt=wt, kp=kp, residual=(residual, ssq, weight))
+
+    def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, role: str,
+                   swiglu: bool = False) -> torch.Tensor:
+        """The norm of the residual stream times ``w.T`` (with ``swiglu``: its SwiGLU) by the warpgroup kernel's
+        normed prologue: ``xw`` the stream times the norm's weight and ``ssq`` its sums of squares, as the residual
+        epilogue before it wrote them."""
+        wt, kp = self._wg_cfg(xw.shape[0], w, role, swiglu=swiglu)
+        return ops.skinny_wg(xw, w, swiglu=swiglu, wt=wt, kp=kp, norm=(ssq, self.cfg.rms_norm_eps))
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
@@ -591,7 +640,7 @@ class CudaRunner:
             if self.fuse_swiglu:
                 return ops.gemm(h, wgu, swiglu=True)
             return ops.silu_mul(self._mm(h, wgu, role="gate_up"))
-        wg = self._wg_cfg(h, wgu, "gate_up", swiglu=True)
+        wg = self._wg_cfg(h.shape[0], wgu, "gate_up", swiglu=True)
         if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1])
         cl = self._cluster_cfg(h, wgu, "gate_up")

@@ -140,13 +140,36 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         y = linear(x, w)
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
-    def skinny_wg(x, w, *, out_dtype=torch.bfloat16, swiglu=False, wt=1, kp=1, pre=None, evict_first=True):
+    folded = {}                          # the residual epilogue's xw (data_ptr) -> (its stream's rows, the weight)
+
+    def skinny_wg(x, w, *, out_dtype=torch.bfloat16, swiglu=False, wt=1, kp=1, pre=None, evict_first=True,
+                  residual=None, norm=None):
         assert 16 < x.shape[0] <= real_ops.SKINNY_WG_MAX_M, "the warpgroup kernel's rows (the runner's 17-64)"
         kc = real_ops.skinny_wg_config(x.shape[0], wt, kp)[0]     # a built configuration (else ValueError)
-        K = w.shape[1]
+        M, K = x.shape
         assert K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0), "a K the configuration takes"
-        log.append(("skinny_wg", (x.shape[0], w.data_ptr(), out_dtype, swiglu, wt, kp)))
+        log.append(("skinny_wg", (M, w.data_ptr(), out_dtype, swiglu, wt, kp)))
+        if residual is not None or norm is not None:
+            assert wt == 1 and real_ops.skinny_wg_fold_ok(M, kp) and (residual is None or norm is None)
+        if norm is not None:             # the normed prologue: x is a residual epilogue's xw, ssq its stream's squares
+            nssq, eps = norm
+            stream, weight = folded.pop(x.data_ptr())
+            assert torch.equal(x, (stream * weight).to(torch.bfloat16)), "x: the residual epilogue's stream x weight"
+            assert nssq.shape == (-(-K // 64), 64), "the residual epilogue's sums before it (its N is this K)"
+            torch.testing.assert_close(nssq[:, :M].sum(0), stream.float().pow(2).sum(1), rtol=1e-5, atol=0)
+            log.append(("skinny_wg_norm", (M, w.data_ptr())))
+            x = rms_norm(stream, weight, eps)    # (add_rmsnorm's stand-in's bits: the kernel rounds elsewhere)
         y = linear(x, w)
+        if residual is not None:         # the residual epilogue: the stream += bf16(y) in place; ssq; xw
+            stream, ssq, weight = residual
+            assert swiglu is False and ssq.shape == (-(-w.shape[0] // 64), 64)
+            log.append(("skinny_wg_residual", (M, w.data_ptr(), weight.data_ptr())))
+            stream.copy_(stream + y.to(torch.bfloat16))
+            sq = stream.float().pow(2)                         # [M, N]
+            ssq[:, :M] = torch.stack([sq[:, u * 64:(u + 1) * 64].sum(1) for u in range(ssq.shape[0])])
+            xw = (stream * weight).to(torch.bfloat16)
+            folded[xw.data_ptr()] = (stream.clone(), weight)
+            return xw
         return silu_mul(y) if swiglu else y.to(out_dtype)
 
     def sample(logits, temperature, top_k, top_p, seed_lo, seed_hi, pos, mode, *, tokens=None, logprobs=None):
@@ -175,6 +198,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                skinny_wg=skinny_wg, SKINNY_WG_MAX_M=real_ops.SKINNY_WG_MAX_M,
                                skinny_wg_config=real_ops.skinny_wg_config, skinny_wg_rows=real_ops.skinny_wg_rows,
                                skinny_wg_split=real_ops.skinny_wg_split,
+                               skinny_wg_ssq=real_ops.skinny_wg_ssq, skinny_wg_fold_ok=real_ops.skinny_wg_fold_ok,
                                SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
                                skinny_staged_rows=real_ops.skinny_staged_rows,
                                ATTN_HEAD_DIMS=(16, 32, 64, 128), allow_no_hint=False)

@@ -546,6 +546,76 @@ def test_wg_gemm_default_takes_every_role_by_the_split_rule(opt_engine, launches
     assert all(tuple(d[4:]) == (1, 1) for d in wg), wg
     assert not any(k in ("skinny_cluster", "skinny_staged") and d[0] > 16 for k, d in launches)
 
+def _turns(eng, prompts, sps, turns=2):
+    """``_rollout``'s turns with their logprobs: [(token ids, logprobs) per sequence] per turn."""
+    sids = [eng.rollout_add(p, sp) for p, sp in zip(prompts, sps)]
+    got = []
+    for t in range(turns):
+        outs = eng.rollout_run_turns()
+        got.append([(outs[s].token_ids, outs[s].logprobs) for s in sids])
+        if t + 1 < turns:
+            for s in sids:
+                eng.rollout_continue(s, [(s * 13 + t + i) % 512 for i in range(1 + s % 4)])
+    for s in sids:
+        eng.rollout_finish(s)
+    return got
+
+
+def test_fold_norms_into_the_warpgroup_gemms(opt_engine, launches):
+    """``fuse_norm_gemm`` (on by default): a decode step of 17-64 rows whose four layer GEMMs are on the warpgroup
+    kernel with 64-row units folds the add_rmsnorms between them into them. Each step and layer, o_proj and down
+    (but the last layer's) write the residual stream, its sums of squares and the stream times the next norm's
+    weight (``residual=``), gate/up and qkv (but the first layer's) take those (``norm=``; the stand-in checks
+    that it is handed the epilogue's output and the sums of its stream), and the tokens and logprobs are the ones
+    without it. Not folded: ``fuse_norm_gemm`` off, a role on two tiles a unit, the SwiGLU epilogue off,
+    batch-invariant mode, 16 rows or fewer, a runner whose ``_reduce`` sums (tensor parallelism)."""
+    from optimized import runner as runner_mod
+
+    prompts = [[(3 * i + j) % 512 for j in range(2 + i % 4)] for i in range(24)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=(), logprobs=True)] * 24
+
+    def run(n=24, **attrs):
+        launches.clear()
+        eng = opt_engine()
+        eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
+        for k, v in attrs.items():
+            setattr(eng.runner, k, v)
+        return eng, _turns(eng, prompts[:n], sps[:n])
+
+    eng, want = run(fuse_norm_gemm=False)
+    assert not any(k in ("skinny_wg_residual", "skinny_wg_norm") for k, _ in launches)
+    assert eng.runner.fuse_norm_gemm is False and opt_engine().runner.fuse_norm_gemm is True
+    eng, got = run()
+    assert got == want
+    Ls = eng.runner.layers
+    res = [d for k, d in launches if k == "skinny_wg_residual"]
+    nrm = [d for k, d in launches if k == "skinny_wg_norm"]
+    steps = sum(1 for d in res if d[1] == Ls[0]["wo"].data_ptr())
+    assert steps >= 2 and all(16 < d[0] <= 64 for d in res + nrm)   # decode steps (padded)
+    for i, L in enumerate(Ls):
+        last, first = i + 1 == len(Ls), i == 0
+        assert sum(d[1:] == (L["wo"].data_ptr(), L["post_norm"].data_ptr()) for d in res) == steps
+        nxt = None if last else Ls[i + 1]["in_norm"].data_ptr()
+        assert sum(d[1:] == (L["wd"].data_ptr(), nxt) for d in res) == (0 if last else steps)
+        assert sum(d[1] == L["wgu"].data_ptr() for d in nrm) == steps
+        assert sum(d[1] == L["wqkv"].data_ptr() for d in nrm) == (0 if first else steps)
+    assert len(res) == len(nrm) == steps * (2 * len(Ls) - 1)
+    two_tiles = {k: dict(d, o_proj=(2, 1)) for k, d in runner_mod.WG_GEMM.items()}
+    for attrs in (dict(wg_gemm=two_tiles), dict(fuse_swiglu=False), dict(invariant=True)):
+        _, got = run(**attrs)
+        assert not any(k in ("skinny_wg_residual", "skinny_wg_norm") for k, _ in launches), attrs
+        if "invariant" not in attrs:
+            assert got == want, attrs
+    run(n=12)                                           # 12 rows: not the warpgroup kernel's
+    assert not any(k in ("skinny_wg_residual", "skinny_wg_norm") for k, _ in launches)
+    eng = opt_engine()                                  # a runner with a row-parallel sum (tensor parallelism's hook)
+    eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
+    eng.runner.__class__ = type("SummingRunner", (runner_mod.CudaRunner,), {"_reduce": lambda self, x: x})
+    launches.clear()
+    assert _turns(eng, prompts, sps) == want
+    assert not any(k in ("skinny_wg_residual", "skinny_wg_norm") for k, _ in launches)
+
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""
