@@ -1207,6 +1207,62 @@ def check_skinny_wg(C: Checks, dev, gen) -> None:
             return res
         C.run("wg", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
+def check_skinny_wg_norm(C: Checks, dev, gen) -> None:
+    """The add_rmsnorm folded into the warpgroup GEMMs around it (``ops.skinny_wg(residual=...)`` and ``norm=``), at
+    qwen3-0.6b's and qwen3-8b's o_proj -> gate/up and down -> qkv shapes and a ragged one, for every configuration
+    the folded kernels are built for. The residual epilogue: the stream bitwise that of the plain kernel of the same
+    configuration followed by ``add_rmsnorm``, xw bitwise ``bf16(stream * weight)``, ssq's parts the float64 sums of
+    squares of the new rows' 64-column blocks to a relative 1e-5 (float32 sums of at most 64 terms). The normed
+    prologue (plain and SwiGLU): the flash rule against the float64 product of the float64 norm, the low-precision
+    run being ``add_rmsnorm``'s output times the plain kernel of the same configuration (its bitwise share printed),
+    and the same bits on a second launch."""
+    eps = 1e-6
+    cases = [(32, 2048, 1024, 2 * 3072, True), (32, 3072, 1024, 4096, False),   # qwen3-0.6b
+             (64, 4096, 4096, 6144, False), (17, 12288, 4096, 2 * 12288, True),   # qwen3-8b
+             (40, 1024, 1536, 2 * 520, True)]                                    # ragged: 40 rows, 24 units
+    for M, K0, H, N1, swiglu in cases:
+        def run(M=M, K0=K0, H=H, N1=N1, swiglu=swiglu):
+            x, w0 = skinny_inputs(M, H, K0, gen, dev)
+            x = x.contiguous()
+            res0 = (torch.randn(M, H, generator=gen) * 2).to(torch.bfloat16).to(dev)
+            nw = (1 + 0.1 * torch.randn(H, generator=gen)).to(torch.bfloat16).to(dev)
+            w1 = (torch.randn(N1, H, generator=gen) * H ** -0.5).to(torch.bfloat16).to(dev)
+            out = []
+            for wt0, kp0 in wg_configs(M, K0):
+                if wt0 != 1 or not ops.skinny_wg_fold_ok(M, kp0):
+                    continue
+                ref_res = res0.clone()
+                h = ops.add_rmsnorm(ops.skinny_wg(x, w0, kp=kp0), ref_res, nw, eps)   # the two launches
+                res, ssq = res0.clone(), ops.skinny_wg_ssq(H, x)
+                xw = ops.skinny_wg(x, w0, kp=kp0, residual=(res, ssq, nw))
+                torch.cuda.synchronize()
+                out += [(ok, f"kp {kp0}: stream {d}") for ok, d in exact("== plain + add_rmsnorm", res, ref_res)]
+                out += [(ok, f"kp {kp0}: xw {d}") for ok, d in exact("== bf16(stream * weight)", xw, ref_res * nw)]
+                sq = ref_res.double().pow(2)
+                want = torch.stack([sq[:, u * 64:(u + 1) * 64].sum(1) for u in range(ssq.shape[0])])   # [units, M]
+                rel = float(((ssq[:, :M].double() - want).abs() / want.clamp_min(1e-30)).max())
+                print(f"    kp {kp0}: ssq max relative error {rel:.2e}")
+                out.append((rel <= 1e-5, f"kp {kp0}: ssq max relative error {rel:.2e} (<= 1e-5)"))
+                r64 = ref_res.double()
+                g64 = (r64 / torch.sqrt(r64.pow(2).mean(1, keepdim=True) + eps) * nw.double()) @ w1.double().t()
+                ref32 = g64
+                if swiglu:
+                    ref32 = torch.nn.functional.silu(g64[:, :N1 // 2]) * g64[:, N1 // 2:]
+                for wt1, kp1 in wg_configs(M, H):
+                    if wt1 != 1 or not ops.skinny_wg_fold_ok(M, kp1):
+                        continue
+                    got = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps))
+                    again = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps))
+                    low = ops.skinny_wg(h, w1, swiglu=swiglu, kp=kp1)
+                    torch.cuda.synchronize()
+                    tag = f"kp {kp0} -> kp {kp1}{' swiglu' if swiglu else ''}"
+                    out += [(ok, f"{tag}: {d}") for ok, d in fa_rule("normed vs float64", got, ref32, low)]
+                    print(f"    {tag}: {bf16_agreement(got, low)} (add_rmsnorm + the plain kernel)")
+                    out += [(ok, f"{tag}: {d}") for ok, d in exact("second launch", again, got)]
+            return out
+        C.run("wg-norm", f"M={M} K0={K0} H={H} N1={N1}{' swiglu' if swiglu else ''}", run)
+
+
 def rope_tables(D: int, max_pos: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
     """The runner's fp32 RoPE tables (theta 1e6): cos, sin ``[max_pos, D/2]`` on ``dev``."""
     cos, sin = ref_model.rope_cos_sin(torch.arange(max_pos), D, 1e6)
@@ -1361,6 +1417,7 @@ SECTIONS = {
     "staged": check_skinny_staged, "staged_wide": check_skinny_staged_wide, "qk": check_qk_attention,
     "cluster": check_skinny_cluster,
     "wg": check_skinny_wg,
+    "wg-norm": check_skinny_wg_norm,
 }
 
 
