@@ -7,9 +7,12 @@
 #                                                     # warpgroup ones), then the one-process A/B (default against
 #                                                     # norm-apart) at qwen3-0.6b and qwen3-8b, batch 32 and 64, with
 #                                                     # the batch-32 graph timelines
-#   bash benches/gpu/h100_fiftythird_round.sh verify  # the conformance clauses at the qwen3-0.6b shape (GPU scale:
-#                                                     # 64 sequences, decode steps of 17-64 rows), then the engine
-#                                                     # decode bench (the x-transformers target)
+#                                                     # (run twice: the first version of the fold, then this one)
+#   bash benches/gpu/h100_fiftythird_round.sh conformance  # the conformance clauses at the qwen3-0.6b shape (GPU scale:
+#                                                          # 64 sequences, decode steps of 17-64 rows)
+#   bash benches/gpu/h100_fiftythird_round.sh bench   # the engine decode bench (the x-transformers target), then the
+#                                                     # agentic bench
+#   bash benches/gpu/h100_fiftythird_round.sh repeat  # the engine decode bench again (on another host: its peer)
 source benches/gpu/_env.sh
 mode=${1:-check}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -21,12 +24,23 @@ if [ "$mode" = check ]; then
     --timeline-batches 32 --variants default norm-apart --rounds 3 > "$OUT/profile_decode_fold.log" 2>&1
   echo "profile_decode rc=$?"; grep -v USDT "$OUT/profile_decode_fold.log" | grep -vi warn | tail -70
 fi
-if [ "$mode" = verify ]; then
-  conformance_gpu 400 qwen3-0.6b conformance_gpu_qwen3-0.6b_fold.log
+if [ "$mode" = conformance ]; then
+  conformance_gpu 470 qwen3-0.6b conformance_gpu_qwen3-0.6b_fold.log
+fi
+# decode_bench TAG: the engine decode bench, its main rows, its log and reports (packed as $OUT/bench_decode_TAG.tgz)
+decode_bench() {
+  run_benches 200 engine_decode
+  grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode$1.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode$1.tgz"
+}
+if [ "$mode" = bench ]; then
+  decode_bench ""
   date +%T
-  run_benches 170 engine_decode
-  grep -E "^\| qwen3-[0-9.]+b \| (1|32|64|256) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
+  bench_packed 280 "test_agentic and not trickle" run_gpu_agentic.log
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+fi
+if [ "$mode" = repeat ]; then
+  decode_bench _repeat
 fi
 date +%T
 exit 0
