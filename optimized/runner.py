@@ -329,7 +329,7 @@ class CudaRunner:
         #: between two of them into them: o_proj and down add their products into the residual stream, sum its
         #: squares and write it times the norm's weight (``ops.skinny_wg(residual=...)``), gate/up and the next qkv
         #: take that as x and scale their rows by 1 / rms (``norm=...``): two launches fewer a layer
-        #: (``_fold_norms``); ``False``: the add_rmsnorm launches, for A/B measurements
+        #: (``_fold_splits``); ``False``: the add_rmsnorm launches, for A/B measurements
         self.fuse_norm_gemm = True
         #: measurement only, and unsafe: after a decode graph's capture the full dependencies into cuBLAS's
         #: kernels whose names match ``blas_pdl_kernels`` become programmatic edges (``optimized/graph_edges.py``),
@@ -566,11 +566,11 @@ class CudaRunner:
         eps = cfg.rms_norm_eps
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
         residual, h = self._embed_norm(ids, self.layers[0]["in_norm"], eps)          # [T, H] each
-        fold = qidx is None and self._fold_norms(T)    # the add_rmsnorms inside the GEMMs (the last one's apart)
+        fold = self._fold_splits(T) if qidx is None else None   # role -> kp: the add_rmsnorms inside the GEMMs
         ssq = xw = None                                # fold: the stream's sums of squares, the stream x the weight
         for i, L in enumerate(self.layers):
             if fold and i > 0:                         # qkv of the stream normed (by down's epilogue and its rows' rms)
-                qkv = self._wg_normed(xw, L["wqkv"], ssq, "qkv")
+                qkv = self._wg_normed(xw, L["wqkv"], ssq, fold["qkv"])
             else:
                 qkv = self._mm(h, L["wqkv"], role="qkv")                              # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
@@ -586,51 +586,53 @@ class CudaRunner:
                                  store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
                 o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             if fold:                                   # residual += attn, then gate/up of its norm
-                ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], "o_proj")
-                a = self._wg_normed(xw, L["wgu"], ssq, "gate_up", swiglu=True)                       # [T, I]
+                ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], fold["o_proj"])
+                a = self._wg_normed(xw, L["wgu"], ssq, fold["gate_up"], swiglu=True)                 # [T, I]
             else:
                 attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",   # [T, H]
                                              prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
                 h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)              # residual += attn
                 a = self._mlp_act(h, L["wgu"])                                        # [T, I]
             if fold and i + 1 < len(self.layers):      # residual += mlp (the next layer's qkv of its norm)
-                ssq, xw = self._wg_residual(a, L["wd"], residual, self.layers[i + 1]["in_norm"], "down")
+                ssq, xw = self._wg_residual(a, L["wd"], residual, self.layers[i + 1]["in_norm"], fold["down"])
                 continue
             m = self._reduce(self._mm(a, L["wd"], role="down"))                       # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
 
-    def _fold_norms(self, T: int) -> bool:
-        """Whether a decode step of ``T`` rows folds its add_rmsnorms into the GEMMs around them (``fuse_norm_gemm``):
-        qkv, o_proj, gate/up (its SwiGLU epilogue on) and down all on the warpgroup kernel with one tile a unit and
-        a split the folded kernels are built for (``ops.skinny_wg_fold_ok``), and one GPU (tensor parallelism sums
-        o_proj's and down's partial products between the GEMM and the norm)."""
+    def _fold_splits(self, T: int) -> dict[str, int] | None:
+        """The CTAs splitting K (by role) of the four layer GEMMs of a decode step of ``T`` rows that folds its
+        add_rmsnorms into them (``fuse_norm_gemm``), or None where it does not: all four must be on the warpgroup
+        kernel with one tile a unit (gate/up with its SwiGLU epilogue) and a split the folded kernels are built for
+        (``ops.skinny_wg_fold_ok``), on one GPU (tensor parallelism sums o_proj's and down's partial products
+        between the GEMM and the norm)."""
         if not self.fuse_norm_gemm or type(self)._reduce is not CudaRunner._reduce or self._canonical(T):
-            return False
+            return None
         L = self.layers[0]
         if not (self.fuse_swiglu and L["wgu"].shape[0] % 16 == 0):
-            return False
-        cfgs = [self._wg_cfg(T, L[key], role, swiglu=role == "gate_up")
-                for role, key in (("qkv", "wqkv"), ("o_proj", "wo"), ("gate_up", "wgu"), ("down", "wd"))]
-        return all(c is not None and c[0] == 1 and ops.skinny_wg_fold_ok(T, c[1]) for c in cfgs)
+            return None
+        cfgs = {role: self._wg_cfg(T, L[key], role, swiglu=role == "gate_up")
+                for role, key in (("qkv", "wqkv"), ("o_proj", "wo"), ("gate_up", "wgu"), ("down", "wd"))}
+        if not all(c is not None and c[0] == 1 and ops.skinny_wg_fold_ok(T, c[1]) for c in cfgs.values()):
+            return None
+        return {role: c[1] for role, c in cfgs.items()}
 
-    def _wg_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                     role: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``residual += x @ w.T`` in place by the warpgroup kernel's residual epilogue; returns the new rows' sums of
-        squares by 64 columns (``ops.skinny_wg_ssq``) and the new rows times the next norm's ``weight``: what the
-        normed prologue of the GEMM after it takes."""
-        wt, kp = self._wg_cfg(x.shape[0], w, role)
+    @staticmethod
+    def _wg_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     kp: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual += x @ w.T`` in place by the warpgroup kernel's residual epilogue (``kp`` CTAs splitting K);
+        returns the new rows' sums of squares by 64 columns (``ops.skinny_wg_ssq``) and the new rows times the next
+        norm's ``weight``: what the normed prologue of the GEMM after it takes."""
         ssq = ops.skinny_wg_ssq(w.shape[0], x)
-        return ssq, ops.skinny_wg(x, w, wt=wt, kp=kp, residual=(residual, ssq, weight))
+        return ssq, ops.skinny_wg(x, w, kp=kp, residual=(residual, ssq, weight))
 
-    def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, role: str,
+    def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, kp: int,
                    swiglu: bool = False) -> torch.Tensor:
         """The norm of the residual stream times ``w.T`` (with ``swiglu``: its SwiGLU) by the warpgroup kernel's
-        normed prologue: ``xw`` the stream times the norm's weight and ``ssq`` its sums of squares, as the residual
-        epilogue before it wrote them."""
-        wt, kp = self._wg_cfg(xw.shape[0], w, role, swiglu=swiglu)
-        return ops.skinny_wg(xw, w, swiglu=swiglu, wt=wt, kp=kp, norm=(ssq, self.cfg.rms_norm_eps))
+        normed prologue (``kp`` CTAs splitting K): ``xw`` the stream times the norm's weight and ``ssq`` its sums of
+        squares, as the residual epilogue before it wrote them."""
+        return ops.skinny_wg(xw, w, swiglu=swiglu, kp=kp, norm=(ssq, self.cfg.rms_norm_eps))
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
