@@ -742,7 +742,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       seq_lens: torch.Tensor, split_size: int, scale: float | None = None,
                       max_splits: int | None = None, *, o_part: torch.Tensor | None = None,
                       lse_part: torch.Tensor | None = None, row_seq: torch.Tensor | None = None,
-                      rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      rope: tuple[torch.Tensor, torch.Tensor] | None = None, early: bool = False,
                       _fused_out: torch.Tensor | None = None,
                       _qk: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial states of every split (twin: ``reference.attention.split_kv_partials``).
@@ -754,6 +754,10 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     ``row_seq`` (int32 ``[B]``): row ``b`` reads block-table row ``row_seq[b]`` instead of ``b``
     (batch-invariant prefill: one row per token, ``seq_lens`` = its position + 1; the caller's
     guards have checked the indices). ``rope``: fused RoPE, as in ``paged_prefill``.
+    ``early=True`` (``split_kv_early_partials``, the same bits): a decode step after the launch that stored its
+    K/V, where that launch wrote at most each sequence's last key (position ``seq_lens[b] - 1``); the cached
+    rows of every other key of the first two tiles are read before the wait for that launch (pdl.cuh), so no
+    kernel still running may write them. No ``row_seq``.
     Returns fp32 ``o_part [B, max_splits, n_q, D]`` and natural-log ``lse_part [B, max_splits, n_q]``.
     (``_fused_out``, bf16 ``[B, n_q, D]``: ``split_kv_decode``'s one-launch mode, where the kernel also
     folds the splits into it and the partials are scratch; see attention.cu. ``_qk``: the arguments
@@ -766,6 +770,10 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _block_size(bs)
     G = _gqa(n_q, n_kv)
     _, M = _block_tables(block_tables, seq_lens, B, row_seq)
+    if not isinstance(early, bool):
+        raise TypeError(f"early must be a bool, got {type(early).__name__}")
+    _need(not early or (row_seq is None and _qk is None),
+          "early takes no row_seq (one query row per sequence), and norm_rope's launch reads early already")
     split_size = int(split_size)
     if not 1 <= split_size <= _I32_MAX:
         raise ValueError(f"split_size must be in [1, 2**31), got {split_size}")
@@ -800,7 +808,7 @@ def split_kv_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                  _p(_fused_out), _p(tickets), _i(1 if cluster else 0)), smem, DECODE_CTAS_PER_SM,
                 S if cluster else 1)
         return o_part, lse_part
-    _launch(q, "attention", f"split_kv_partials_d{D}", grid, (128, 1, 1),
+    _launch(q, "attention", f"split_kv_{'early_' if early else ''}partials_d{D}", grid, (128, 1, 1),
             (_p(q), _i(qs), _p(k_cache), _p(v_cache), _p(block_tables), _i(M), _p(seq_lens), _p(o_part),
              _p(lse_part), _i(n_q), _i(n_kv), _i(bs), _i(split_size), _i(S), _f(_scale(scale, D)),
              _p(row_seq), cos_p, sin_p, max_pos, _p(_fused_out), _p(tickets)), smem, DECODE_CTAS_PER_SM)
@@ -870,7 +878,7 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     max_splits: int | None = None, out: torch.Tensor | None = None,
                     row_seq: torch.Tensor | None = None,
                     rope: tuple[torch.Tensor, torch.Tensor] | None = None, fused: bool | None = None,
-                    norm_rope: tuple | None = None) -> torch.Tensor:
+                    norm_rope: tuple | None = None, early: bool = False) -> torch.Tensor:
     """Decode attention of one query per sequence (twin: ``reference.attention.split_kv_decode``).
 
     ``split_size=None`` runs one split over all keys. Partials go to ``torch.empty`` scratch on the
@@ -892,6 +900,10 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     waits for the kernel before it (pdl.cuh), so no kernel still running may write them. No ``row_seq``
     or ``rope``. In one launch with 2 .. ``DECODE_CLUSTER_MAX`` splits a sequence, the splits fold in a
     thread-block cluster (``DECODE_CLUSTER``; the same bits as the ticket).
+
+    ``early=True``: the decode step's K/V were stored by the launch before this one (``qk_norm_rope(store=...)``),
+    so this one may read the other cached keys of its first two tiles before it waits (``split_kv_partials``'
+    ``early``; the same bits). Not with ``norm_rope`` or ``row_seq``.
     """
     _tensor("block_tables", block_tables, torch.int32, 2)
     _tensor("k_cache", k_cache, torch.bfloat16, 4)
@@ -906,13 +918,13 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         fused = q.shape[0] <= FUSED_DECODE_MAX_B or max_splits == 1
     if not fused:
         o_part, lse_part = split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale,
-                                             max_splits, row_seq=row_seq, rope=rope, _qk=qk)
+                                             max_splits, row_seq=row_seq, rope=rope, early=early, _qk=qk)
         return split_kv_reduce(o_part, lse_part, out=out)
     _tensor("q", q, torch.bfloat16, 3)
     out = _out("out", out, tuple(q.shape), torch.bfloat16, q)
     _contig("out", out)
     split_kv_partials(q, k_cache, v_cache, block_tables, seq_lens, split_size, scale, max_splits,
-                      row_seq=row_seq, rope=rope, _fused_out=out, _qk=qk)
+                      row_seq=row_seq, rope=rope, early=early, _fused_out=out, _qk=qk)
     return out
 
 

@@ -312,6 +312,11 @@ class CudaRunner:
         #: A/B was not run, and two engine benches hinted at a few percent lost at qwen3-0.6b batch 64, so
         #: larger steps keep the two launches (docs/performance/decode_step.md, "qk_norm_rope in the attention launch")
         self.fuse_qk_max_rows = 16
+        #: a decode step's attention launched after qk_norm_rope's own launch reads the cached K/V rows of its
+        #: first two tiles (less each sequence's new key, which that launch stores) before its PDL wait, while
+        #: qk_norm_rope runs (``ops.split_kv_decode(early=True)``, the same bits); ``False``: it waits first, for
+        #: A/B measurements (docs/performance/decode_step.md, "The attention's first tiles before its wait")
+        self.early_attention = True
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
@@ -442,7 +447,8 @@ class CudaRunner:
             return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale,
                                      rope=self.rope, mean_keys=self._prefill_mean_keys)
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
-                                   max_splits=max_splits, row_seq=qidx, rope=self.rope)
+                                   max_splits=max_splits, row_seq=qidx, rope=self.rope,
+                                   early=qidx is None and self.early_attention)
 
     def _fuse_qk(self, rows: int) -> bool:
         """Whether the qk_norm_rope of a decode step of ``rows`` rows goes into its attention launch (not with

@@ -316,6 +316,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
                 assert stmts[0].startswith("gemm_wide_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
+            elif kname.startswith("split_kv_early_partials"):
+                assert stmts[0].startswith("split_kv_partials_impl<DV, false, true>("), (kname, stmts)
             elif name == "skinny_gemm":
                 assert stmts[0].startswith("if (prefetch) skinny_prefetch<") and \
                     stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], (kname, stmts)
@@ -408,6 +410,30 @@ def test_the_fused_decode_attention_reads_before_its_wait_only_what_the_kernel_b
     assert not re.search(r"qk\.(k|v|k_store|v_store)\b|\bout\[|o_part\[", prologue)
 
 
+def test_the_early_decode_attention_reads_before_its_wait_only_what_qk_norm_rope_does_not_write():
+    """``split_kv_early_partials`` (``split_kv_partials_impl<D, false, true>``) waits inside the impl: before
+    its ``pdl_entry()`` it reads the step's metadata and the first two K/V tiles less each sequence's last key
+    (the row qk_norm_rope's store writes); the query (``load_q``), the last key's row (``fill_new_row``) and
+    every write come after it, on both the empty-split and the attending path."""
+    impl = kernels.source("attention").split("void split_kv_partials_impl(")[1].split("\n}\n")[0]
+    assert impl.count("if constexpr (!QK && !EARLY) load_q();") == 1       # the query before the wait: plain only
+    empty = impl.split("if (s0l >= slen) {")[1].split("const int s0 = (int)s0l;")[0]
+    early_empty = empty.split("} else if constexpr (EARLY) {")[1]
+    assert early_empty.index("pdl_entry();") < early_empty.index("out[") and "o_part[" in early_empty
+    last = impl.split("} else if constexpr (EARLY) {  // the last key")[1].split("\n  }\n")[0]
+    assert "const int p_new = slen - 1;" in last and "lt = (p_new - s0) / BN;" in last
+    region = impl.split("} else if constexpr (EARLY) {  // tiles 0 and 1")[1].split("\n  } else {")[0]
+    before, after = region.split("pdl_entry();")
+    assert before.count("load_kv_tile<D, BN, THREADS, true, true>(") == 2
+    assert "lt == 0 ? lr : -1" in before and "lt == 1 ? lr : -1" in before
+    assert not re.search(r"load_q\(|fill_new_row\(|\bout\[|o_part\[|lse_part\[|tickets|\bq\b", before)
+    assert after.strip() == "load_q();"
+    fill = impl.split("} else if constexpr (EARLY) {\n    if (lt == 0 || lt == 1) fill_new_row(lt);")
+    assert len(fill) == 2 and impl.index("load_q();\n  } else {") < impl.index(fill[1])
+    # in the key loop tile 1 is not loaded again; the fill takes the cache path (subst is QK's alone)
+    assert "(!(QK || EARLY) || j + 1 >= 2)" in impl and "const bool subst = QK && " in impl
+
+
 def test_auto_split_is_whole_decode_tiles():
     """``auto`` sizes splits in whole K/V tiles of the split-KV decode kernel (DecodeCfg::BN)."""
     from reference import attention
@@ -462,7 +488,7 @@ def test_copies_take_their_cache_operator_per_kernel():
     prefill = attn[attn.index("void paged_prefill_impl("):attn.index("void split_kv_partials_impl(")]
     decode = attn[attn.index("void split_kv_partials_impl("):]
     assert decode.count("load_kv_tile<D, BN, THREADS, true>(") == 2
-    assert decode.count("load_kv_tile<D, BN, THREADS, true, true>(") == 3      # the fused decode's (QK) copies
+    assert decode.count("load_kv_tile<D, BN, THREADS, true, true>(") == 5      # the fused (QK) and early decode's
     assert decode.count("cp_async16_or_zero<true>(") == 2                      # ... and its new-key row's
     assert "load_kv_tile<D, BN, THREADS>(" not in decode
     assert prefill.count("load_kv_tile<D, BN, THREADS>(") == 2 and "load_kv_tile<D, BN, THREADS, true>(" not in prefill

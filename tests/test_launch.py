@@ -882,6 +882,51 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
         ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
 
 
+def test_split_kv_decode_early_launches_the_early_kernel_and_rejects_bad_input(launch_log, monkeypatch):
+    """``split_kv_decode(early=True)``: ``split_kv_early_partials`` with ``split_kv_partials``' grid and
+    arguments, in the one-launch mode and before ``split_kv_reduce``. ``early`` with ``row_seq`` or
+    ``norm_rope``, or not a bool, is a typed error that launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    monkeypatch.setattr(ops, "_kernel_tickets", lambda ref: torch.zeros(ops._TICKETS, dtype=torch.int32))
+    n_q, n_kv, D, bs = 8, 2, 64, 16
+    kc = torch.zeros(64, bs, n_kv, D, dtype=torch.bfloat16)
+    for B, max_splits, kernels in ((4, 3, ["split_kv_early_partials_d64"]),
+                                   (40, 3, ["split_kv_early_partials_d64", "split_kv_reduce"])):
+        q = torch.zeros(B, n_q, D, dtype=torch.bfloat16)
+        tables = torch.zeros(B, 4, dtype=torch.int32)
+        lens = torch.full((B,), 40, dtype=torch.int32)
+        del log[:]
+        ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=max_splits)
+        plain = log[:]
+        del log[:]
+        out = ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=max_splits, early=True)
+        assert out.shape == (B, n_q, D) and [name for _, name, *_ in log] == kernels, B
+        assert plain[0][1] == "split_kv_partials_d64" and log[0][2:4] == plain[0][2:4]    # grid, block
+        # the same arguments but the scratch partials (new tensors each call) and the output
+        same = [i for i in range(len(plain[0][4])) if i not in (7, 8, 19)]
+        assert [int(log[0][4][i]) for i in same] == [int(plain[0][4][i]) for i in same]
+        assert log[0][5:] == plain[0][5:]
+    q = torch.zeros(3, n_q, D, dtype=torch.bfloat16)
+    tables, lens = torch.zeros(3, 4, dtype=torch.int32), torch.full((3,), 40, dtype=torch.int32)
+    cos, sin = torch.zeros(100, D // 2), torch.zeros(100, D // 2)
+    k = v = torch.zeros(3, n_kv, D, dtype=torch.bfloat16)
+    w = torch.ones(D, dtype=torch.bfloat16)
+    n = len(log)
+    for kw_bad, err in ((dict(row_seq=torch.arange(3, dtype=torch.int32)), ValueError),
+                        (dict(norm_rope=(k, v, w, w, cos, sin, lens - 1, torch.arange(3, dtype=torch.int32), 1e-6)),
+                         ValueError),
+                        (dict(early=1), TypeError)):
+        for fused in (True, False):                 # one launch, and the partials before split_kv_reduce
+            with pytest.raises(err):
+                ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=fused,
+                                    **{"early": True, **kw_bad})
+    assert len(log) == n, "a rejected call launched"
+
+
 def test_split_kv_decode_with_norm_rope_launches_the_qk_kernel_and_rejects_bad_input(launch_log, monkeypatch):
     """``split_kv_decode(norm_rope=...)``: one ``split_kv_qk_partials`` launch (+ the reduce past
     ``FUSED_DECODE_MAX_B`` rows with several splits) on the qkv buffer's raw rows -- k, v and their row

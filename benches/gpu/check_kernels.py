@@ -1409,6 +1409,60 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
     C.run("qk", "split_kv_decode(norm_rope) == qk_norm_rope + split_kv_decode", run)
 
 
+def check_early_attention(C: Checks, dev, gen) -> None:
+    """``split_kv_decode(early=True)`` (``split_kv_early_partials``: the first two tiles' cached rows read
+    before the wait for the launch before it, less each sequence's last key) right after
+    ``qk_norm_rope(store=...)``, bitwise equal to the same pair with ``early=False``: the output and both
+    caches. Each new key's cache row holds NaN until the store, so a read of it before the store shows.
+    GQA groups of 2-8, head dims 32-128, block sizes 16 and 5; the new key in tile 0, in tile 1, past them
+    and on a split's first key; one to many splits, one launch and partials + reduce, fused RoPE; a padding
+    row (length 0, slot -1); three rounds each."""
+    def run():
+        res = []
+        eps, max_pos = 1e-6, 8192
+        lens = [300, 1, 64, 65, 100, 129, 0, 257, 4097, 200, 128, 50]
+        for n_q, n_kv, D, bs in ((16, 8, 128, 16), (32, 8, 128, 16), (8, 2, 64, 5), (8, 4, 32, 16)):
+            cos_t, sin_t = rope_tables(D, max_pos, dev)
+            kc0, vc0, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+            btc = bt.cpu()
+            pos = torch.tensor([max(x - 1, 0) for x in lens], dtype=torch.int32)
+            slots = torch.tensor([int(btc[b, (x - 1) // bs]) * bs + (x - 1) % bs if x > 0 else -1
+                                  for b, x in enumerate(lens)], dtype=torch.int32)
+            flat_k, flat_v = kc0.view(-1, n_kv, D), vc0.view(-1, n_kv, D)
+            for sl_ in slots.tolist():                # the new keys' rows: NaN until qk_norm_rope stores them
+                if sl_ >= 0:
+                    flat_k[sl_] = float("nan")
+                    flat_v[sl_] = float("nan")
+            pos, slots = pos.to(dev), slots.to(dev)
+            width = (n_q + 2 * n_kv) * D
+            qkv = (torch.randn(len(lens), width, generator=gen) * 2).to(torch.bfloat16).to(dev)
+            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            for S, fused, rope in ((64, True, False), (128, True, False), (128, False, False), (100000, True, False),
+                                   (None, True, False), (128, True, True), (256, False, True)):
+                for rnd in range(3):
+                    outs = []
+                    for early in (False, True):
+                        buf = qkv.clone()
+                        q, k, v = qkv_views(buf, n_q, n_kv, D)
+                        kc, vc = kc0.clone(), vc0.clone()
+                        ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, rotate_k=not rope,
+                                         store=(v, kc, vc, slots))
+                        o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, early=early,
+                                                rope=(cos_t, sin_t) if rope else None)
+                        outs.append((o, kc, vc))
+                    torch.cuda.synchronize()
+                    tag = f"G={n_q // n_kv} D={D} bs={bs} S={S} fused={fused} rope={rope} round {rnd}"
+                    res += exact(f"{tag}: output", outs[1][0], outs[0][0])
+                    res += exact(f"{tag}: k_cache", outs[1][1], outs[0][1])
+                    res += exact(f"{tag}: v_cache", outs[1][2], outs[0][2])
+                    nan = bool(torch.isnan(outs[1][0].float()).any())
+                    res.append((not nan, f"{tag}: no NaN in the output: {not nan}"))
+        return res
+
+    C.run("early", "qk_norm_rope(store) + split_kv_decode(early) == the same with early=False", run)
+
+
 SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
@@ -1418,6 +1472,7 @@ SECTIONS = {
     "cluster": check_skinny_cluster,
     "wg": check_skinny_wg,
     "wg-norm": check_skinny_wg_norm,
+    "early": check_early_attention,
 }
 
 

@@ -1667,7 +1667,12 @@ __device__ __forceinline__ void cluster_fold(const __nv_bfloat16* sQ, const floa
 // copied from the cache after the wait). The CTA of the split that holds position positions[b] (head
 // group 0) also writes the K and V rows to the caches at slots[b] >= 0, the store qk_norm_rope makes.
 // q and k in the qkv buffer are left as they are.
-template <int D, bool QK = false>
+// EARLY (split_kv_early_partials, a decode step's attention after qk_norm_rope's own launch): the same reads
+// before the wait, less the query, which the kernel before (qk_norm_rope) writes: the lengths and block table,
+// and the cached K/V rows of the first two tiles except each sequence's last one (position seq_lens[b] - 1,
+// which that kernel stores). After the wait: the query and, where the first two tiles hold it, the last row,
+// both from memory. The bits are split_kv_partials': the same rows, loaded at other times.
+template <int D, bool QK = false, bool EARLY = false>
 __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __restrict__ q, int q_stride,
                                                        const __nv_bfloat16* __restrict__ k_cache,
                                                        const __nv_bfloat16* __restrict__ v_cache,
@@ -1734,7 +1739,9 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     p = qk.positions[b];
     slot = qk.slots[b];
     store = hg == 0 && slot >= 0 && split == min(max(p, 0) / split_size, max_splits - 1);
-  } else {
+  }
+  // the query by cp.async (its own commit group; EARLY: after the wait, where the kernel before has written it)
+  auto load_q = [&]() {
     for (int i = tid; i < NQ * CH; i += THREADS) {
       const int r = i / CH, c = i % CH;
       const bool skip = r >= nrows;  // rows past the group's heads are zeros
@@ -1742,7 +1749,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
                          q + (long long)b * q_stride + (long long)(h0 + (skip ? 0 : r)) * D + c * 8, skip);
     }
     cp_async_commit();
-  }
+  };
+  if constexpr (!QK && !EARLY) load_q();
   // QK: the rows of a warp's norm jobs (job warp + 4i: query head h0 + job below nrows, the K head at nrows)
   constexpr int JM = (NQ + 1 + 3) / 4;
   constexpr int HALF = D / 2;
@@ -1806,6 +1814,8 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
       if (store) job_weights(nrows, nrows + 1);
       pdl_entry();
       if (store) norm_jobs(nrows, nrows + 1);
+    } else if constexpr (EARLY) {
+      pdl_entry();
     }
     TRACE(7);
     cp_async_wait<0>();
@@ -1838,6 +1848,13 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     }
     njobs += lt >= 0 || store ? 1 : 0;
     job_weights(0, njobs);
+  } else if constexpr (EARLY) {  // the last key, which the kernel before has just stored, if tile 0 or 1 holds it
+    const int p_new = slen - 1;
+    if (p_new >= s0 && p_new < s1 && p_new - s0 < 2 * BN) {
+      lt = (p_new - s0) / BN;
+      lr = p_new - s0 - lt * BN;
+      late_off = row_offset(bt, p_new, s1, n_kv, D, block_size, bs_log2);
+    }
   }
   __syncthreads();
   TRACE(1);  // the length and the first pages have arrived
@@ -1858,6 +1875,14 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     norm_jobs(0, njobs);
     for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
       sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
+  } else if constexpr (EARLY) {  // tiles 0 and 1 before the wait, less the last key's row; the query after it
+    load_kv_tile<D, BN, THREADS, true, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid, lt == 0 ? lr : -1);
+    if (ntiles > 1)
+      load_kv_tile<D, BN, THREADS, true, true>(sK + BN * LD, sV + BN * LD, k_cache, v_cache, s_off[1], kvh, tid,
+                                               lt == 1 ? lr : -1);
+    cp_async_commit();
+    pdl_entry();
+    load_q();
   } else {
 #ifdef TK_DIAG_REGLOAD
     ldg_kv_tile<D, BN, THREADS>(ra, k_cache, v_cache, s_off[0], kvh, tid);  // (diagnostic: tile 0 into registers)
@@ -1889,6 +1914,10 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     if (lt == 0 || lt == 1) fill_new_row(lt);
     cp_async_commit();
     cp_async_wait<0>();  // tiles 0, 1 and the new key's row have landed
+  } else if constexpr (EARLY) {
+    if (lt == 0 || lt == 1) fill_new_row(lt);  // from the cache (subst is QK's only)
+    cp_async_commit();
+    cp_async_wait<0>();  // tiles 0, 1, Q and the last key's row have landed
   } else {
     cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
   }
@@ -1930,7 +1959,7 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
     } else
 #endif
     {
-      if (j + 1 < ntiles && (!QK || j + 1 >= 2)) {  // (QK: tile 1 went out before the wait)
+      if (j + 1 < ntiles && (!(QK || EARLY) || j + 1 >= 2)) {  // (QK, EARLY: tile 1 went out before the wait)
         if constexpr (QK) {
           const bool mine = subst && j + 1 == lt;
           load_kv_tile<D, BN, THREADS, true, true>(sK + (st ^ 1) * BN * LD, sV + (st ^ 1) * BN * LD, k_cache, v_cache,
@@ -2189,6 +2218,27 @@ TK_SPLITKV(16, 4)
 TK_SPLITKV(32, 4)
 TK_SPLITKV(64, 1)
 TK_SPLITKV(128, 1)
+
+// split_kv_partials for a decode step after qk_norm_rope's own launch (split_kv_partials_impl<D, false, true>):
+// the same arguments (no row_seq: one query row per sequence, whose last key is the one the kernel before
+// stored) and bits; its first two tiles' cached rows but the last key's are read before the wait (pdl_entry
+// inside the impl).
+#define TK_SPLITKV_EARLY(DV, MINB)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_early_partials_d##DV(                           \
+      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
+      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
+      const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
+      int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
+      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
+      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {                                              \
+    split_kv_partials_impl<DV, false, true>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,    \
+                                            o_part, lse_part, n_q, n_kv, block_size, split_size, max_splits,     \
+                                            scale, nullptr, cos_t, sin_t, max_pos, out, tickets);               \
+  }
+TK_SPLITKV_EARLY(16, 4)
+TK_SPLITKV_EARLY(32, 4)
+TK_SPLITKV_EARLY(64, 1)
+TK_SPLITKV_EARLY(128, 1)
 
 // split_kv_partials with qk_norm_rope in the launch (split_kv_partials_impl<D, true>, DecodeQk): q, k, v
 // the qkv GEMM's raw head rows; the rest as split_kv_partials (one query row per sequence: no row_seq,

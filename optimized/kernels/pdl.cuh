@@ -20,7 +20,8 @@
 // checks that this is so. The exception besides skinny_gemm's: attention.cu's split_kv_qk_partials reads
 // the step's metadata, norm weights, RoPE tables and the cached K/V rows of its first two tiles but each
 // sequence's new one before its wait (data no running kernel writes: the kernel before it has passed its
-// own wait, so every earlier writer has completed), and writes nothing before it.
+// own wait, so every earlier writer has completed), and writes nothing before it; so does split_kv_early_partials
+// (a decode step's attention after qk_norm_rope's own launch, whose store writes each sequence's new key only).
 #pragma once
 
 namespace {
