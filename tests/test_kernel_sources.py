@@ -316,8 +316,11 @@ def test_every_kernel_waits_for_its_predecessor_first():
                 assert stmts[0].startswith("gemm_wide_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
-            elif kname.startswith("split_kv_early_partials"):
-                assert stmts[0].startswith("split_kv_partials_impl<DV, false, true>("), (kname, stmts)
+            elif kname == "NAME##_d##DV":     # attention.cu's split_kv_partials and its early twin (TK_SPLITKV_K)
+                assert " ".join(stmts[0].split()).startswith("ENTRY split_kv_partials_impl<DV, false, EARLYV>("), stmts
+                uses = re.findall(r"TK_SPLITKV_K\((\w+), DV, MINB, (\w+), ([^)]*\)?;?)\)", text)
+                assert uses[1:] == [("split_kv_partials", "false", "pdl_entry();"),   # ([0]: the definition)
+                                    ("split_kv_early_partials", "true", "")], uses
             elif name == "skinny_gemm":
                 assert stmts[0].startswith("if (prefetch) skinny_prefetch<") and \
                     stmts[1:] == ["pdl_wait()", "pdl_launch_dependents()"], (kname, stmts)

@@ -2201,44 +2201,30 @@ extern "C" __global__ void __launch_bounds__(384, 1) paged_prefill_d128_ws(
 }
 
 // head dim, min CTAs per multiprocessor (d16/d32: 4, which also keeps ptxas from a 4-byte spill it
-// otherwise chose at ~70 registers)
-#define TK_SPLITKV(DV, MINB)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_partials_d##DV(                                 \
+// otherwise chose at ~70 registers). split_kv_partials_d{D} waits first (ENTRY: pdl_entry();). Its early twin
+// split_kv_early_partials_d{D} (split_kv_partials_impl<D, false, true>; ENTRY empty, the wait inside the impl) is
+// for a decode step after qk_norm_rope's own launch: the same arguments (row_seq null: one query row per sequence,
+// whose last key is the one the kernel before stored) and bits; its first two tiles' cached rows but the last
+// key's are read before the wait.
+#define TK_SPLITKV_K(NAME, DV, MINB, EARLYV, ENTRY)                                                               \
+  extern "C" __global__ void __launch_bounds__(128, MINB) NAME##_d##DV(                                            \
       const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
       const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
       const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
       int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
       const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
-      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) { pdl_entry();                                 \
-    split_kv_partials_impl<DV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens, o_part, lse_part, \
-                               n_q, n_kv, block_size, split_size, max_splits, scale, row_seq, cos_t, sin_t,       \
-                               max_pos, out, tickets);                                                             \
+      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) { ENTRY                                        \
+    split_kv_partials_impl<DV, false, EARLYV>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,  \
+                                              o_part, lse_part, n_q, n_kv, block_size, split_size, max_splits,   \
+                                              scale, row_seq, cos_t, sin_t, max_pos, out, tickets);             \
   }
+#define TK_SPLITKV(DV, MINB)                                  \
+  TK_SPLITKV_K(split_kv_partials, DV, MINB, false, pdl_entry();) \
+  TK_SPLITKV_K(split_kv_early_partials, DV, MINB, true, )
 TK_SPLITKV(16, 4)
 TK_SPLITKV(32, 4)
 TK_SPLITKV(64, 1)
 TK_SPLITKV(128, 1)
-
-// split_kv_partials for a decode step after qk_norm_rope's own launch (split_kv_partials_impl<D, false, true>):
-// the same arguments (no row_seq: one query row per sequence, whose last key is the one the kernel before
-// stored) and bits; its first two tiles' cached rows but the last key's are read before the wait (pdl_entry
-// inside the impl).
-#define TK_SPLITKV_EARLY(DV, MINB)                                                                                 \
-  extern "C" __global__ void __launch_bounds__(128, MINB) split_kv_early_partials_d##DV(                           \
-      const __nv_bfloat16* __restrict__ q, int q_stride, const __nv_bfloat16* __restrict__ k_cache,              \
-      const __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,            \
-      const int* __restrict__ seq_lens, float* __restrict__ o_part, float* __restrict__ lse_part, int n_q,        \
-      int n_kv, int block_size, int split_size, int max_splits, float scale, const int* __restrict__ row_seq,     \
-      const float* __restrict__ cos_t, const float* __restrict__ sin_t, int max_pos,                             \
-      __nv_bfloat16* __restrict__ out, int* __restrict__ tickets) {                                              \
-    split_kv_partials_impl<DV, false, true>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, seq_lens,    \
-                                            o_part, lse_part, n_q, n_kv, block_size, split_size, max_splits,     \
-                                            scale, nullptr, cos_t, sin_t, max_pos, out, tickets);               \
-  }
-TK_SPLITKV_EARLY(16, 4)
-TK_SPLITKV_EARLY(32, 4)
-TK_SPLITKV_EARLY(64, 1)
-TK_SPLITKV_EARLY(128, 1)
 
 // split_kv_partials with qk_norm_rope in the launch (split_kv_partials_impl<D, true>, DecodeQk): q, k, v
 // the qkv GEMM's raw head rows; the rest as split_kv_partials (one query row per sequence: no row_seq,
