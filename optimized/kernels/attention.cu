@@ -1865,24 +1865,20 @@ __device__ __forceinline__ void split_kv_partials_impl(const __nv_bfloat16* __re
   KvRegs<D, BN, THREADS> ra, rb;  // two K/V tiles in flight, in registers
   u32 diag_acc = 0;
 #endif
-  if constexpr (QK) {  // tiles 0 and 1 before the wait, less the new key's row
+  if constexpr (QK || EARLY) {  // tiles 0 and 1 before the wait, less the new (EARLY: the last) key's row
     load_kv_tile<D, BN, THREADS, true, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid, lt == 0 ? lr : -1);
     if (ntiles > 1)
       load_kv_tile<D, BN, THREADS, true, true>(sK + BN * LD, sV + BN * LD, k_cache, v_cache, s_off[1], kvh, tid,
                                                lt == 1 ? lr : -1);
     cp_async_commit();
     pdl_entry();
-    norm_jobs(0, njobs);
-    for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
-      sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
-  } else if constexpr (EARLY) {  // tiles 0 and 1 before the wait, less the last key's row; the query after it
-    load_kv_tile<D, BN, THREADS, true, true>(sK, sV, k_cache, v_cache, s_off[0], kvh, tid, lt == 0 ? lr : -1);
-    if (ntiles > 1)
-      load_kv_tile<D, BN, THREADS, true, true>(sK + BN * LD, sV + BN * LD, k_cache, v_cache, s_off[1], kvh, tid,
-                                               lt == 1 ? lr : -1);
-    cp_async_commit();
-    pdl_entry();
-    load_q();
+    if constexpr (QK) {
+      norm_jobs(0, njobs);
+      for (int i = tid; i < (NQ - nrows) * D; i += THREADS)  // query rows past the group's heads are zeros
+        sQ[(nrows + i / D) * LD + i % D] = __float2bfloat16_rn(0.f);
+    } else {
+      load_q();  // EARLY: the query, which the kernel before has written
+    }
   } else {
 #ifdef TK_DIAG_REGLOAD
     ldg_kv_tile<D, BN, THREADS>(ra, k_cache, v_cache, s_off[0], kvh, tid);  // (diagnostic: tile 0 into registers)
