@@ -543,7 +543,8 @@ def _qk_weights(D: int, q_weight: torch.Tensor, k_weight: torch.Tensor) -> None:
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float, *,
                  rotate_k: bool = True,
-                 store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+                 store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 trigger_first: bool = False) -> None:
     """In place: per-head RMSNorm (``q_weight`` / ``k_weight [D]``) then rotate-half RoPE at ``positions``
     (``rotate_k=False``: k gets the norm only, for fused RoPE in the attention kernels).
 
@@ -551,7 +552,12 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     ``[max_pos, D/2]``; ``positions`` int32 ``[T]`` (a position outside the table is not rotated).
     ``store = (v, k_cache, v_cache, slot_mapping)``: also ``store_kvcache(k, v, k_cache, v_cache,
     slot_mapping)`` with the finished k, in the same launch (same arguments and checks).
+    ``trigger_first=True``: the next launch may be scheduled before this one waits for the one before it (two
+    launches waiting at once, pdl.cuh): only for a next launch that reads, before its own wait, nothing a running
+    kernel writes -- a decode step's ``split_kv_decode(early=True)`` after this launch's ``store``.
     """
+    if not isinstance(trigger_first, bool):
+        raise TypeError(f"trigger_first must be a bool, got {type(trigger_first).__name__}")
     _tensor("q", q, torch.bfloat16, 3)
     _tensor("k", k, torch.bfloat16, 3)
     T, n_q, D = q.shape
@@ -588,7 +594,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _launch(q, "rope", "qk_norm_rope", (-(-warps // 4), 1, 1), (128, 1, 1),
             (_p(q), _i(qs), _p(k), _i(ks), _p(q_weight), _p(k_weight), _p(cos), _p(sin), _p(positions),
              _i(T), _i(n_q), _i(n_kv), _i(D), _i(cos.shape[0]), _f(eps), _i(1 if rotate_k else 0),
-             _p(v), _i(vs), _p(kc), _p(vc), _p(slots)))
+             _p(v), _i(vs), _p(kc), _p(vc), _p(slots), _i(1 if trigger_first else 0)))
 
 
 def silu_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

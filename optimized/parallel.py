@@ -131,6 +131,10 @@ class ShardedCudaRunner(CudaRunner):
         """CP attends over owned blocks through its own path (``_attend``), after the separate qk_norm_rope."""
         return self.grid.cp == 1 and super()._fuse_qk(rows)
 
+    def _early_attention(self, qidx: torch.Tensor | None) -> bool:
+        """CP's attention (``_attend``) is not ``split_kv_decode``'s early launch, so qk_norm_rope waits first."""
+        return self.grid.cp == 1 and super()._early_attention(qidx)
+
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                 tables: torch.Tensor, lens: torch.Tensor, qidx: torch.Tensor | None, pos: torch.Tensor,
                 decode_split: int | None, max_splits: int) -> torch.Tensor:

@@ -317,6 +317,9 @@ class CudaRunner:
         #: qk_norm_rope runs (``ops.split_kv_decode(early=True)``, the same bits); ``False``: it waits first, for
         #: A/B measurements (docs/performance/decode_step.md, "The attention's first tiles before its wait")
         self.early_attention = True
+        #: ... and that qk_norm_rope lets the attention be scheduled before its own wait (``ops.qk_norm_rope``'s
+        #: ``trigger_first``), so the attention's early copies may start while the qkv GEMM still runs
+        self.early_attention_trigger = False
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
@@ -447,8 +450,12 @@ class CudaRunner:
             return ops.paged_prefill(q, self.k_cache[i], self.v_cache[i], tables, lens, qidx, pos, self.scale,
                                      rope=self.rope, mean_keys=self._prefill_mean_keys)
         return ops.split_kv_decode(q, self.k_cache[i], self.v_cache[i], tables, lens, decode_split, self.scale,
-                                   max_splits=max_splits, row_seq=qidx, rope=self.rope,
-                                   early=qidx is None and self.early_attention)
+                                   max_splits=max_splits, row_seq=qidx, rope=self.rope, early=self._early_attention(qidx))
+
+    def _early_attention(self, qidx: torch.Tensor | None) -> bool:
+        """Whether the attention after qk_norm_rope's own launch reads its first tiles before its wait
+        (``early_attention``; a decode step only; context-parallel hook: CP attends through its own path)."""
+        return qidx is None and self.early_attention
 
     def _fuse_qk(self, rows: int) -> bool:
         """Whether the qk_norm_rope of a decode step of ``rows`` rows goes into its attention launch (not with
@@ -589,7 +596,8 @@ class CudaRunner:
             else:
                 ops.qk_norm_rope(q, k, L["q_norm"], L["k_norm"], self.cos, self.sin, pos, eps,
                                  rotate_k=self.rope is None,
-                                 store=(v, self.k_cache[i], self.v_cache[i], kv_slots))   # + the KV write
+                                 store=(v, self.k_cache[i], self.v_cache[i], kv_slots),   # + the KV write
+                                 trigger_first=self._early_attention(qidx) and self.early_attention_trigger)
                 o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             if fold:                                   # residual += attn, then gate/up of its norm
                 ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], fold["o_proj"])

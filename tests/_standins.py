@@ -44,6 +44,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     """torch stand-ins for ``optimized.ops``; ``calls`` (if given) records (kernel, details) per launch."""
     log = calls if calls is not None else []
     stored: list[torch.Tensor] = []      # the slots the last qk_norm_rope launch stored K/V at (none: [])
+    triggered: list[bool] = [False]      # whether that launch let the next one start before its own wait
 
     def store_kvcache(k, v, kc, vc, slots):
         keep = slots >= 0
@@ -63,11 +64,12 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         residual.copy_(residual + x)
         return rms_norm(residual, w, eps)
 
-    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps, *, rotate_k=True, store=None):
+    def qk_norm_rope(q, k, qw, kw, cos, sin, positions, eps, *, rotate_k=True, store=None, trigger_first=False):
         p = positions.long().clamp(min=0)
         c = torch.cat([cos[p], cos[p]], -1)
         s_ = torch.cat([sin[p], sin[p]], -1)
         log.append(("qk_norm_rope", rotate_k))
+        triggered[:] = [trigger_first]
         q.copy_(apply_rope(rms_norm(q, qw, eps), c, s_))
         k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_) if rotate_k else rms_norm(k, kw, eps))
         stored[:] = []
@@ -95,8 +97,10 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None, row_seq=None, rope=None,
                         norm_rope=None, early=False):
         rows = bt.long() if row_seq is None else bt.long()[row_seq.long()]     # [B, M]: each row's table
+        after_trigger = bool(log) and log[-1][0] == "qk_norm_rope" and triggered[0]
         log.append(("split_kv_decode", (row_seq is not None, lens.clone(), split, max_splits, rope is not None,
-                                        norm_rope is not None, early)))
+                                        norm_rope is not None, early, after_trigger)))
+        assert early or not after_trigger, "qk_norm_rope triggered a launch that reads before its wait too late"
         if early:                        # the launch just before stored at most each row's last key (pdl.cuh)
             assert row_seq is None and norm_rope is None
             assert log[-2][0] == "qk_norm_rope" and stored, "early attention not right after qk_norm_rope's store"

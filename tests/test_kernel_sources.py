@@ -294,8 +294,9 @@ def test_every_kernel_waits_for_its_predecessor_first():
     is ``pdl_entry()`` -- except skinny_gemm's, which first prefetches its weights (written by no kernel)
     into L2 when its ``prefetch`` argument asks, and then waits, and its staged kernels, whose producer
     may copy the first ``pre`` stages of weights before its wait and whose consumers wait before anything
-    else (so do the warpgroup kernel's, the cluster kernel's and gemm.cu's wide kernel's) -- and nothing of a
-    kernel touches global memory before it."""
+    else (so do the warpgroup kernel's, the cluster kernel's and gemm.cu's wide kernel's), and qk_norm_rope,
+    which may let the next launch be scheduled first (``trigger_first``) -- and nothing of a kernel touches
+    global memory before it."""
     header = (kernels.KERNEL_DIR / "pdl.cuh").read_text()
     assert "griddepcontrol.wait" in header and "griddepcontrol.launch_dependents" in header
     seen = 0
@@ -316,6 +317,8 @@ def test_every_kernel_waits_for_its_predecessor_first():
                 assert stmts[0].startswith("gemm_wide_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
+            elif kname == "qk_norm_rope":    # it may let the next launch start first (ops.qk_norm_rope's trigger_first)
+                assert stmts[:2] == ["if (trigger_first) pdl_launch_dependents()", "pdl_entry()"], stmts
             elif kname == "NAME##_d##DV":     # attention.cu's split_kv_partials and its early twin (TK_SPLITKV_K)
                 assert " ".join(stmts[0].split()).startswith("ENTRY split_kv_partials_impl<DV, false, EARLYV>("), stmts
                 uses = re.findall(r"TK_SPLITKV_K\((\w+), DV, MINB, (\w+), ([^)]*\)?;?)\)", text)

@@ -882,6 +882,31 @@ def test_split_kv_decode_launches_once_with_one_split_at_any_batch(launch_log, m
         ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=3, fused=True)
 
 
+def test_qk_norm_rope_passes_trigger_first_last_and_rejects_a_non_bool(launch_log):
+    """``ops.qk_norm_rope``'s ``trigger_first`` is the launch's last argument (1 / 0; the kernel then lets the
+    next launch be scheduled before its own wait); anything but a bool is a TypeError that launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    T, n_q, n_kv, D = 3, 4, 2, 32
+    bf = torch.bfloat16
+    q, k, v = torch.zeros(T, n_q, D, dtype=bf), torch.zeros(T, n_kv, D, dtype=bf), torch.zeros(T, n_kv, D, dtype=bf)
+    w = torch.ones(D, dtype=bf)
+    cos, sin = torch.zeros(16, D // 2), torch.zeros(16, D // 2)
+    pos = torch.arange(T, dtype=torch.int32)
+    kc = torch.zeros(4, 4, n_kv, D, dtype=bf)
+    store = (v, kc, kc.clone(), pos)
+    for trigger in (False, True):
+        ops.qk_norm_rope(q, k, w, w, cos, sin, pos, 1e-6, store=store, trigger_first=trigger)
+        assert log[-1][1] == "qk_norm_rope" and len(log[-1][4]) == 22 and int(log[-1][4][21]) == int(trigger)
+    n = len(log)
+    with pytest.raises(TypeError):
+        ops.qk_norm_rope(q, k, w, w, cos, sin, pos, 1e-6, store=store, trigger_first=1)
+    assert len(log) == n
+
+
 def test_split_kv_decode_early_launches_the_early_kernel_and_rejects_bad_input(launch_log, monkeypatch):
     """``split_kv_decode(early=True)``: ``split_kv_early_partials`` with ``split_kv_partials``' grid and
     arguments, in the one-launch mode and before ``split_kv_reduce``. ``early`` with ``row_seq`` or
@@ -906,8 +931,8 @@ def test_split_kv_decode_early_launches_the_early_kernel_and_rejects_bad_input(l
         out = ops.split_kv_decode(q, kc, kc, tables, lens, 16, max_splits=max_splits, early=True)
         assert out.shape == (B, n_q, D) and [name for _, name, *_ in log] == kernels, B
         assert plain[0][1] == "split_kv_partials_d64" and log[0][2:4] == plain[0][2:4]    # grid, block
-        # the same arguments but the scratch partials (new tensors each call) and the output
-        same = [i for i in range(len(plain[0][4])) if i not in (7, 8, 19)]
+        # the same arguments but the scratch partials, the output and the tickets (new tensors each call here)
+        same = [i for i in range(len(plain[0][4])) if i not in (7, 8, 19, 20)]
         assert [int(log[0][4][i]) for i in same] == [int(plain[0][4][i]) for i in same]
         assert log[0][5:] == plain[0][5:]
     q = torch.zeros(3, n_q, D, dtype=torch.bfloat16)

@@ -656,26 +656,30 @@ def test_decode_qk_norm_rope_goes_into_the_attention_launch(opt_engine, launches
 def test_decode_attention_after_its_own_store_reads_early(opt_engine, launches):
     """A decode step whose qk_norm_rope (and KV store) is its own launch attends with ``early=True``: its
     first tiles' cached rows are read before the wait for that launch, which the stand-in holds to its
-    contract (the launch just before is qk_norm_rope, whose store wrote at most each row's last key). The
-    fused qk launch, prefill, and batch-invariant prefill rows (``row_seq``) never do; ``early_attention``
-    off turns it off. Tokens and logits are the same every way."""
+    contract (the launch just before is qk_norm_rope, whose store wrote at most each row's last key); with
+    ``early_attention_trigger`` that qk_norm_rope lets it start before its own wait, and never before a late
+    launch. The fused qk launch, prefill, and batch-invariant prefill rows (``row_seq``) never do;
+    ``early_attention`` off turns it off. Tokens and logits are the same every way."""
     runs = []
-    for early, fuse, invariant in ((False, False, False), (True, False, False), (True, True, False),
-                                   (True, False, True), (False, False, True)):
+    for early, trigger, fuse, invariant in ((False, True, False, False), (True, False, False, False),
+                                            (True, True, False, False), (True, True, True, False),
+                                            (True, True, False, True), (False, False, False, True)):
         launches.clear()
         eng = opt_engine(split_kv="fixed:5", batch_invariant=invariant)
         eng.runner.fuse_qk_attention = fuse
-        eng.runner.early_attention = early
+        eng.runner.early_attention, eng.runner.early_attention_trigger = early, trigger
         runs.append(rope_rollout(eng))
         calls = [d for k, d in launches if k == "split_kv_decode"]
         decode = [d for d in calls if not d[0]]
         assert decode and {d[6] for d in decode} == {early and not fuse}, (early, fuse, invariant)
-        assert all(not d[6] for d in calls if d[0] or d[5]), "early on a row_seq or norm_rope launch"
+        # qk_norm_rope lets the attention start before its own wait only before an early one, when asked
+        assert {d[7] for d in decode} == {early and trigger and not fuse}, (early, trigger, fuse)
+        assert all(not d[6] and not d[7] for d in calls if d[0] or d[5]), "early on a row_seq or norm_rope launch"
         if invariant:
             assert any(d[0] for d in calls), "no batch-invariant prefill row through split_kv_decode"
-    for toks, logits in runs[1:3]:
+    for toks, logits in runs[1:4]:
         assert toks == runs[0][0] and torch.equal(logits, runs[0][1])
-    assert runs[3][0] == runs[4][0] and torch.equal(runs[3][1], runs[4][1])
+    assert runs[4][0] == runs[5][0] and torch.equal(runs[4][1], runs[5][1])
 
 
 def test_the_embedding_and_first_norm_are_one_launch(opt_engine, launches):

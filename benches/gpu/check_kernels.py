@@ -1416,7 +1416,8 @@ def check_early_attention(C: Checks, dev, gen) -> None:
     caches. Each new key's cache row holds NaN until the store, so a read of it before the store shows.
     GQA groups of 2-8, head dims 32-128, block sizes 16 and 5; the new key in tile 0, in tile 1, past them
     and on a split's first key; one to many splits, one launch and partials + reduce, fused RoPE; a padding
-    row (length 0, slot -1); three rounds each."""
+    row (length 0, slot -1); three rounds each, the last two with ``qk_norm_rope(trigger_first=True)`` (the
+    attention scheduled before qk_norm_rope waits)."""
     def run():
         res = []
         eps, max_pos = 1e-6, 8192
@@ -1447,12 +1448,12 @@ def check_early_attention(C: Checks, dev, gen) -> None:
                         q, k, v = qkv_views(buf, n_q, n_kv, D)
                         kc, vc = kc0.clone(), vc0.clone()
                         ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, rotate_k=not rope,
-                                         store=(v, kc, vc, slots))
+                                         store=(v, kc, vc, slots), trigger_first=early and rnd > 0)
                         o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, early=early,
                                                 rope=(cos_t, sin_t) if rope else None)
                         outs.append((o, kc, vc))
                     torch.cuda.synchronize()
-                    tag = f"G={n_q // n_kv} D={D} bs={bs} S={S} fused={fused} rope={rope} round {rnd}"
+                    tag = f"G={n_q // n_kv} D={D} bs={bs} S={S} fused={fused} rope={rope} round {rnd} trigger={rnd > 0}"
                     res += exact(f"{tag}: output", outs[1][0], outs[0][0])
                     res += exact(f"{tag}: k_cache", outs[1][1], outs[0][1])
                     res += exact(f"{tag}: v_cache", outs[1][2], outs[0][2])

@@ -7,7 +7,8 @@
 #                       # tree, the elementwise kernels) beside the qwen3-8b conformance clauses at GPU scale (decode
 #                       # steps of 17-64 rows: the fold and the early attention), then the one-process A/B at
 #                       # qwen3-0.6b and qwen3-8b, batch 32 and 64: the default against attn-late (the attention
-#                       # waiting first) and qk-all (qk_norm_rope in the attention launch at any batch)
+#                       # waiting first), attn-trigger (qk_norm_rope letting it be scheduled before its own wait)
+#                       # and qk-all (qk_norm_rope in the attention launch at any batch)
 #   bash benches/gpu/h100_fiftyfourth_round.sh conformance  # the qwen3-0.6b clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfourth_round.sh bench   # the engine decode bench (the x-transformers target)
 source benches/gpu/_env.sh
@@ -20,7 +21,7 @@ if [ "$mode" = check ]; then
   wait; cat "$OUT/checks.summary"; rm -f "$OUT/checks.summary"
   date +%T
   timeout 260 python3 benches/gpu/profile_decode.py --models qwen3-0.6b qwen3-8b --batches 32 64 --profile-batches \
-    --timeline-batches 32 --variants default attn-late qk-all --rounds 3 > "$OUT/profile_decode_early.log" 2>&1
+    --timeline-batches 32 --variants default attn-late attn-trigger qk-all --rounds 3 > "$OUT/profile_decode_early.log" 2>&1
   echo "profile_decode rc=$?"; grep -v USDT "$OUT/profile_decode_early.log" | grep -vi warn | grep -E "^ +(32|64) |==" 
   grep -E "split_kv|qk_norm_rope|graph timeline" "$OUT/profile_decode_early.log" | head -24
 fi

@@ -25,7 +25,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``COPY_VARIANTS`` (``copies-inline``: one slot per graph key, its copies on the compute stream), the
   ``EMBED_VARIANTS`` (``embed-apart``: the embedding and the first norm as two launches), the ``NORM_VARIANTS``
   (``norm-apart``: the add_rmsnorms between warpgroup GEMMs as their own launches), the ``EARLY_VARIANTS``
-  (``attn-late``: a decode attention after qk_norm_rope's own launch waits before it reads its first tiles), the
+  (``attn-late``: a decode attention after qk_norm_rope's own launch waits before it reads its first tiles;
+  ``attn-trigger``: qk_norm_rope lets it be scheduled before its own wait), the
   ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch), the ``WAVE_VARIANTS``
   (``gu-wave0``: gate/up never on qkv's one-wave configuration), the ``WIDE_VARIANTS`` (the decode GEMMs of
   9-32 rows on the wide staged kernels by configuration whatever their size, or ``wide0``: on cuBLAS), the
@@ -203,9 +204,9 @@ EMBED_VARIANTS: dict[str, bool] = {"embed-apart": False}
 #: variants on top of "default" with the add_rmsnorms of a decode step on the warpgroup GEMMs as their own launches
 #: (``fuse_norm_gemm`` off; read at capture)
 NORM_VARIANTS: dict[str, bool] = {"norm-apart": False}
-#: variants on top of "default" with the decode attention after qk_norm_rope's own launch waiting for it before
-#: any read (``early_attention`` off)
-EARLY_VARIANTS: dict[str, bool] = {"attn-late": False}
+#: variants on top of "default" (``early_attention``, ``early_attention_trigger``): the decode attention after
+#: qk_norm_rope's own launch waiting for it before any read, or scheduled before qk_norm_rope's own wait
+EARLY_VARIANTS: dict[str, tuple[bool, bool]] = {"attn-late": (False, False), "attn-trigger": (True, True)}
 #: variants on top of "default" without the runner's one-wave rule (``staged_one_wave``: gate/up on qkv's
 #: configuration where its tiles fit one wave of it)
 WAVE_VARIANTS: dict[str, dict] = {"gu-wave0": {}}
@@ -440,7 +441,8 @@ def main() -> int:
                 eng.runner.decode_copy_stream = COPY_VARIANTS.get(variant, True)  # read at capture
                 eng.runner.fuse_embed_norm = EMBED_VARIANTS.get(variant, True)
                 eng.runner.fuse_norm_gemm = NORM_VARIANTS.get(variant, True)   # read at capture
-                eng.runner.early_attention = EARLY_VARIANTS.get(variant, True)
+                eng.runner.early_attention, eng.runner.early_attention_trigger = EARLY_VARIANTS.get(
+                    variant, (True, False))
                 eng.runner.blas_pdl = BLAS_PDL_VARIANTS.get(variant, False)   # read at capture
                 eng.runner.decode_blas = DECODE_BLAS_VARIANTS.get(variant, default_decode_blas)   # read at capture
                 cl_roles, cl_max = GEMM_CLUSTER_VARIANTS.get(variant, ({}, 1 << 62))

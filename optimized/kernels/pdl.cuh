@@ -10,7 +10,9 @@
 //     writes may come before it (index arithmetic, or skinny_gemm's L2 prefetch of the weights).
 //   * pdl_launch_dependents() -- griddepcontrol.launch_dependents: once every CTA of this grid has
 //     passed it, the next kernel of the stream may be scheduled. Called right after pdl_wait(), so
-//     at most one kernel is ever waiting ahead of the one running.
+//     at most one kernel is ever waiting ahead of the one running (one exception: qk_norm_rope's
+//     trigger_first, before a split_kv_early_partials that reads before its wait only rows no running
+//     kernel writes).
 // Without the attribute (TURNKV_PDL=0, or a launch through CuPy) both are no-ops, and below
 // compute capability 9.0 they compile to nothing. The order they give is transitive: a kernel
 // waits for its predecessor's completion, which itself waited for its own predecessor.

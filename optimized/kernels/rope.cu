@@ -100,7 +100,11 @@ extern "C" __global__ void __launch_bounds__(128) qk_norm_rope(__nv_bfloat16* __
                                                                int rotate_k, const __nv_bfloat16* __restrict__ v,
                                                                int v_stride, __nv_bfloat16* __restrict__ k_cache,
                                                                __nv_bfloat16* __restrict__ v_cache,
-                                                               const int* __restrict__ slots) {
+                                                               const int* __restrict__ slots,
+                                                               int trigger_first) {
+  // trigger_first: the next launch may start before this one waits (ops.qk_norm_rope's trigger_first: a decode
+  // step's split_kv_early_partials, which reads before its own wait only what no running kernel writes)
+  if (trigger_first) pdl_launch_dependents();
   pdl_entry();
   qk_norm_rope_impl(q, q_stride, k, k_stride, q_w, k_w, cos_t, sin_t, positions, T, n_q, n_kv, D, max_pos, eps,
                     rotate_k, v, v_stride, k_cache, v_cache, slots);
