@@ -308,10 +308,12 @@ class CudaRunner:
         #: GEMM is still running; ``False``: the two launches, for A/B measurements
         self.fuse_qk_attention = True
         #: ... for decode steps of at most this many rows: measured faster in one process at batch 1 and 8 on
-        #: the H200 (qwen3-8b 4.326 -> 4.238 ms with the cluster fold, batch 8 4.696 -> 4.629); above it the
-        #: A/B was not run, and two engine benches hinted at a few percent lost at qwen3-0.6b batch 64, so
-        #: larger steps keep the two launches (docs/performance/decode_step.md, "qk_norm_rope in the attention launch")
-        self.fuse_qk_max_rows = 16
+        #: the H200 (qwen3-8b 4.326 -> 4.238 ms with the cluster fold, batch 8 4.696 -> 4.629), and since the
+        #: warpgroup GEMMs and their folded norms at batch 32 and 64 on an H100 (qwen3-0.6b 1.150 -> 1.096 and
+        #: 1.693 -> 1.668 ms, qwen3-8b 6.006 -> 5.833 and 6.836 -> 6.689, against the two launches with the early
+        #: attention); it had been slower there before those (docs/performance/decode_step.md, "The attention's
+        #: first tiles before its wait")
+        self.fuse_qk_max_rows = 64
         #: a decode step's attention launched after qk_norm_rope's own launch reads the cached K/V rows of its
         #: first two tiles (less each sequence's new key, which that launch stores) before its PDL wait, while
         #: qk_norm_rope runs (``ops.split_kv_decode(early=True)``, the same bits); ``False``: it waits first, for

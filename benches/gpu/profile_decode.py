@@ -27,7 +27,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   (``norm-apart``: the add_rmsnorms between warpgroup GEMMs as their own launches), the ``EARLY_VARIANTS``
   (``attn-late``: a decode attention after qk_norm_rope's own launch waits before it reads its first tiles;
   ``attn-trigger``: qk_norm_rope lets it be scheduled before its own wait), the
-  ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch), the ``WAVE_VARIANTS``
+  ``QK_ROWS_VARIANTS`` (``qk-all``: qk_norm_rope in the attention launch at any batch; ``qk-16``: at most 16
+  rows), the ``WAVE_VARIANTS``
   (``gu-wave0``: gate/up never on qkv's one-wave configuration), the ``WIDE_VARIANTS`` (the decode GEMMs of
   9-32 rows on the wide staged kernels by configuration whatever their size, or ``wide0``: on cuBLAS), the
   ``BLAS_PDL_VARIANTS`` (``blas-pdl``: the edges into cuBLAS's GEMM kernels programmatic, which cuBLASLt 13.1's
@@ -210,8 +211,9 @@ EARLY_VARIANTS: dict[str, tuple[bool, bool]] = {"attn-late": (False, False), "at
 #: variants on top of "default" without the runner's one-wave rule (``staged_one_wave``: gate/up on qkv's
 #: configuration where its tiles fit one wave of it)
 WAVE_VARIANTS: dict[str, dict] = {"gu-wave0": {}}
-#: variants on top of "default" with qk_norm_rope in the attention launch at any batch (``fuse_qk_max_rows``)
-QK_ROWS_VARIANTS: dict[str, int] = {"qk-all": 1 << 30}
+#: variants on top of "default" with qk_norm_rope in the attention launch at any batch or at most 16 rows (the
+#: default before the fifty-fourth session) (``fuse_qk_max_rows``)
+QK_ROWS_VARIANTS: dict[str, int] = {"qk-all": 1 << 30, "qk-16": 16}
 
 
 def _wide(width: int, cfg: tuple[int, int, int, int, int], roles=_ALL, pre: int = 2
