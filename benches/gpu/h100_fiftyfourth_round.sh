@@ -10,7 +10,8 @@
 #                       # waiting first), attn-trigger (qk_norm_rope letting it be scheduled before its own wait)
 #                       # and qk-all (qk_norm_rope in the attention launch at any batch)
 #   bash benches/gpu/h100_fiftyfourth_round.sh large   # (qk_norm_rope in the attention up to 64 rows) the A/B at
-#                       # batch 128 and 256: default, attn-late, attn-trigger, qk-all; then the bench
+#                       # batch 128 and 256: default, attn-late, attn-trigger, qk-all; then the bench, then the
+#                       # qwen3-0.6b conformance clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfourth_round.sh conformance  # the qwen3-0.6b clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfourth_round.sh bench   # the engine decode bench (the x-transformers target)
 source benches/gpu/_env.sh
@@ -33,15 +34,18 @@ if [ "$mode" = large ]; then   # (after fuse_qk_max_rows became 64) the larger s
     --variants default attn-late attn-trigger qk-all --rounds 3 > "$OUT/profile_decode_large.log" 2>&1
   echo "profile_decode rc=$?"; grep -v USDT "$OUT/profile_decode_large.log" | grep -vi warn | grep -E "^ +[0-9]+ |=="
   date +%T
-  mode=bench
 fi
 if [ "$mode" = conformance ]; then
   conformance_gpu 380 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
 fi
-if [ "$mode" = bench ]; then
+if [ "$mode" = bench ] || [ "$mode" = large ]; then
   run_benches 230 engine_decode
   grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
+  date +%T
+fi
+if [ "$mode" = large ]; then  # what time is left: the qwen3-0.6b conformance clauses (steps of 17-64 rows now one launch)
+  conformance_gpu 300 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
 fi
 date +%T
 exit 0
