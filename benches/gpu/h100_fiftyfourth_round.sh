@@ -44,7 +44,10 @@ if [ "$mode" = bench ] || [ "$mode" = large ]; then
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
   date +%T
 fi
-if [ "$mode" = large ]; then  # what time is left: the qwen3-0.6b conformance clauses (steps of 17-64 rows now one launch)
+if [ "$mode" = large ]; then  # what time is left: the qwen3-8b clauses where they fit (about 96 GiB: an H200), then
+                              # the qwen3-0.6b ones (decode steps of 17-64 rows now one launch)
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "$mem" -gt 100000 ] && conformance_gpu 120 qwen3-8b conformance_gpu_qwen3-8b.log
   conformance_gpu 300 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
 fi
 date +%T
