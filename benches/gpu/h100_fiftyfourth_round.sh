@@ -14,6 +14,8 @@
 #                       # qwen3-0.6b conformance clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfourth_round.sh conformance  # the qwen3-0.6b clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfourth_round.sh bench   # the engine decode bench (the x-transformers target)
+#   bash benches/gpu/h100_fiftyfourth_round.sh next    # (not run: no device time left) the agentic bench, whose decode
+#                       # steps of 64 rows now take the one launch, and, on an H200, the qwen3-8b conformance clauses
 source benches/gpu/_env.sh
 mode=${1:-check}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -49,6 +51,12 @@ if [ "$mode" = large ]; then  # what time is left: the qwen3-8b clauses where th
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   [ "$mem" -gt 100000 ] && conformance_gpu 120 qwen3-8b conformance_gpu_qwen3-8b.log
   conformance_gpu 300 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
+fi
+if [ "$mode" = next ]; then
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "$mem" -gt 100000 ] && conformance_gpu 120 qwen3-8b conformance_gpu_qwen3-8b.log
+  bench_packed 280 "test_agentic and not trickle" run_gpu_agentic.log
+  mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
 fi
 date +%T
 exit 0
