@@ -43,8 +43,9 @@ def _rotated_cache(kc, bt, lens, rope):
 def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     """torch stand-ins for ``optimized.ops``; ``calls`` (if given) records (kernel, details) per launch."""
     log = calls if calls is not None else []
-    stored: list[torch.Tensor] = []      # the slots the last qk_norm_rope launch stored K/V at (none: [])
-    triggered: list[bool] = [False]      # whether that launch let the next one start before its own wait
+    # the last qk_norm_rope launch: the slots its store wrote (None: no store), whether it let the next launch start
+    # before its own wait
+    last_qk: dict = {"slots": None, "trigger": False}
 
     def store_kvcache(k, v, kc, vc, slots):
         keep = slots >= 0
@@ -69,14 +70,12 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         c = torch.cat([cos[p], cos[p]], -1)
         s_ = torch.cat([sin[p], sin[p]], -1)
         log.append(("qk_norm_rope", rotate_k))
-        triggered[:] = [trigger_first]
+        last_qk.update(slots=None if store is None else store[3].clone(), trigger=trigger_first)
         q.copy_(apply_rope(rms_norm(q, qw, eps), c, s_))
         k.copy_(apply_rope(rms_norm(k, kw, eps), c, s_) if rotate_k else rms_norm(k, kw, eps))
-        stored[:] = []
         if store is not None:            # the fused KV write
             v, kc, vc, slots = store
             store_kvcache(k, v, kc, vc, slots)
-            stored[:] = [slots.clone()]
 
     def silu_mul(x):
         i = x.shape[1] // 2
@@ -97,16 +96,17 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     def split_kv_decode(q, kc, vc, bt, lens, split, scale=None, *, max_splits=None, row_seq=None, rope=None,
                         norm_rope=None, early=False):
         rows = bt.long() if row_seq is None else bt.long()[row_seq.long()]     # [B, M]: each row's table
-        after_trigger = bool(log) and log[-1][0] == "qk_norm_rope" and triggered[0]
+        after_trigger = bool(log) and log[-1][0] == "qk_norm_rope" and last_qk["trigger"]
         log.append(("split_kv_decode", (row_seq is not None, lens.clone(), split, max_splits, rope is not None,
                                         norm_rope is not None, early, after_trigger)))
         assert early or not after_trigger, "qk_norm_rope triggered a launch that reads before its wait too late"
         if early:                        # the launch just before stored at most each row's last key (pdl.cuh)
             assert row_seq is None and norm_rope is None
-            assert log[-2][0] == "qk_norm_rope" and stored, "early attention not right after qk_norm_rope's store"
+            assert log[-2][0] == "qk_norm_rope" and last_qk["slots"] is not None, \
+                "early attention not right after qk_norm_rope's store"
             bs, last = kc.shape[1], lens.long() - 1                                # [B]
             own = rows.gather(1, (last.clamp(min=0) // bs)[:, None])[:, 0] * bs + last.clamp(min=0) % bs
-            slots = stored[0].long()
+            slots = last_qk["slots"].long()
             assert bool(((slots < 0) | ((slots == own) & (last >= 0))).all()), \
                 "early attention: the store before it wrote a key that is not its row's last"
 

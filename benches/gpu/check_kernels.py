@@ -1276,6 +1276,16 @@ def qkv_views(buf: torch.Tensor, n_q: int, n_kv: int, D: int) -> tuple[torch.Ten
             buf[:, (n_q + n_kv) * D:].view(T, n_kv, D))
 
 
+def decode_positions(lens: list[int], bt: torch.Tensor, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's int32 positions and slots (CPU) for rows of ``lens`` keys over the host block table ``bt``:
+    each row's new key is its last (position length - 1, at the table's slot of it); a row of length 0 is padding
+    (position 0, slot -1)."""
+    pos = torch.tensor([max(x - 1, 0) for x in lens], dtype=torch.int32)
+    slots = torch.tensor([int(bt[b, (x - 1) // bs]) * bs + (x - 1) % bs if x > 0 else -1 for b, x in enumerate(lens)],
+                         dtype=torch.int32)
+    return pos, slots
+
+
 def check_fused_decode(C: Checks, dev, gen) -> None:
     """The two launch fusions of a decode layer. (1) ``qk_norm_rope(store=...)``: q, k and both caches
     bitwise those of ``qk_norm_rope`` then ``store_kvcache`` (strided k/v, -1 slots, NaN pages).
@@ -1363,9 +1373,7 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
                 L = (lens * 3)[:B]
                 kc0, vc0, bt, sl = build_paged(L, bs, n_kv, D, gen, dev, extra_pages=8)
                 btc = bt.cpu()
-                pos = torch.tensor([max(x - 1, 0) for x in L], dtype=torch.int32)
-                slots = torch.tensor([int(btc[b, (x - 1) // bs]) * bs + (x - 1) % bs if x > 0 else -1
-                                      for b, x in enumerate(L)], dtype=torch.int32)
+                pos, slots = decode_positions(L, btc, bs)
                 spare = kc0.shape[0] - 1                  # an extra page (no sequence owns it, NaN)
                 if any(int(r) == spare for r in btc.flatten()):
                     spare = next(pg for pg in range(kc0.shape[0]) if pg not in set(btc.flatten().tolist()))
@@ -1425,10 +1433,7 @@ def check_early_attention(C: Checks, dev, gen) -> None:
         for n_q, n_kv, D, bs in ((16, 8, 128, 16), (32, 8, 128, 16), (8, 2, 64, 5), (8, 4, 32, 16)):
             cos_t, sin_t = rope_tables(D, max_pos, dev)
             kc0, vc0, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
-            btc = bt.cpu()
-            pos = torch.tensor([max(x - 1, 0) for x in lens], dtype=torch.int32)
-            slots = torch.tensor([int(btc[b, (x - 1) // bs]) * bs + (x - 1) % bs if x > 0 else -1
-                                  for b, x in enumerate(lens)], dtype=torch.int32)
+            pos, slots = decode_positions(lens, bt.cpu(), bs)
             flat_k, flat_v = kc0.view(-1, n_kv, D), vc0.view(-1, n_kv, D)
             for sl_ in slots.tolist():                # the new keys' rows: NaN until qk_norm_rope stores them
                 if sl_ >= 0:
