@@ -271,6 +271,10 @@ WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
     "wg-rule": {n: {r: None for r in _LAYER_ROLES} for n in (32, 64)},
     "wg-head": {n: {r: None for r in _WG_HEAD} for n in (32, 64)},
     "wg-head32": {32: {r: None for r in _WG_HEAD}, 64: {r: None for r in ("qkv", "o_proj", "down", "lm_head")}},
+    # o_proj and down (the residual epilogue where the add_rmsnorms fold) on 1, 2 or 8 CTAs a unit, the rest the rule:
+    # with qwen3-0.6b's 16 units, 2 CTAs a unit puts each kernel beside its neighbour on 132 SMs (32 + 96 CTAs)
+    **{f"res-p{kp}": {n: {**{r: None for r in _WG_HEAD}, "o_proj": (1, kp), "down": (1, kp)} for n in (32, 64)}
+       for kp in (1, 2, 8)},
 }
 #: steps of (first, last) rows with every GEMM on ``ops.gemm`` (the batch-invariant kernels: the wide one, its
 #: SwiGLU epilogue, its weights before the PDL wait), ``runner.canonical_gemm_min_m`` / ``canonical_gemm_max_m``
