@@ -6,6 +6,9 @@
 #                       # rule, default) and 8 CTAs a unit (profile_decode.py's res-p*), with the graph timelines
 #   bash benches/gpu/h100_fiftyfifth_round.sh next   # the agentic bench; on an H200 first the qwen3-8b conformance
 #                       # clauses at GPU scale (about 96 GiB)
+#   bash benches/gpu/h100_fiftyfifth_round.sh l2     # probe_kv_l2.py: a decode attention's time with its K/V out
+#                       # of L2, in it, and in it behind one or two layers' GEMMs; on an H200 first the qwen3-8b
+#                       # conformance clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfifth_round.sh bench  # the engine decode bench (the x-transformers target), then the
 #                       # qwen3-0.6b conformance clauses at GPU scale
 source benches/gpu/_env.sh
@@ -24,6 +27,12 @@ if [ "$mode" = next ]; then
   [ "$mem" -gt 100000 ] && conformance_gpu 150 qwen3-8b conformance_gpu_qwen3-8b.log
   bench_packed 280 "test_agentic and not trickle" run_gpu_agentic.log
   mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+fi
+if [ "$mode" = l2 ]; then
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "$mem" -gt 100000 ] && conformance_gpu 150 qwen3-8b conformance_gpu_qwen3-8b.log
+  timeout 240 python3 benches/gpu/probe_kv_l2.py > "$OUT/probe_kv_l2.log" 2>&1; echo "probe_kv_l2 rc=$?"
+  grep -v USDT "$OUT/probe_kv_l2.log" | grep -vi warn | tail -12
 fi
 if [ "$mode" = bench ]; then
   run_benches 230 engine_decode
