@@ -14,11 +14,16 @@ CUPTI's start and end of each launch) after:
 * ``warm+gemm``: ``warm``, then one qwen3-0.6b layer's four GEMMs on the warpgroup kernel (30 MB of weights streamed at
   L2 evict-first priority, as the engine's decode GEMMs stream them), then the attention: what stays in L2 of K/V
   read ahead of a layer's GEMMs;
-* ``warm+2gemm``: the same with two layers' GEMMs between.
+* ``warm+2gemm``: the same with two layers' GEMMs between;
+* ``cold+gemm``: the 256 MB read, one layer's GEMMs, the attention (the GEMMs' own time without a prefetch);
+* ``pf+gemm``: the 256 MB read, then ``kv_prefetch_l2`` (kv_prefetch_probe.cu: one bulk L2 prefetch a page, fire and
+  forget) right before one layer's GEMMs, then the attention: the prefetch flying beside the GEMMs, as the engine
+  would issue it, and what it costs them.
 
 A one-element fill comes right before each attention, so its programmatic launch never overlaps the kernel before
 (its time is its own). The outputs of all modes are compared bitwise first (the cache's place cannot change a bit).
-Prints a table: the mean, min and max µs per mode, the K/V's bytes and the GB/s they were read at.
+Prints a table: the attention's mean, min and max µs per mode and the GB/s of the K/V bytes at its mean; then the
+GEMMs' summed µs a layer per mode.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benches" / "gpu"))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
@@ -41,7 +47,25 @@ from reference.attention import split_size_for  # noqa: E402
 N_Q, N_KV, D, BS = 16, 8, 128, 16
 #: one qwen3-0.6b layer's GEMMs: (N, K, swiglu) of qkv, o_proj, gate/up, down
 LAYER = ((4096, 1024, False), (1024, 2048, False), (6144, 1024, True), (1024, 3072, False))
-MODES = ("cold", "warm", "warm+gemm", "warm+2gemm")
+MODES = ("cold", "warm", "warm+gemm", "warm+2gemm", "cold+gemm", "pf+gemm")
+#: the GEMM layers before the attention, by mode
+GEMM_LAYERS = {"warm+gemm": 1, "warm+2gemm": 2, "cold+gemm": 1, "pf+gemm": 1}
+
+
+class Prefetch:
+    """``kv_prefetch_l2`` of kv_prefetch_probe.cu on torch's current stream: one CTA a sequence."""
+
+    def __init__(self) -> None:
+        import cupy
+        src = (Path(__file__).with_name("kv_prefetch_probe.cu")).read_text()
+        self.fn = cupy.RawModule(code=src, options=("-std=c++17",)).get_function("kv_prefetch_l2")
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor, bt: torch.Tensor, lens: torch.Tensor) -> None:
+        import cupy
+        page = k.stride(0) * k.element_size()
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            self.fn((bt.shape[0],), (128,), (*(np.uint64(t.data_ptr()) for t in (k, v, bt, lens)),
+                                             np.int32(bt.shape[1]), np.int32(k.shape[1]), np.uint32(page)))
 
 
 def _kernel_us(prof, needle: str) -> list[float]:
@@ -50,14 +74,16 @@ def _kernel_us(prof, needle: str) -> list[float]:
             if e.device_type == torch.autograd.DeviceType.CUDA and needle in e.name]
 
 
-def run(mode: str, prob: tuple, layer: list, flush: torch.Tensor, one: torch.Tensor) -> torch.Tensor:
+def run(mode: str, prob: tuple, layer: list, flush: torch.Tensor, one: torch.Tensor, pf: Prefetch) -> torch.Tensor:
     """One attention after ``mode``'s prelude (``MODES``); ``prob`` = (q, k, v, tables, lens, split, max splits)."""
     q, k, v, bt, lens, split, max_splits = prob
     flush.sum()
-    if mode != "cold":
+    if mode.startswith("warm"):
         k.sum()
         v.sum()
-    for _ in range({"warm+gemm": 1, "warm+2gemm": 2}.get(mode, 0)):
+    if mode.startswith("pf"):
+        pf(k, v, bt, lens)
+    for _ in range(GEMM_LAYERS.get(mode, 0)):
         for _, x, w, sw, kp in layer:
             ops.skinny_wg(x, w, swiglu=sw, kp=kp)
     one.fill_(0.0)                                  # the attention's launch cannot overlap the kernel before
@@ -75,6 +101,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(dev), "L2", torch.cuda.get_device_properties(dev).L2_cache_size >> 20, "MB")
     flush = torch.empty(64 << 20, dtype=torch.float32, device=dev)          # 256 MB
     one = torch.empty(1, device=dev)
+    pf = Prefetch()
     gemms = []
     for M in sorted(set(a.batches)):
         for N, K, sw in LAYER:
@@ -92,23 +119,27 @@ def main() -> int:
             kv_bytes = 2 * B * L * N_KV * D * 2
 
             prob = (q, k, v, bt, lens, split, max_splits)
-            outs = [run(m, prob, layer, flush, one) for m in MODES]
+            outs = [run(m, prob, layer, flush, one, pf) for m in MODES]
             torch.cuda.synchronize()
             for m, o in zip(MODES[1:], outs[1:]):
                 if not torch.equal(o, outs[0]):
                     print(f"FAIL: {m} output differs from cold at batch {B}, L {L}")
                     return 1
-            cells = []
+            cells, gemm_us = [], []
             for m in MODES:
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(a.reps):
-                        run(m, prob, layer, flush, one)
+                        run(m, prob, layer, flush, one, pf)
                     torch.cuda.synchronize()
                 us = _kernel_us(prof, "partials")
                 mean = sum(us) / len(us)
                 cells.append(f"{mean:6.2f} ({min(us):5.2f}-{max(us):5.2f}) {kv_bytes / mean / 1e3:5.0f}")
+                layers = a.reps * GEMM_LAYERS.get(m, 0)
+                if layers:
+                    gemm_us.append(f"{m} {sum(_kernel_us(prof, 'skinny_wg')) / layers:.2f}")
             print(f"{B:>5} {L:>5} {kv_bytes / 1e6:7.1f} " + " ".join(f"{c:>22}" for c in cells), flush=True)
-    print("cells: mean µs (min-max) over the launches, then GB/s of the K/V bytes at the mean")
+            print(f"      GEMMs µs a layer: {', '.join(gemm_us)}", flush=True)
+    print("cells: the attention's mean µs (min-max) over the launches, then GB/s of the K/V bytes at the mean")
     return 0
 
 
