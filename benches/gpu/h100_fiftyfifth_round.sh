@@ -7,8 +7,8 @@
 #   bash benches/gpu/h100_fiftyfifth_round.sh next   # the agentic bench; on an H200 first the qwen3-8b conformance
 #                       # clauses at GPU scale (about 96 GiB)
 #   bash benches/gpu/h100_fiftyfifth_round.sh l2     # probe_kv_l2.py: a decode attention's time with its K/V out
-#                       # of L2, in it, and in it behind one or two layers' GEMMs; on an H200 first the qwen3-8b
-#                       # conformance clauses at GPU scale
+#                       # of L2, in it, in it behind one or two layers' GEMMs, and prefetched beside them; then, on
+#                       # an H200, the qwen3-8b conformance clauses at GPU scale
 #   bash benches/gpu/h100_fiftyfifth_round.sh bench  # the engine decode bench (the x-transformers target), then the
 #                       # qwen3-0.6b conformance clauses at GPU scale
 source benches/gpu/_env.sh
@@ -29,10 +29,10 @@ if [ "$mode" = next ]; then
   mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
 fi
 if [ "$mode" = l2 ]; then
+  timeout 200 python3 benches/gpu/probe_kv_l2.py > "$OUT/probe_kv_l2.log" 2>&1; echo "probe_kv_l2 rc=$?"
+  grep -v USDT "$OUT/probe_kv_l2.log" | grep -vi warn | tail -16
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   [ "$mem" -gt 100000 ] && conformance_gpu 150 qwen3-8b conformance_gpu_qwen3-8b.log
-  timeout 240 python3 benches/gpu/probe_kv_l2.py > "$OUT/probe_kv_l2.log" 2>&1; echo "probe_kv_l2 rc=$?"
-  grep -v USDT "$OUT/probe_kv_l2.log" | grep -vi warn | tail -12
 fi
 if [ "$mode" = bench ]; then
   run_benches 230 engine_decode
