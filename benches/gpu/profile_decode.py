@@ -35,7 +35,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   kernels do not wait behind -- a measurement of what those launches cost, with wrong outputs), the
   ``DECODE_BLAS_VARIANTS`` (``blas-cublas``: the decode GEMMs on cuBLAS through torch's cuBLAS path, not its
   cuBLASLt path), the ``GEMM_CLUSTER_VARIANTS`` (``cl-*``: the GEMMs of 17-64 rows on the cluster kernel, by
-  role and size), the ``WG_VARIANTS`` (``wg-*``: those GEMMs on the warpgroup kernel, by role), the
+  role and size), the ``WG_VARIANTS`` (``wg-*``: those GEMMs on the warpgroup kernel, by role; ``res-p1``, ``res-p2``, ``res-p8``:
+  o_proj and down on 1, 2, 8 CTAs a unit), the
   ``CANON_VARIANTS`` (``canon8``, ``canon16``, ``canon9-16``, ...: steps of 1-8, 1-16, 9-16 ... rows with every
   GEMM on ``ops.gemm``, the batch-invariant mode's kernels; the default is ``runner.CANONICAL_GEMM_ROWS``,
   ``canon-off`` none) and the
