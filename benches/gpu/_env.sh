@@ -78,6 +78,13 @@ conformance_gpu() {
   echo "conformance gpu ($2) rc=$?"; grep -E "CONFORMANCE FAILURE|^FAILED" "$OUT/$3" | head -8; tail -1 "$OUT/$3"
 }
 
+# conformance_8b_if_it_fits SECONDS: the qwen3-8b clauses at GPU scale (into $OUT/conformance_gpu_qwen3-8b.log) where
+# the card has the memory they need (about 96 GiB: an H200); nothing on a smaller card
+conformance_8b_if_it_fits() {
+  local mem; mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  [ "$mem" -gt 100000 ] && conformance_gpu "$1" qwen3-8b conformance_gpu_qwen3-8b.log
+}
+
 # conformance_both GPU_SECONDS GPU_LOG CI_SECONDS: the GPU-scale qwen3-8b clauses (into $OUT/GPU_LOG) beside the
 # suite at CI scale, then both summaries
 conformance_both() {

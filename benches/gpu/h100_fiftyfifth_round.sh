@@ -13,10 +13,6 @@
 #                       # (the x-transformers target), then the qwen3-0.6b conformance clauses at GPU scale
 source benches/gpu/_env.sh
 mode=${1:-ab}
-conformance_8b_if_it_fits() {  # the qwen3-8b clauses at GPU scale need about 96 GiB: an H200
-  local mem; mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  [ "$mem" -gt 100000 ] && conformance_gpu 150 qwen3-8b conformance_gpu_qwen3-8b.log
-}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 date +%T; [ "$mode" = l2 ] || build_kernels; date +%T   # l2: the probe compiles its two modules on first use
 if [ "$mode" = ab ]; then
@@ -27,14 +23,14 @@ if [ "$mode" = ab ]; then
   grep -E "skinny_wg|split_kv|graph timeline" "$OUT/profile_decode_res.log" | head -40
 fi
 if [ "$mode" = next ]; then
-  conformance_8b_if_it_fits
+  conformance_8b_if_it_fits 150
   bench_packed 280 "test_agentic and not trickle" run_gpu_agentic.log
   mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
 fi
 if [ "$mode" = l2 ]; then
   timeout 200 python3 benches/gpu/probe_kv_l2.py > "$OUT/probe_kv_l2.log" 2>&1; echo "probe_kv_l2 rc=$?"
   grep -v USDT "$OUT/probe_kv_l2.log" | grep -vi warn | tail -16
-  conformance_8b_if_it_fits
+  conformance_8b_if_it_fits 150
 fi
 if [ "$mode" = bench ]; then
   run_benches 230 engine_decode

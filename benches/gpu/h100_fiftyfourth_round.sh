@@ -48,13 +48,11 @@ if [ "$mode" = bench ] || [ "$mode" = large ]; then
 fi
 if [ "$mode" = large ]; then  # what time is left: the qwen3-8b clauses where they fit (about 96 GiB: an H200), then
                               # the qwen3-0.6b ones (decode steps of 17-64 rows now one launch)
-  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  [ "$mem" -gt 100000 ] && conformance_gpu 120 qwen3-8b conformance_gpu_qwen3-8b.log
+  conformance_8b_if_it_fits 120
   conformance_gpu 300 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
 fi
 if [ "$mode" = next ]; then
-  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  [ "$mem" -gt 100000 ] && conformance_gpu 120 qwen3-8b conformance_gpu_qwen3-8b.log
+  conformance_8b_if_it_fits 120
   bench_packed 280 "test_agentic and not trickle" run_gpu_agentic.log
   mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
 fi

@@ -57,13 +57,13 @@ class Prefetch:
 
     def __init__(self) -> None:
         import cupy
+        self.cupy = cupy
         src = (Path(__file__).with_name("kv_prefetch_probe.cu")).read_text()
         self.fn = cupy.RawModule(code=src, options=("-std=c++17",)).get_function("kv_prefetch_l2")
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, bt: torch.Tensor, lens: torch.Tensor) -> None:
-        import cupy
         page = k.stride(0) * k.element_size()
-        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        with self.cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             self.fn((bt.shape[0],), (128,), (*(np.uint64(t.data_ptr()) for t in (k, v, bt, lens)),
                                              np.int32(bt.shape[1]), np.int32(k.shape[1]), np.uint32(page)))
 
