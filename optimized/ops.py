@@ -427,6 +427,37 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
             (_p(k), _i(ks), _p(v), _i(vs), _p(k_cache), _p(v_cache), _p(slot_mapping), _i(T), _i(n_kv), _i(D)))
 
 
+def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                max_bytes: int) -> None:
+    """Ask L2 for the cached K and V pages of one layer's sequences (``kv_cache.cu``'s ``kv_prefetch``): for each
+    sequence ``b`` its first ``ceil(seq_lens[b] / block_size)`` pages of ``block_tables[b]`` -- at most
+    ``max_bytes // (2 * page bytes * B)`` of them, so that the K and V of all ``B`` rows stay within ``max_bytes``
+    -- by one bulk L2 prefetch a page. Writes nothing (every later output keeps its bits); launches nothing where
+    that cap is below one page. Reads ``block_tables`` and ``seq_lens`` before its PDL wait (pdl.cuh), so no kernel
+    still running may write them (a step's uploaded metadata). Needs compute capability 9.0 for the prefetch
+    itself; below it the launch does nothing.
+
+    caches bf16 ``[num_blocks, block_size, n_kv, D]``; ``block_tables`` int32 ``[B, M]`` (each row's pages in order,
+    valid for its length), ``seq_lens`` int32 ``[B]`` (0: padding, no page).
+    """
+    N, bs, n_kv, D = _cache_pair(k_cache, v_cache)
+    B, M = _block_tables(block_tables, seq_lens, None)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+        raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__}")
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    _same_device(k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
+    page_bytes = bs * n_kv * D * k_cache.element_size()
+    if page_bytes % 16:
+        raise ValueError(f"a cache page of {page_bytes} bytes is not a whole number of 16-byte chunks (bulk prefetch)")
+    max_pages = min(M, max_bytes // (2 * page_bytes * max(B, 1)))
+    if B == 0 or max_pages == 0:
+        return
+    _launch(k_cache, "kv_cache", "kv_prefetch", (B, 1, 1), (64, 1, 1),
+            (_p(k_cache), _p(v_cache), _p(block_tables), _p(seq_lens), _i(M), _i(bs), np.uint32(page_bytes),
+             _i(max_pages)))
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``table[ids]``: int32 ``ids [T]``, bf16 ``table [V, H]`` -> bf16 ``[T, H]`` (out-of-range ids give zero rows)."""
     _int_vec("ids", ids)

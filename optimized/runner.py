@@ -167,6 +167,10 @@ WG_GEMM: dict[int, dict[str, tuple[int, int] | None]] = {32: {r: None for r in G
 #: graphs were 5-16% slower that way, the 1- and 8-row ones up to 11% -- docs/performance/gemm.md, "The wide kernel in
 #: default mode"
 CANONICAL_GEMM_ROWS = (9, 16)
+#: fewest rows of a decode step that prefetches each layer's K/V into L2 (``CudaRunner.kv_prefetch_min_rows``). The
+#: probe (``benches/gpu/probe_kv_l2.py``, H100) measured qwen3-0.6b's attention at 32 and 64 rows 1.5-3.4 µs faster
+#: with its K/V asked for right before a layer's GEMMs; smaller batches are not measured yet
+KV_PREFETCH_MIN_ROWS = 17
 
 
 @contextlib.contextmanager
@@ -322,6 +326,14 @@ class CudaRunner:
         #: ... and that qk_norm_rope lets the attention be scheduled before its own wait (``ops.qk_norm_rope``'s
         #: ``trigger_first``), so the attention's early copies may start while the qkv GEMM still runs
         self.early_attention_trigger = False
+        #: a decode step of at least ``kv_prefetch_min_rows`` rows asks L2 for each layer's cached K/V pages while
+        #: the GEMMs before that layer's attention run (``ops.kv_prefetch``, launched first in the step for layer 0
+        #: and after each layer's attention for the next; it writes nothing, so every bit stays): at most
+        #: ``kv_prefetch_max_bytes`` of K and V a layer -- the GPU's L2 (50 MiB where no GPU is asked); 0 turns it
+        #: off (docs/performance/decode_step.md, "The next layer's K/V in L2")
+        self.kv_prefetch_max_bytes = (torch.cuda.get_device_properties(device).L2_cache_size
+                                      if device.type == "cuda" else 50 << 20)
+        self.kv_prefetch_min_rows = KV_PREFETCH_MIN_ROWS
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
@@ -582,6 +594,8 @@ class CudaRunner:
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
         residual, h = self._embed_norm(ids, self.layers[0]["in_norm"], eps)          # [T, H] each
         fold = self._fold_splits(T) if qidx is None else None   # role -> kp: the add_rmsnorms inside the GEMMs
+        prefetch = self._kv_prefetch(qidx, tables, lens)       # (layer) -> its K/V pages asked into L2
+        prefetch(0)
         ssq = xw = None                                # fold: the stream's sums of squares, the stream x the weight
         for i, L in enumerate(self.layers):
             if fold and i > 0:                         # qkv of the stream normed (by down's epilogue and its rows' rms)
@@ -601,6 +615,7 @@ class CudaRunner:
                                  store=(v, self.k_cache[i], self.v_cache[i], kv_slots),   # + the KV write
                                  trigger_first=self._early_attention(qidx) and self.early_attention_trigger)
                 o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
+            prefetch(i + 1)                            # the next layer's K/V, beside this layer's GEMMs
             if fold:                                   # residual += attn, then gate/up of its norm
                 ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], fold["o_proj"])
                 a = self._wg_normed(xw, L["wgu"], ssq, fold["gate_up"], swiglu=True)                 # [T, I]
@@ -616,6 +631,16 @@ class CudaRunner:
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
         return h
+
+    def _kv_prefetch(self, qidx: torch.Tensor | None, tables: torch.Tensor, lens: torch.Tensor):
+        """``prefetch(layer)``: on a decode step of at least ``kv_prefetch_min_rows`` rows with ``kv_prefetch_max_bytes``
+        above 0, ``ops.kv_prefetch`` of that layer's caches (none past the last layer); else nothing."""
+        on = (qidx is None and self.kv_prefetch_max_bytes > 0 and tables.shape[0] >= self.kv_prefetch_min_rows)
+
+        def prefetch(layer: int) -> None:
+            if on and layer < len(self.layers):
+                ops.kv_prefetch(self.k_cache[layer], self.v_cache[layer], tables, lens, self.kv_prefetch_max_bytes)
+        return prefetch
 
     def _fold_splits(self, T: int) -> dict[str, int] | None:
         """The CTAs splitting K (by role) of the four layer GEMMs of a decode step of ``T`` rows that folds its

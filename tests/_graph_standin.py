@@ -46,7 +46,7 @@ HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torc
 HOST_COPIES = {torch.tensor, torch.as_tensor}
 
 #: the stand-in kernels (``_standins._standin_ops``): each is one recorded unit of a graph
-KERNELS = ("store_kvcache", "embedding", "embed_rmsnorm", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
+KERNELS = ("store_kvcache", "kv_prefetch", "embedding", "embed_rmsnorm", "rmsnorm", "add_rmsnorm", "qk_norm_rope", "silu_mul",
            "paged_prefill", "split_kv_decode", "sample", "gemm", "skinny_gemm", "skinny_swiglu", "skinny_staged",
            "skinny_cluster", "skinny_wg")
 

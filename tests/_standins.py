@@ -53,6 +53,10 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         kc.view(-1, *kc.shape[2:])[s] = k[keep]
         vc.view(-1, *vc.shape[2:])[s] = v[keep]
 
+    def kv_prefetch(kc, vc, bt, lens, max_bytes):   # an L2 hint: nothing changes; the launch is recorded
+        assert kc.shape == vc.shape and bt.shape[0] == lens.shape[0] and isinstance(max_bytes, int)
+        log.append(("kv_prefetch", (kc.data_ptr(), vc.data_ptr(), lens.clone(), max_bytes)))
+
     def embedding(ids, table):
         return table[ids.long()].clone()
 
@@ -206,7 +210,8 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
             return tokens, logprobs
         return toks, lps
 
-    ns = types.SimpleNamespace(store_kvcache=store_kvcache, embedding=embedding, embed_rmsnorm=embed_rmsnorm, rmsnorm=rms_norm,
+    ns = types.SimpleNamespace(store_kvcache=store_kvcache, kv_prefetch=kv_prefetch, embedding=embedding,
+                               embed_rmsnorm=embed_rmsnorm, rmsnorm=rms_norm,
                                add_rmsnorm=add_rmsnorm, qk_norm_rope=qk_norm_rope, silu_mul=silu_mul,
                                paged_prefill=paged_prefill, split_kv_decode=split_kv_decode, sample=sample,
                                gemm=gemm, skinny_gemm=skinny_gemm, skinny_swiglu=skinny_swiglu, skinny_staged=skinny_staged,

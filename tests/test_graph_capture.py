@@ -85,12 +85,13 @@ def test_the_standin_graph_replays_its_record_and_refuses_what_a_capture_cannot(
 
 #: (engine keywords, runner switches, prefill-graph tokens; None: the default, on for an engine on graphs): the
 #: default engine, with the prefill graphs off, batch-invariant (whose prefill steps never take a graph), and with
-#: the decode steps' sample hand-off and lookahead off
+#: the decode steps' sample hand-off and lookahead off, and with every decode step's K/V prefetch into L2 (at any batch)
 MODES = {
     "default": ({}, {}, None),
     "no-prefill-graphs": ({}, {}, 0),
     "invariant": ({"batch_invariant": True}, {}, None),
     "no-handoff-no-lookahead": ({}, {"decode_handoff": False, "lookahead": False}, None),
+    "kv-prefetch": ({}, {"kv_prefetch_min_rows": 1}, None),
 }
 
 

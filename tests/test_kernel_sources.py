@@ -288,6 +288,18 @@ def _kernel_entries(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _kernel_body(text: str, name: str) -> str:
+    """The body of ``extern "C" __global__`` kernel ``name`` (between its braces), comments removed."""
+    text = re.sub(r"//[^\n]*", "", text)
+    start = text.index("{", re.search(rf'extern "C" __global__[^{{;]*?\b{name}\(', text).end())
+    depth, i = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1:i]
+        i += 1
+
+
 def test_every_kernel_waits_for_its_predecessor_first():
     """Programmatic dependent launch (optimized/launch.py) lets a kernel start before the previous one
     ends; pdl.cuh's griddepcontrol.wait is what keeps the order. So the first statement of every kernel
@@ -317,6 +329,13 @@ def test_every_kernel_waits_for_its_predecessor_first():
                 assert stmts[0].startswith("gemm_wide_impl<"), (kname, stmts)
             elif kname.startswith("split_kv_qk_partials"):
                 assert stmts[0].startswith("split_kv_partials_impl<DV, true>("), (kname, stmts)
+            elif kname == "kv_prefetch":     # it triggers first and waits last (kv_cache.cu)
+                assert stmts[0] == "pdl_launch_dependents()", stmts
+                body = _kernel_body(text, kname)
+                assert body.rstrip().endswith("pdl_wait();") and body.count("pdl_wait()") == 1, body
+                # it writes no memory: no store through an index or a pointer, and its only asm is the L2 prefetch
+                assert not re.search(r"\]\s*=[^=]|\*\s*\w+\s*=[^=]", body), body
+                assert set(re.findall(r'asm volatile\("([\w.]+)', body)) == {"cp.async.bulk.prefetch.L2.global"}, body
             elif kname == "qk_norm_rope":    # it may let the next launch start first (ops.qk_norm_rope's trigger_first)
                 assert stmts[:2] == ["if (trigger_first) pdl_launch_dependents()", "pdl_entry()"], stmts
             elif kname == "NAME##_d##DV":     # attention.cu's split_kv_partials and its early twin (TK_SPLITKV_K)

@@ -1188,3 +1188,41 @@ def test_paged_prefill_refuses_more_tiles_than_the_grid_holds_before_any_launch(
         with pytest.raises(ValueError, match="prefill them in chunks"):
             ops.paged_prefill(q, kc, kc, tables, lens, qidx, qidx, variant="default")
         assert len(launch_log) == n
+
+
+def test_kv_prefetch_launches_one_cta_a_sequence_capped_by_bytes_and_rejects_bad_input(launch_log):
+    """``ops.kv_prefetch``: one CTA a sequence, the table's columns, the block size, a page's bytes and the pages a
+    row may ask for (``max_bytes // (2 x page bytes x rows)``, at most the table's columns); no launch where that is
+    below one page or the batch is empty; a bad argument is a typed error that launches nothing."""
+    import torch
+
+    from optimized import ops
+
+    log = launch_log
+    n_kv, D, bs, B, M = 2, 64, 16, 5, 7
+    kc, vc = torch.zeros(32, bs, n_kv, D, dtype=torch.bfloat16), torch.zeros(32, bs, n_kv, D, dtype=torch.bfloat16)
+    tables = torch.arange(B * M, dtype=torch.int32).view(B, M) % 32
+    lens = torch.tensor([1, 100, 0, 17, 112], dtype=torch.int32)
+    page = bs * n_kv * D * 2                                                    # 4096 bytes
+    for max_bytes, pages in ((1 << 30, M), (2 * page * B * 3, 3), (2 * page * B * 3 + 2 * page * B - 1, 3),
+                             (2 * page * B, 1), (2 * page * B - 1, 0), (0, 0)):
+        del log[:]
+        ops.kv_prefetch(kc, vc, tables, lens, max_bytes)
+        if pages == 0:
+            assert log == [], max_bytes
+            continue
+        (module, name, grid, block, args, _, _), = log
+        assert (module, name, grid, block) == ("kv_cache", "kv_prefetch", (B, 1, 1), (64, 1, 1))
+        assert [int(a) for a in args[:4]] == [kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), lens.data_ptr()]
+        assert [int(a) for a in args[4:]] == [M, bs, page, pages], (max_bytes, args)
+    del log[:]
+    ops.kv_prefetch(kc, vc, tables[:0], lens[:0], 1 << 30)
+    assert log == []
+    bad = [((kc, vc, tables, lens, 1.5), TypeError), ((kc, vc, tables, lens, True), TypeError),
+           ((kc, vc, tables, lens, -1), ValueError), ((kc, vc[:16], tables, lens, 1 << 20), ValueError),
+           ((kc, vc.float(), tables, lens, 1 << 20), ValueError), ((kc, vc, tables.long(), lens, 1 << 20), ValueError),
+           ((kc, vc, tables, lens[:3], 1 << 20), ValueError), ((kc, vc, tables.t(), lens, 1 << 20), ValueError)]
+    for args, err in bad:
+        with pytest.raises(err):
+            ops.kv_prefetch(*args)
+    assert log == [], "a rejected call launched"

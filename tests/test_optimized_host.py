@@ -867,3 +867,43 @@ def test_prefill_graphs_take_short_default_mode_steps_on_one_gpu_only():
     for tp, cp in ((2, 1), (1, 2)):
         r.grid = types.SimpleNamespace(tp=tp, cp=cp)
         assert not r._prefill_graphed(step(16, 1)), (tp, cp)
+
+
+def test_a_decode_step_prefetches_each_layers_kv_before_its_gemms(opt_engine, launches):
+    """A decode step of at least ``kv_prefetch_min_rows`` rows asks L2 for layer 0's K/V first (before its
+    embedding) and for layer ``i + 1``'s right after layer ``i``'s attention, with the step's lengths and
+    ``kv_prefetch_max_bytes``; prefill steps, smaller steps and a cap of 0 launch none. The tokens and logits are
+    the same every way (the stand-in's prefetch changes nothing, as the kernel writes nothing)."""
+    import optimized.runner as runner_mod
+
+    n_layers = TINY.num_hidden_layers
+    runs = []
+    for min_rows, max_bytes in ((None, None), (1, 0), (1, 123456), (2, 1 << 20)):
+        launches.clear()
+        eng = opt_engine(split_kv="fixed:5")
+        r = eng.runner
+        if min_rows is None:
+            assert r.kv_prefetch_min_rows == runner_mod.KV_PREFETCH_MIN_ROWS and r.kv_prefetch_max_bytes == 50 << 20
+        else:
+            r.kv_prefetch_min_rows, r.kv_prefetch_max_bytes = min_rows, max_bytes
+        runs.append(rope_rollout(eng))                  # one sequence: decode steps of one row
+        on = min_rows == 1 and max_bytes > 0
+        seq = [(k, d) for k, d in launches if k in ("embed_rmsnorm", "kv_prefetch", "split_kv_decode", "paged_prefill")]
+        steps, i = 0, 0
+        while i < len(seq):
+            assert seq[i][0] == "embed_rmsnorm", seq[i]
+            i += 1
+            decode = seq[i][0] in ("kv_prefetch", "split_kv_decode")
+            steps += decode
+            for layer in range(n_layers):
+                if decode and on:                       # this layer's K/V, with the step's lengths, then its attention
+                    k, (kptr, vptr, lens, cap) = seq[i]
+                    assert k == "kv_prefetch" and cap == max_bytes, seq[i]
+                    assert (kptr, vptr) == (r.k_cache[layer].data_ptr(), r.v_cache[layer].data_ptr()), layer
+                    assert torch.equal(lens, seq[i + 1][1][1]), "not the step's lengths"
+                    i += 1
+                assert seq[i][0] == ("split_kv_decode" if decode else "paged_prefill"), (layer, seq[i])
+                i += 1
+        assert steps >= 10 and not (not on and any(k == "kv_prefetch" for k, _ in seq)), (min_rows, max_bytes)
+    for toks, logits in runs[1:]:
+        assert toks == runs[0][0] and torch.equal(logits, runs[0][1])

@@ -1469,6 +1469,60 @@ def check_early_attention(C: Checks, dev, gen) -> None:
     C.run("early", "qk_norm_rope(store) + split_kv_decode(early) == the same with early=False", run)
 
 
+def check_kv_prefetch(C: Checks, dev, gen) -> None:
+    """``ops.kv_prefetch`` (one bulk L2 prefetch a cached page, writes nothing) between ``qk_norm_rope(store=...)``
+    and ``split_kv_decode``, as the step's order has a layer's prefetch between two launches: the output and both
+    caches bitwise equal to the pair without it, and no NaN in the output (each new key's cache row holds NaN until
+    the store, so an attention that overtook the store through the prefetch's early trigger would show it). The
+    caches after a prefetch alone are bitwise their copies before. GQA 2 and 4, head dims 64 and 128, block sizes
+    16, 5 and 256 (a 512 KiB page: one bulk prefetch); a padding row; caps of L2, three pages a row and one."""
+    def run():
+        res = []
+        eps, max_pos = 1e-6, 8192
+        lens = [300, 1, 64, 0, 257, 4097, 200, 128]
+        l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+        for n_q, n_kv, D, bs in ((16, 8, 128, 16), (8, 2, 64, 5), (16, 8, 128, 256)):
+            cos_t, sin_t = rope_tables(D, max_pos, dev)
+            kc0, vc0, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+            pos, slots = decode_positions(lens, bt.cpu(), bs)
+            flat_k, flat_v = kc0.view(-1, n_kv, D), vc0.view(-1, n_kv, D)
+            for sl_ in slots.tolist():                # the new keys' rows: NaN until qk_norm_rope stores them
+                if sl_ >= 0:
+                    flat_k[sl_] = float("nan")
+                    flat_v[sl_] = float("nan")
+            pos, slots = pos.to(dev), slots.to(dev)
+            qkv = (torch.randn(len(lens), (n_q + 2 * n_kv) * D, generator=gen) * 2).to(torch.bfloat16).to(dev)
+            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            page = bs * n_kv * D * 2
+            for cap in (l2, 3 * 2 * page * len(lens), 2 * page * len(lens)):
+                kc, vc = kc0.clone(), vc0.clone()
+                ops.kv_prefetch(kc, vc, bt, sl, cap)
+                torch.cuda.synchronize()
+                tag = f"G={n_q // n_kv} D={D} bs={bs} cap={cap}"
+                res += exact(f"{tag}: k_cache after a prefetch", kc, kc0)
+                res += exact(f"{tag}: v_cache after a prefetch", vc, vc0)
+                for S, fused in ((128, True), (128, False), (None, True)):
+                    outs = []
+                    for prefetch in (False, True):
+                        q, k, v = qkv_views(qkv.clone(), n_q, n_kv, D)
+                        kc, vc = kc0.clone(), vc0.clone()
+                        ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, store=(v, kc, vc, slots))
+                        if prefetch:
+                            ops.kv_prefetch(kc, vc, bt, sl, cap)
+                        outs.append((ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused), kc, vc))
+                    torch.cuda.synchronize()
+                    t = f"{tag} S={S} fused={fused}"
+                    res += exact(f"{t}: output", outs[1][0], outs[0][0])
+                    res += exact(f"{t}: k_cache", outs[1][1], outs[0][1])
+                    res += exact(f"{t}: v_cache", outs[1][2], outs[0][2])
+                    nan = bool(torch.isnan(outs[1][0].float()).any())
+                    res.append((not nan, f"{t}: no NaN in the output: {not nan}"))
+        return res
+
+    C.run("kvpf", "qk_norm_rope(store) + kv_prefetch + split_kv_decode == the same without the prefetch", run)
+
+
 SECTIONS = {
     "prefill": check_prefill, "splitkv": check_split_kv, "merge": check_merge,
     "elementwise": check_elementwise, "sampling": check_sampling, "graph": check_graph,
@@ -1479,6 +1533,7 @@ SECTIONS = {
     "wg": check_skinny_wg,
     "wg-norm": check_skinny_wg_norm,
     "early": check_early_attention,
+    "kvpf": check_kv_prefetch,
 }
 
 

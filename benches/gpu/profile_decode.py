@@ -39,7 +39,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   o_proj and down on 1, 2, 8 CTAs a unit), the
   ``CANON_VARIANTS`` (``canon8``, ``canon16``, ``canon9-16``, ...: steps of 1-8, 1-16, 9-16 ... rows with every
   GEMM on ``ops.gemm``, the batch-invariant mode's kernels; the default is ``runner.CANONICAL_GEMM_ROWS``,
-  ``canon-off`` none) and the
+  ``canon-off`` none), the ``KVPF_VARIANTS`` (``kvpf0``: no K/V prefetch into L2; ``kvpf-all``: at any batch;
+  ``kvpf-half``, ``kvpf-2x``: at most half or twice L2 of K/V a layer) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -281,12 +282,16 @@ WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
 #: SwiGLU epilogue, its weights before the PDL wait), ``runner.canonical_gemm_min_m`` / ``canonical_gemm_max_m``
 CANON_VARIANTS: dict[str, tuple[int, int]] = {"canon-off": (1, 0), "canon8": (1, 8), "canon16": (1, 16), "canon9-16": (9, 16),
                                               "canon17-32": (17, 32), "canon9-48": (9, 48), "canon33-64": (33, 64)}
+#: variants on top of "default" with the decode steps' K/V prefetch into L2 (``runner.kv_prefetch_min_rows``, None: the
+#: default; ``kv_prefetch_max_bytes`` as a fraction of the default, the GPU's L2): off, at any batch, half and twice L2
+KVPF_VARIANTS: dict[str, tuple[int | None, float]] = {"kvpf0": (None, 0.0), "kvpf-all": (1, 1.0), "kvpf-half": (None, 0.5),
+                                                      "kvpf-2x": (None, 2.0)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, NORM_VARIANTS, EARLY_VARIANTS,
                  QK_ROWS_VARIANTS,
                  WAVE_VARIANTS, WIDE_VARIANTS, BLAS_PDL_VARIANTS, DECODE_BLAS_VARIANTS,
-                 GEMM_CLUSTER_VARIANTS, WG_VARIANTS, CANON_VARIANTS)
+                 GEMM_CLUSTER_VARIANTS, WG_VARIANTS, CANON_VARIANTS, KVPF_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -424,6 +429,7 @@ def main() -> int:
         default_decode_blas = eng.runner.decode_blas
         default_wg = {n: dict(d) for n, d in eng.runner.wg_gemm.items()}
         default_canon = (eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m)
+        default_kvpf = (eng.runner.kv_prefetch_min_rows, eng.runner.kv_prefetch_max_bytes)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -438,7 +444,7 @@ def main() -> int:
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
                     default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide,
                     default_wide_max=default_wide_max, default_decode_blas=default_decode_blas,
-                    default_wg=default_wg, default_canon=default_canon) -> None:
+                    default_wg=default_wg, default_canon=default_canon, default_kvpf=default_kvpf) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -457,6 +463,9 @@ def main() -> int:
                 eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, default_wg).items()}
                 eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, default_canon)
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
+                kv_rows, kv_frac = KVPF_VARIANTS.get(variant, (None, 1.0))       # read at capture
+                eng.runner.kv_prefetch_min_rows = default_kvpf[0] if kv_rows is None else kv_rows
+                eng.runner.kv_prefetch_max_bytes = int(default_kvpf[1] * kv_frac)
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
                 eng.runner.staged_wide_max_elems = 1 << 62 if variant in WIDE_ANY_SIZE else default_wide_max

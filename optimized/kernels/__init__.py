@@ -81,7 +81,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "rope": ("qk_norm_rope",),
     "activation": ("silu_mul",),
     "embedding": ("embedding",),
-    "kv_cache": ("store_kvcache",),
+    "kv_cache": ("store_kvcache", "kv_prefetch"),
 }
 
 #: fixed NVRTC options. The target architecture is not listed: CuPy appends ``-arch=sm_XY`` of

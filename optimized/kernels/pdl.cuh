@@ -10,9 +10,10 @@
 //     writes may come before it (index arithmetic, or skinny_gemm's L2 prefetch of the weights).
 //   * pdl_launch_dependents() -- griddepcontrol.launch_dependents: once every CTA of this grid has
 //     passed it, the next kernel of the stream may be scheduled. Called right after pdl_wait(), so
-//     at most one kernel is ever waiting ahead of the one running (one exception: qk_norm_rope's
+//     at most one kernel is ever waiting ahead of the one running (two exceptions: qk_norm_rope's
 //     trigger_first, before a split_kv_early_partials that reads before its wait only rows no running
-//     kernel writes).
+//     kernel writes; and kv_cache.cu's kv_prefetch, which triggers first, reads only the step's block
+//     table and lengths, writes nothing, and waits last).
 // Without the attribute (TURNKV_PDL=0, or a launch through CuPy) both are no-ops, and below
 // compute capability 9.0 they compile to nothing. The order they give is transitive: a kernel
 // waits for its predecessor's completion, which itself waited for its own predecessor.
@@ -24,6 +25,8 @@
 // sequence's new one before its wait (data no running kernel writes: the kernel before it has passed its
 // own wait, so every earlier writer has completed), and writes nothing before it; so does split_kv_early_partials
 // (a decode step's attention after qk_norm_rope's own launch, whose store writes each sequence's new key only).
+// kv_cache.cu's kv_prefetch calls pdl_launch_dependents() first and pdl_wait() last (an L2 prefetch of cached pages,
+// it writes nothing): the kernel after it still waits, through its wait, for the kernel before it.
 #pragma once
 
 namespace {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The fifty-sixth session's device calls (run from the repository root, any H100 or H200): the decode step's K/V
+# prefetch into L2 (ops.kv_prefetch; docs/performance/decode_step.md, "The next layer's K/V in L2").
+#   bash benches/gpu/fiftysixth_round.sh ab      # the kernel checks (kvpf: the prefetch between a store and an
+#                       # attention, bitwise; early, qk), then the one-process A/B at qwen3-0.6b (batch 1, 8, 32, 64)
+#                       # and qwen3-8b (32, 64): the default (prefetch at 17+ rows), off (kvpf0), at any batch
+#                       # (kvpf-all), half of L2 a layer (kvpf-half), with the graph timelines at batch 32
+#   bash benches/gpu/fiftysixth_round.sh bench   # the engine decode bench (the x-transformers target), then the
+#                       # qwen3-0.6b conformance clauses at GPU scale, then on an H200 the qwen3-8b ones
+source benches/gpu/_env.sh
+mode=${1:-ab}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+date +%T; build_kernels; date +%T
+if [ "$mode" = ab ]; then
+  checks 150 check_kernels.log kvpf early qk; date +%T
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 1 8 32 64 --timeline-batches 32 --profile-batches 32 \
+    --variants default kvpf0 kvpf-all kvpf-half --rounds 3 > "$OUT/profile_decode_kvpf_0.6b.log" 2>&1
+  echo "profile_decode 0.6b rc=$?"; grep -E "^ +(1|8|32|64) |==" "$OUT/profile_decode_kvpf_0.6b.log"
+  grep -E "graph timeline|kv_prefetch|split_kv" "$OUT/profile_decode_kvpf_0.6b.log" | head -24; date +%T
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --profile-batches \
+    --variants default kvpf0 kvpf-half --rounds 3 > "$OUT/profile_decode_kvpf_8b.log" 2>&1
+  echo "profile_decode 8b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_kvpf_8b.log"
+fi
+if [ "$mode" = bench ]; then
+  run_benches 230 engine_decode
+  grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
+  conformance_gpu 200 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
+  conformance_8b_if_it_fits 150
+fi
+date +%T
+exit 0
