@@ -1417,6 +1417,35 @@ def check_qk_attention(C: Checks, dev, gen) -> None:
     C.run("qk", "split_kv_decode(norm_rope) == qk_norm_rope + split_kv_decode", run)
 
 
+def decode_step_inputs(lens: list[int], n_q: int, n_kv: int, D: int, bs: int, gen, dev) -> tuple:
+    """A decode step's inputs on ``dev`` for rows of ``lens`` keys: paged caches (``build_paged``) whose new keys' rows
+    hold NaN until ``qk_norm_rope`` stores them (so a read of one before the store shows), the table and lengths, the
+    positions and slots (``decode_positions``), the qkv GEMM's raw rows and the q/k norm weights ->
+    (k_cache, v_cache, tables, lens, positions, slots, qkv, q_weight, k_weight)."""
+    kc0, vc0, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
+    pos, slots = decode_positions(lens, bt.cpu(), bs)
+    flat_k, flat_v = kc0.view(-1, n_kv, D), vc0.view(-1, n_kv, D)
+    for sl_ in slots.tolist():
+        if sl_ >= 0:
+            flat_k[sl_] = float("nan")
+            flat_v[sl_] = float("nan")
+    qkv = (torch.randn(len(lens), (n_q + 2 * n_kv) * D, generator=gen) * 2).to(torch.bfloat16).to(dev)
+    qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+    kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+    return kc0, vc0, bt, sl, pos.to(dev), slots.to(dev), qkv, qw, kw
+
+
+def same_step(tag: str, outs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[tuple[bool, str]]:
+    """Two ways of one decode step's attention, each (output, k_cache, v_cache): all three bitwise equal (after a
+    synchronize), and no NaN in the second's output (a new key's row read before its store)."""
+    torch.cuda.synchronize()
+    res = []
+    for i, what in enumerate(("output", "k_cache", "v_cache")):
+        res += exact(f"{tag}: {what}", outs[1][i], outs[0][i])
+    nan = bool(torch.isnan(outs[1][0].float()).any())
+    return res + [(not nan, f"{tag}: no NaN in the output: {not nan}")]
+
+
 def check_early_attention(C: Checks, dev, gen) -> None:
     """``split_kv_decode(early=True)`` (``split_kv_early_partials``: the first two tiles' cached rows read
     before the wait for the launch before it, less each sequence's last key) right after
@@ -1432,18 +1461,7 @@ def check_early_attention(C: Checks, dev, gen) -> None:
         lens = [300, 1, 64, 65, 100, 129, 0, 257, 4097, 200, 128, 50]
         for n_q, n_kv, D, bs in ((16, 8, 128, 16), (32, 8, 128, 16), (8, 2, 64, 5), (8, 4, 32, 16)):
             cos_t, sin_t = rope_tables(D, max_pos, dev)
-            kc0, vc0, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
-            pos, slots = decode_positions(lens, bt.cpu(), bs)
-            flat_k, flat_v = kc0.view(-1, n_kv, D), vc0.view(-1, n_kv, D)
-            for sl_ in slots.tolist():                # the new keys' rows: NaN until qk_norm_rope stores them
-                if sl_ >= 0:
-                    flat_k[sl_] = float("nan")
-                    flat_v[sl_] = float("nan")
-            pos, slots = pos.to(dev), slots.to(dev)
-            width = (n_q + 2 * n_kv) * D
-            qkv = (torch.randn(len(lens), width, generator=gen) * 2).to(torch.bfloat16).to(dev)
-            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
-            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            kc0, vc0, bt, sl, pos, slots, qkv, qw, kw = decode_step_inputs(lens, n_q, n_kv, D, bs, gen, dev)
             for S, fused, rope in ((64, True, False), (128, True, False), (128, False, False), (100000, True, False),
                                    (None, True, False), (128, True, True), (256, False, True)):
                 for rnd in range(3):
@@ -1457,13 +1475,8 @@ def check_early_attention(C: Checks, dev, gen) -> None:
                         o = ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused, early=early,
                                                 rope=(cos_t, sin_t) if rope else None)
                         outs.append((o, kc, vc))
-                    torch.cuda.synchronize()
-                    tag = f"G={n_q // n_kv} D={D} bs={bs} S={S} fused={fused} rope={rope} round {rnd} trigger={rnd > 0}"
-                    res += exact(f"{tag}: output", outs[1][0], outs[0][0])
-                    res += exact(f"{tag}: k_cache", outs[1][1], outs[0][1])
-                    res += exact(f"{tag}: v_cache", outs[1][2], outs[0][2])
-                    nan = bool(torch.isnan(outs[1][0].float()).any())
-                    res.append((not nan, f"{tag}: no NaN in the output: {not nan}"))
+                    res += same_step(f"G={n_q // n_kv} D={D} bs={bs} S={S} fused={fused} rope={rope} round {rnd} "
+                                     f"trigger={rnd > 0}", outs)
         return res
 
     C.run("early", "qk_norm_rope(store) + split_kv_decode(early) == the same with early=False", run)
@@ -1483,17 +1496,7 @@ def check_kv_prefetch(C: Checks, dev, gen) -> None:
         l2 = torch.cuda.get_device_properties(dev).L2_cache_size
         for n_q, n_kv, D, bs in ((16, 8, 128, 16), (8, 2, 64, 5), (16, 8, 128, 256)):
             cos_t, sin_t = rope_tables(D, max_pos, dev)
-            kc0, vc0, bt, sl = build_paged(lens, bs, n_kv, D, gen, dev)
-            pos, slots = decode_positions(lens, bt.cpu(), bs)
-            flat_k, flat_v = kc0.view(-1, n_kv, D), vc0.view(-1, n_kv, D)
-            for sl_ in slots.tolist():                # the new keys' rows: NaN until qk_norm_rope stores them
-                if sl_ >= 0:
-                    flat_k[sl_] = float("nan")
-                    flat_v[sl_] = float("nan")
-            pos, slots = pos.to(dev), slots.to(dev)
-            qkv = (torch.randn(len(lens), (n_q + 2 * n_kv) * D, generator=gen) * 2).to(torch.bfloat16).to(dev)
-            qw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
-            kw = (torch.rand(D, generator=gen) + 0.5).to(torch.bfloat16).to(dev)
+            kc0, vc0, bt, sl, pos, slots, qkv, qw, kw = decode_step_inputs(lens, n_q, n_kv, D, bs, gen, dev)
             page = bs * n_kv * D * 2
             for cap in (l2, 3 * 2 * page * len(lens), 2 * page * len(lens)):
                 kc, vc = kc0.clone(), vc0.clone()
@@ -1511,13 +1514,7 @@ def check_kv_prefetch(C: Checks, dev, gen) -> None:
                         if prefetch:
                             ops.kv_prefetch(kc, vc, bt, sl, cap)
                         outs.append((ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused), kc, vc))
-                    torch.cuda.synchronize()
-                    t = f"{tag} S={S} fused={fused}"
-                    res += exact(f"{t}: output", outs[1][0], outs[0][0])
-                    res += exact(f"{t}: k_cache", outs[1][1], outs[0][1])
-                    res += exact(f"{t}: v_cache", outs[1][2], outs[0][2])
-                    nan = bool(torch.isnan(outs[1][0].float()).any())
-                    res.append((not nan, f"{t}: no NaN in the output: {not nan}"))
+                    res += same_step(f"{tag} S={S} fused={fused}", outs)
         return res
 
     C.run("kvpf", "qk_norm_rope(store) + kv_prefetch + split_kv_decode == the same without the prefetch", run)
