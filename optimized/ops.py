@@ -427,15 +427,24 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
             (_p(k), _i(ks), _p(v), _i(vs), _p(k_cache), _p(v_cache), _p(slot_mapping), _i(T), _i(n_kv), _i(D)))
 
 
+def kv_prefetch_ctas(B: int, max_pages: int, num_sms: int) -> int:
+    """CTAs a sequence of ``kv_prefetch``: about two a multiprocessor over the ``B`` sequences (each CTA's bulk
+    prefetches go through its multiprocessor's copy unit), at most one a page."""
+    return max(1, min(max_pages, -(-2 * num_sms // max(B, 1))))
+
+
 def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                max_bytes: int) -> None:
+                max_bytes: int, *, ctas: int | None = None) -> None:
     """Ask L2 for the cached K and V pages of one layer's sequences (``kv_cache.cu``'s ``kv_prefetch``): for each
     sequence ``b`` its first ``ceil(seq_lens[b] / block_size)`` pages of ``block_tables[b]`` -- at most
     ``max_bytes // (2 * page bytes * B)`` of them, so that the K and V of all ``B`` rows stay within ``max_bytes``
-    -- by one bulk L2 prefetch a page. Writes nothing (every later output keeps its bits); launches nothing where
-    that cap is below one page. Reads ``block_tables`` and ``seq_lens`` before its PDL wait (pdl.cuh), so no kernel
-    still running may write them (a step's uploaded metadata). Needs compute capability 9.0 for the prefetch
-    itself; below it the launch does nothing.
+    -- by one bulk L2 prefetch a page, on ``ctas`` CTAs a sequence (at most one a page; None: ``kv_prefetch_ctas``,
+    about two a multiprocessor: the fastest issue; fewer CTAs issue the same pages more slowly). Writes nothing (every later output
+    keeps its bits); launches nothing where that cap is below one page. The launch lasts until its pages have
+    landed in L2, so a kernel that waits for it waits for them: the engine issues it on a side stream. Reads
+    ``block_tables`` and ``seq_lens`` before its PDL wait (pdl.cuh), so no kernel still running may write them (a
+    step's uploaded metadata). Needs compute capability 9.0 for the prefetch itself; below it the launch does
+    nothing.
 
     caches bf16 ``[num_blocks, block_size, n_kv, D]``; ``block_tables`` int32 ``[B, M]`` (each row's pages in order,
     valid for its length), ``seq_lens`` int32 ``[B]`` (0: padding, no page).
@@ -446,6 +455,8 @@ def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torc
         raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__}")
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    if ctas is not None and (isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
+        raise ValueError(f"ctas must be a positive int or None, got {ctas!r}")
     _same_device(k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
     page_bytes = bs * n_kv * D * k_cache.element_size()
     if page_bytes % 16:
@@ -453,8 +464,9 @@ def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torc
     max_pages = min(M, max_bytes // (2 * page_bytes * max(B, 1)))
     if B == 0 or max_pages == 0:
         return
-    _launch(k_cache, "kv_cache", "kv_prefetch", (B, 1, 1), (64, 1, 1),
-            (_p(k_cache), _p(v_cache), _p(block_tables), _p(seq_lens), _i(M), _i(bs), np.uint32(page_bytes),
+    G = kv_prefetch_ctas(B, max_pages, _num_sms(_device_index(k_cache))) if ctas is None else min(ctas, max_pages)
+    _launch(k_cache, "kv_cache", "kv_prefetch", (B, G, 1), (32, 1, 1),
+            (_p(k_cache), _p(v_cache), _p(block_tables), _p(seq_lens), _i(M), _i(bs), np.uint64(page_bytes),
              _i(max_pages)))
 
 

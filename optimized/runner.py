@@ -334,6 +334,8 @@ class CudaRunner:
         self.kv_prefetch_max_bytes = (torch.cuda.get_device_properties(device).L2_cache_size
                                       if device.type == "cuda" else 50 << 20)
         self.kv_prefetch_min_rows = KV_PREFETCH_MIN_ROWS
+        #: ... on this many CTAs a sequence (None: ``ops.kv_prefetch_ctas``, the fastest issue)
+        self.kv_prefetch_ctas: int | None = None
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
@@ -369,6 +371,7 @@ class CudaRunner:
         self.decode_blas: str | None = DECODE_BLAS if self._blas_backend_settable(DECODE_BLAS) else None
         self.decode_blas_rows: tuple[int, int] = DECODE_BLAS_ROWS
         self._copy_streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None
+        self._prefetch_stream: torch.cuda.Stream | None = None
         #: launch the foretold next decode step before this one's tokens are read (optimized/lookahead.py)
         self.lookahead = True
         self._ahead: dict | None = None
@@ -594,7 +597,7 @@ class CudaRunner:
         kv_slots = self._kv_slots(pos, slots)                                         # [T]
         residual, h = self._embed_norm(ids, self.layers[0]["in_norm"], eps)          # [T, H] each
         fold = self._fold_splits(T) if qidx is None else None   # role -> kp: the add_rmsnorms inside the GEMMs
-        prefetch = self._kv_prefetch(qidx, tables, lens)       # (layer) -> its K/V pages asked into L2
+        prefetch, join = self._kv_prefetch(qidx, tables, lens)   # (layer) -> its K/V pages asked into L2
         prefetch(0)
         ssq = xw = None                                # fold: the stream's sums of squares, the stream x the weight
         for i, L in enumerate(self.layers):
@@ -630,17 +633,33 @@ class CudaRunner:
             m = self._reduce(self._mm(a, L["wd"], role="down"))                       # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
             h = ops.add_rmsnorm(m, residual, nxt, eps)                                # residual += mlp
+        join()
         return h
 
     def _kv_prefetch(self, qidx: torch.Tensor | None, tables: torch.Tensor, lens: torch.Tensor):
-        """``prefetch(layer)``: on a decode step of at least ``kv_prefetch_min_rows`` rows with ``kv_prefetch_max_bytes``
-        above 0, ``ops.kv_prefetch`` of that layer's caches (none past the last layer); else nothing."""
-        on = (qidx is None and self.kv_prefetch_max_bytes > 0 and tables.shape[0] >= self.kv_prefetch_min_rows)
+        """(``prefetch(layer)``, ``join()``). On a decode step of at least ``kv_prefetch_min_rows`` rows with
+        ``kv_prefetch_max_bytes`` above 0, ``prefetch`` launches ``ops.kv_prefetch`` of that layer's caches (none past
+        the last layer) on the side stream ``prefetch_stream``, after everything queued so far on the current stream,
+        and ``join`` makes the current stream wait for the side stream; else both do nothing. The side stream keeps
+        the step's chain from waiting for the prefetch, which lasts until its pages are in L2 (off the GPU, where
+        there is none, the launches go inline)."""
+        on = qidx is None and self.kv_prefetch_max_bytes > 0 and tables.shape[0] >= self.kv_prefetch_min_rows
+        side = self.prefetch_stream if on else None
+        main = torch.cuda.current_stream(self.dev) if side is not None else None
 
         def prefetch(layer: int) -> None:
-            if on and layer < len(self.layers):
-                ops.kv_prefetch(self.k_cache[layer], self.v_cache[layer], tables, lens, self.kv_prefetch_max_bytes)
-        return prefetch
+            if not on or layer >= len(self.layers):
+                return
+            if side is not None:
+                side.wait_stream(main)                 # after the attention before (and the step's upload)
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                ops.kv_prefetch(self.k_cache[layer], self.v_cache[layer], tables, lens, self.kv_prefetch_max_bytes,
+                                ctas=self.kv_prefetch_ctas)
+
+        def join() -> None:
+            if side is not None:
+                main.wait_stream(side)
+        return prefetch, join
 
     def _fold_splits(self, T: int) -> dict[str, int] | None:
         """The CTAs splitting K (by role) of the four layer GEMMs of a decode step of ``T`` rows that folds its
@@ -1020,6 +1039,15 @@ class CudaRunner:
         ev = torch.cuda.Event()
         ev.record()
         return ev
+
+    @property
+    def prefetch_stream(self) -> torch.cuda.Stream | None:
+        """The side stream of the decode steps' K/V prefetches (``_kv_prefetch``; ``None`` off the GPU)."""
+        if self.dev.type != "cuda":
+            return None
+        if self._prefetch_stream is None:
+            self._prefetch_stream = torch.cuda.Stream(self.dev)
+        return self._prefetch_stream
 
     @property
     def copy_streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream] | None:

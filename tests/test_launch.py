@@ -1190,15 +1190,20 @@ def test_paged_prefill_refuses_more_tiles_than_the_grid_holds_before_any_launch(
         assert len(launch_log) == n
 
 
-def test_kv_prefetch_launches_one_cta_a_sequence_capped_by_bytes_and_rejects_bad_input(launch_log):
-    """``ops.kv_prefetch``: one CTA a sequence, the table's columns, the block size, a page's bytes and the pages a
-    row may ask for (``max_bytes // (2 x page bytes x rows)``, at most the table's columns); no launch where that is
-    below one page or the batch is empty; a bad argument is a typed error that launches nothing."""
+def test_kv_prefetch_launches_its_ctas_capped_by_bytes_and_rejects_bad_input(launch_log, monkeypatch):
+    """``ops.kv_prefetch``: a row of ``kv_prefetch_ctas`` CTAs a sequence (about two a multiprocessor in all, at most
+    one a page), the table's columns, the block size, a page's bytes and the pages a row may ask for
+    (``max_bytes // (2 x page bytes x rows)``, at most the table's columns); no launch where that is below one page
+    or the batch is empty; a bad argument is a typed error that launches nothing."""
     import torch
 
     from optimized import ops
 
     log = launch_log
+    monkeypatch.setattr(ops, "_device_index", lambda t: 0)
+    monkeypatch.setattr(ops, "_num_sms", lambda dev: 6)
+    assert [ops.kv_prefetch_ctas(B, p, 132) for B, p in ((32, 19), (32, 5), (64, 100), (300, 9), (1, 1000))] == \
+        [9, 5, 5, 1, 264]
     n_kv, D, bs, B, M = 2, 64, 16, 5, 7
     kc, vc = torch.zeros(32, bs, n_kv, D, dtype=torch.bfloat16), torch.zeros(32, bs, n_kv, D, dtype=torch.bfloat16)
     tables = torch.arange(B * M, dtype=torch.int32).view(B, M) % 32
@@ -1212,12 +1217,19 @@ def test_kv_prefetch_launches_one_cta_a_sequence_capped_by_bytes_and_rejects_bad
             assert log == [], max_bytes
             continue
         (module, name, grid, block, args, _, _), = log
-        assert (module, name, grid, block) == ("kv_cache", "kv_prefetch", (B, 1, 1), (64, 1, 1))
+        assert (module, name, grid, block) == ("kv_cache", "kv_prefetch", (B, min(pages, 3), 1), (32, 1, 1))
         assert [int(a) for a in args[:4]] == [kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), lens.data_ptr()]
         assert [int(a) for a in args[4:]] == [M, bs, page, pages], (max_bytes, args)
+    for ctas, want in ((1, 1), (2, 2), (100, M)):     # a fixed count of CTAs a sequence (at most one a page)
+        del log[:]
+        ops.kv_prefetch(kc, vc, tables, lens, 1 << 30, ctas=ctas)
+        assert log[0][2] == (B, want, 1) and [int(a) for a in log[0][4][4:]] == [M, bs, page, M], ctas
     del log[:]
     ops.kv_prefetch(kc, vc, tables[:0], lens[:0], 1 << 30)
     assert log == []
+    for ctas in (0, -1, True, 1.5):
+        with pytest.raises(ValueError):
+            ops.kv_prefetch(kc, vc, tables, lens, 1 << 30, ctas=ctas)
     bad = [((kc, vc, tables, lens, 1.5), TypeError), ((kc, vc, tables, lens, True), TypeError),
            ((kc, vc, tables, lens, -1), ValueError), ((kc, vc[:16], tables, lens, 1 << 20), ValueError),
            ((kc, vc.float(), tables, lens, 1 << 20), ValueError), ((kc, vc, tables.long(), lens, 1 << 20), ValueError),

@@ -907,3 +907,51 @@ def test_a_decode_step_prefetches_each_layers_kv_before_its_gemms(opt_engine, la
         assert steps >= 10 and not (not on and any(k == "kv_prefetch" for k, _ in seq)), (min_rows, max_bytes)
     for toks, logits in runs[1:]:
         assert toks == runs[0][0] and torch.equal(logits, runs[0][1])
+
+
+def test_the_kv_prefetch_goes_on_a_side_stream_the_step_joins(opt_engine, launches, monkeypatch):
+    """On the GPU each K/V prefetch goes on the runner's ``prefetch_stream``, which first waits for everything queued
+    on the step's stream (the attention before, the step's upload); the step's stream waits for the side stream once,
+    after its last layer, so no kernel of the chain waits for a prefetch (it lasts until its pages are in L2) and the
+    step still ends after them. Stand-in streams record the waits and the stream each launch goes on."""
+    import contextlib
+
+    import optimized.runner as runner_mod
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other) -> None:
+            launches.append(("wait", (self.name, other.name)))
+
+    main, side = Stream("main"), Stream("side")
+
+    @contextlib.contextmanager
+    def on(stream):
+        launches.append(("on", stream.name))
+        yield
+        launches.append(("off", stream.name))
+
+    eng = opt_engine(split_kv="fixed:5")
+    want = rope_rollout(eng)
+    eng = opt_engine(split_kv="fixed:5")
+    eng.runner.kv_prefetch_min_rows = 1
+    monkeypatch.setattr(runner_mod.CudaRunner, "prefetch_stream", property(lambda self: side))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    launches.clear()
+    got = rope_rollout(eng)
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    seq = [(k, d) for k, d in launches if k in ("wait", "on", "off", "kv_prefetch", "split_kv_decode", "embed_rmsnorm")]
+    n_layers = TINY.num_hidden_layers
+    pf = [i for i, (k, _) in enumerate(seq) if k == "kv_prefetch"]
+    assert pf and len(pf) % n_layers == 0
+    for i in pf:                                        # fork from the step's stream, launch on the side stream
+        assert seq[i - 2:i + 2] == [("wait", ("side", "main")), ("on", "side"), seq[i], ("off", "side")], seq[i - 2:i + 2]
+    joins = [i for i, (k, d) in enumerate(seq) if (k, d) == ("wait", ("main", "side"))]
+    assert len(joins) == len(pf) // n_layers, "one join a decode step"
+    for step, j in enumerate(joins):                    # after the step's last prefetch and last attention
+        last = pf[(step + 1) * n_layers - 1]
+        assert last < j and seq[j - 1][0] == "split_kv_decode", seq[j - 1]
+        assert all(k != "kv_prefetch" for k, _ in seq[last + 2:j]), "a prefetch after the step's last layer"

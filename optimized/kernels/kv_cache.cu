@@ -12,9 +12,12 @@
 //
 // kv_prefetch (no reference twin: it moves bytes into L2 and writes nothing, so every output keeps its bits):
 // ask L2 for the cached K and V pages of one layer ahead of its decode attention, while the GEMMs before that
-// attention run (they leave the memory system mostly idle at 17-64 rows). One CTA a sequence b: the first
+// attention run (they leave the memory system mostly idle at 17-64 rows). Sequence b's first
 // min(ceil(lens[b] / bs), max_pages) pages of its row of the block table, one cp.async.bulk.prefetch.L2 (sm_90)
-// of page_bytes each for K and V: fire and forget, nothing lands in shared memory and nothing waits for it.
+// of page_bytes each for K and V: nothing lands in shared memory, but a CTA ends only when its prefetches have
+// landed in L2, so the pages are spread over gridDim.y CTAs a sequence (page j on CTA (b, j % gridDim.y)): the
+// bulk copy units of many SMs issue them. The engine launches it on a side stream of its own, so no kernel of the
+// step's chain waits for it (optimized/runner.py, _kv_prefetch).
 
 #include <cuda_bf16.h>
 
@@ -46,19 +49,19 @@ extern "C" __global__ void __launch_bounds__(256) store_kvcache(const __nv_bfloa
 // weights) as early as without this launch; it reads before its wait only the step's block table and lengths,
 // which no kernel writes, and writes nothing; its wait comes last, so it ends only after the kernel before it has
 // ended and the kernel after it, waiting for it, still waits for that one (the order stays transitive).
-extern "C" __global__ void __launch_bounds__(64) kv_prefetch(const char* __restrict__ k_cache,
+extern "C" __global__ void __launch_bounds__(32) kv_prefetch(const char* __restrict__ k_cache,
                                                              const char* __restrict__ v_cache,
                                                              const int* __restrict__ tables,
                                                              const int* __restrict__ lens, int max_blocks, int bs,
-                                                             unsigned page_bytes, int max_pages) {
+                                                             long long page_bytes, int max_pages) {
   pdl_launch_dependents();
   const int b = blockIdx.x;
   const int n = min((lens[b] + bs - 1) / bs, max_pages);
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const long long off = (long long)tables[(long long)b * max_blocks + j] * page_bytes;
+  for (int j = blockIdx.y + gridDim.y * threadIdx.x; j < n; j += gridDim.y * blockDim.x) {
+    const long long off = tables[(long long)b * max_blocks + j] * page_bytes;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(k_cache + off), "r"(page_bytes) : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(v_cache + off), "r"(page_bytes) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(k_cache + off), "r"((unsigned)page_bytes) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(v_cache + off), "r"((unsigned)page_bytes) : "memory");
 #endif
   }
   pdl_wait();
