@@ -434,12 +434,13 @@ def kv_prefetch_ctas(B: int, max_pages: int, num_sms: int) -> int:
 
 
 def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                max_bytes: int, *, ctas: int | None = None) -> None:
+                max_bytes: int, *, ctas: int | None = None, lines: bool = False) -> None:
     """Ask L2 for the cached K and V pages of one layer's sequences (``kv_cache.cu``'s ``kv_prefetch``): for each
     sequence ``b`` its first ``ceil(seq_lens[b] / block_size)`` pages of ``block_tables[b]`` -- at most
     ``max_bytes // (2 * page bytes * B)`` of them, so that the K and V of all ``B`` rows stay within ``max_bytes``
     -- by one bulk L2 prefetch a page, on ``ctas`` CTAs a sequence (at most one a page; None: ``kv_prefetch_ctas``,
-    about two a multiprocessor: the fastest issue; fewer CTAs issue the same pages more slowly). Writes nothing (every later output
+    about two a multiprocessor: the fastest issue; fewer CTAs issue the same pages more slowly). ``lines``: one
+    ``prefetch.global.L2`` a 128-byte line instead of the bulk prefetch. Writes nothing (every later output
     keeps its bits); launches nothing where that cap is below one page. The launch lasts until its pages have
     landed in L2, so a kernel that waits for it waits for them: the engine issues it on a side stream. Reads
     ``block_tables`` and ``seq_lens`` before its PDL wait (pdl.cuh), so no kernel still running may write them (a
@@ -455,6 +456,8 @@ def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torc
         raise TypeError(f"max_bytes must be an int, got {type(max_bytes).__name__}")
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    if not isinstance(lines, bool):
+        raise TypeError(f"lines must be a bool, got {type(lines).__name__}")
     if ctas is not None and (isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
         raise ValueError(f"ctas must be a positive int or None, got {ctas!r}")
     _same_device(k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
@@ -467,7 +470,7 @@ def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torc
     G = kv_prefetch_ctas(B, max_pages, _num_sms(_device_index(k_cache))) if ctas is None else min(ctas, max_pages)
     _launch(k_cache, "kv_cache", "kv_prefetch", (B, G, 1), (32, 1, 1),
             (_p(k_cache), _p(v_cache), _p(block_tables), _p(seq_lens), _i(M), _i(bs), np.uint64(page_bytes),
-             _i(max_pages)))
+             _i(max_pages), _i(int(lines))))
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -336,6 +336,8 @@ class CudaRunner:
         self.kv_prefetch_min_rows = KV_PREFETCH_MIN_ROWS
         #: ... on this many CTAs a sequence (None: ``ops.kv_prefetch_ctas``, the fastest issue)
         self.kv_prefetch_ctas: int | None = None
+        #: ... by one ``prefetch.global.L2`` a line instead of a bulk prefetch a page
+        self.kv_prefetch_lines = False
         #: a decode graph samples into one buffer (tokens | logprob bits) that is also its own input ids: one
         #: read-back copy a step instead of two, and a foretold step of the same graph copies no ids (its
         #: embedding reads the tokens the step before sampled); ``False``: the ids in the uploaded metadata,
@@ -654,7 +656,7 @@ class CudaRunner:
                 side.wait_stream(main)                 # after the attention before (and the step's upload)
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 ops.kv_prefetch(self.k_cache[layer], self.v_cache[layer], tables, lens, self.kv_prefetch_max_bytes,
-                                ctas=self.kv_prefetch_ctas)
+                                ctas=self.kv_prefetch_ctas, lines=self.kv_prefetch_lines)
 
         def join() -> None:
             if side is not None:

@@ -53,7 +53,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
         kc.view(-1, *kc.shape[2:])[s] = k[keep]
         vc.view(-1, *vc.shape[2:])[s] = v[keep]
 
-    def kv_prefetch(kc, vc, bt, lens, max_bytes, *, ctas=None):   # an L2 hint: nothing changes; the launch is recorded
+    def kv_prefetch(kc, vc, bt, lens, max_bytes, *, ctas=None, lines=False):   # an L2 hint: nothing changes; the launch is recorded
         assert kc.shape == vc.shape and bt.shape[0] == lens.shape[0] and isinstance(max_bytes, int)
         log.append(("kv_prefetch", (kc.data_ptr(), vc.data_ptr(), lens.clone(), max_bytes)))
 

@@ -332,10 +332,13 @@ def test_every_kernel_waits_for_its_predecessor_first():
             elif kname == "kv_prefetch":     # it triggers first and waits last (kv_cache.cu)
                 assert stmts[0] == "pdl_launch_dependents()", stmts
                 body = _kernel_body(text, kname)
-                assert body.rstrip().endswith("pdl_wait();") and body.count("pdl_wait()") == 1, body
-                # it writes no memory: no store through an index or a pointer, and its only asm is the L2 prefetch
+                assert body.rstrip().endswith("pdl_wait();"), body
+                # (the line-prefetch branch waits and returns before the bulk loop)
+                assert body.count("pdl_wait()") == 2 and "pdl_wait();\n    return;\n  }" in body, body
+                # it writes no memory: no store through an index or a pointer, and its only asm is the L2 prefetches
                 assert not re.search(r"\]\s*=[^=]|\*\s*\w+\s*=[^=]", body), body
-                assert set(re.findall(r'asm volatile\("([\w.]+)', body)) == {"cp.async.bulk.prefetch.L2.global"}, body
+                asm = set(re.findall(r'asm volatile\("([\w.]+)', body))
+                assert asm == {"cp.async.bulk.prefetch.L2.global", "prefetch.global.L2"}, body
             elif kname == "qk_norm_rope":    # it may let the next launch start first (ops.qk_norm_rope's trigger_first)
                 assert stmts[:2] == ["if (trigger_first) pdl_launch_dependents()", "pdl_entry()"], stmts
             elif kname == "NAME##_d##DV":     # attention.cu's split_kv_partials and its early twin (TK_SPLITKV_K)

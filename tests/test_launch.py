@@ -1219,17 +1219,22 @@ def test_kv_prefetch_launches_its_ctas_capped_by_bytes_and_rejects_bad_input(lau
         (module, name, grid, block, args, _, _), = log
         assert (module, name, grid, block) == ("kv_cache", "kv_prefetch", (B, min(pages, 3), 1), (32, 1, 1))
         assert [int(a) for a in args[:4]] == [kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), lens.data_ptr()]
-        assert [int(a) for a in args[4:]] == [M, bs, page, pages], (max_bytes, args)
+        assert [int(a) for a in args[4:]] == [M, bs, page, pages, 0], (max_bytes, args)
     for ctas, want in ((1, 1), (2, 2), (100, M)):     # a fixed count of CTAs a sequence (at most one a page)
         del log[:]
         ops.kv_prefetch(kc, vc, tables, lens, 1 << 30, ctas=ctas)
-        assert log[0][2] == (B, want, 1) and [int(a) for a in log[0][4][4:]] == [M, bs, page, M], ctas
+        assert log[0][2] == (B, want, 1) and [int(a) for a in log[0][4][4:]] == [M, bs, page, M, 0], ctas
+    del log[:]
+    ops.kv_prefetch(kc, vc, tables, lens, 1 << 30, lines=True)       # a line prefetch instead: the last argument
+    assert [int(a) for a in log[0][4][4:]] == [M, bs, page, M, 1]
     del log[:]
     ops.kv_prefetch(kc, vc, tables[:0], lens[:0], 1 << 30)
     assert log == []
     for ctas in (0, -1, True, 1.5):
         with pytest.raises(ValueError):
             ops.kv_prefetch(kc, vc, tables, lens, 1 << 30, ctas=ctas)
+    with pytest.raises(TypeError):
+        ops.kv_prefetch(kc, vc, tables, lens, 1 << 30, lines=1)
     bad = [((kc, vc, tables, lens, 1.5), TypeError), ((kc, vc, tables, lens, True), TypeError),
            ((kc, vc, tables, lens, -1), ValueError), ((kc, vc[:16], tables, lens, 1 << 20), ValueError),
            ((kc, vc.float(), tables, lens, 1 << 20), ValueError), ((kc, vc, tables.long(), lens, 1 << 20), ValueError),

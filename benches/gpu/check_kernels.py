@@ -1488,7 +1488,8 @@ def check_kv_prefetch(C: Checks, dev, gen) -> None:
     caches bitwise equal to the pair without it, and no NaN in the output (each new key's cache row holds NaN until
     the store, so an attention that overtook the store through the prefetch's early trigger would show it). The
     caches after a prefetch alone are bitwise their copies before. GQA 2 and 4, head dims 64 and 128, block sizes
-    16, 5 and 256 (a 512 KiB page: one bulk prefetch); a padding row; caps of L2, three pages a row and one."""
+    16, 5 and 256 (a 512 KiB page: one bulk prefetch); a padding row; caps of L2, three pages a row and one; the bulk
+    prefetch and the line prefetch (``lines=True``)."""
     def run():
         res = []
         eps, max_pos = 1e-6, 8192
@@ -1498,11 +1499,11 @@ def check_kv_prefetch(C: Checks, dev, gen) -> None:
             cos_t, sin_t = rope_tables(D, max_pos, dev)
             kc0, vc0, bt, sl, pos, slots, qkv, qw, kw = decode_step_inputs(lens, n_q, n_kv, D, bs, gen, dev)
             page = bs * n_kv * D * 2
-            for cap in (l2, 3 * 2 * page * len(lens), 2 * page * len(lens)):
+            for cap, lines in ((l2, False), (l2, True), (3 * 2 * page * len(lens), False), (2 * page * len(lens), True)):
                 kc, vc = kc0.clone(), vc0.clone()
-                ops.kv_prefetch(kc, vc, bt, sl, cap)
+                ops.kv_prefetch(kc, vc, bt, sl, cap, lines=lines)
                 torch.cuda.synchronize()
-                tag = f"G={n_q // n_kv} D={D} bs={bs} cap={cap}"
+                tag = f"G={n_q // n_kv} D={D} bs={bs} cap={cap} lines={lines}"
                 res += exact(f"{tag}: k_cache after a prefetch", kc, kc0)
                 res += exact(f"{tag}: v_cache after a prefetch", vc, vc0)
                 for S, fused in ((128, True), (128, False), (None, True)):
@@ -1512,7 +1513,7 @@ def check_kv_prefetch(C: Checks, dev, gen) -> None:
                         kc, vc = kc0.clone(), vc0.clone()
                         ops.qk_norm_rope(q, k, qw, kw, cos_t, sin_t, pos, eps, store=(v, kc, vc, slots))
                         if prefetch:
-                            ops.kv_prefetch(kc, vc, bt, sl, cap)
+                            ops.kv_prefetch(kc, vc, bt, sl, cap, lines=lines)
                         outs.append((ops.split_kv_decode(q, kc, vc, bt, sl, S, fused=fused), kc, vc))
                     res += same_step(f"{tag} S={S} fused={fused}", outs)
         return res

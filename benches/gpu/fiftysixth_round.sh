@@ -7,6 +7,8 @@
 #                       # (kvpf-all), half of L2 a layer (kvpf-half), with the graph timelines at batch 32
 #   bash benches/gpu/fiftysixth_round.sh slow    # the prefetch on the side stream issued by 1, 2 or 4 CTAs
 #                       # a sequence (kvpf-g*) against off and the default rule, qwen3-0.6b batch 32/64, qwen3-8b 32
+#   bash benches/gpu/fiftysixth_round.sh lines   # the kvpf checks (now the line prefetch too), then the A/B with one
+#                       # prefetch.global.L2 a line (kvpf-lines) against off and the bulk prefetch
 #   bash benches/gpu/fiftysixth_round.sh bench   # the engine decode bench (the x-transformers target), then the
 #                       # qwen3-0.6b conformance clauses at GPU scale, then on an H200 the qwen3-8b ones
 source benches/gpu/_env.sh
@@ -31,6 +33,16 @@ if [ "$mode" = slow ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 --profile-batches \
     --variants kvpf0 kvpf-g1 kvpf-g2 --rounds 3 > "$OUT/profile_decode_kvpf_slow_8b.log" 2>&1
   echo "profile_decode 8b rc=$?"; grep -E "^ +32 |==" "$OUT/profile_decode_kvpf_slow_8b.log"
+fi
+if [ "$mode" = lines ]; then
+  checks 60 check_kernels_lines.log kvpf
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --timeline-batches 32 --profile-batches \
+    --variants kvpf0 default kvpf-lines --rounds 3 > "$OUT/profile_decode_kvpf_lines_0.6b.log" 2>&1
+  echo "profile_decode 0.6b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_kvpf_lines_0.6b.log"
+  grep -E "graph timeline|kv_prefetch|split_kv|_res$" "$OUT/profile_decode_kvpf_lines_0.6b.log" | head -24; date +%T
+  timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 --profile-batches \
+    --variants kvpf0 kvpf-lines --rounds 3 > "$OUT/profile_decode_kvpf_lines_8b.log" 2>&1
+  echo "profile_decode 8b rc=$?"; grep -E "^ +32 |==" "$OUT/profile_decode_kvpf_lines_8b.log"
 fi
 if [ "$mode" = bench ]; then
   run_benches 230 engine_decode

@@ -41,7 +41,7 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   GEMM on ``ops.gemm``, the batch-invariant mode's kernels; the default is ``runner.CANONICAL_GEMM_ROWS``,
   ``canon-off`` none), the ``KVPF_VARIANTS`` (``kvpf0``: no K/V prefetch into L2; ``kvpf-all``: at any batch;
   ``kvpf-half``, ``kvpf-2x``: at most half or twice L2 of K/V a layer; ``kvpf-g1``, ``-g2``, ``-g4``: on 1, 2, 4 CTAs a
-  sequence, a slower issue) and the
+  sequence, a slower issue; ``kvpf-lines``: a line prefetch instead of a bulk one) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -285,9 +285,10 @@ CANON_VARIANTS: dict[str, tuple[int, int]] = {"canon-off": (1, 0), "canon8": (1,
                                               "canon17-32": (17, 32), "canon9-48": (9, 48), "canon33-64": (33, 64)}
 #: variants on top of "default" with the decode steps' K/V prefetch into L2 (``runner.kv_prefetch_min_rows``, None: the
 #: default; ``kv_prefetch_max_bytes`` as a fraction of the default, the GPU's L2): off, at any batch, half and twice L2
-KVPF_VARIANTS: dict[str, tuple[int | None, float, int | None]] = {
-    "kvpf0": (None, 0.0, None), "kvpf-all": (1, 1.0, None), "kvpf-half": (None, 0.5, None), "kvpf-2x": (None, 2.0, None),
-    **{f"kvpf-g{g}": (None, 1.0, g) for g in (1, 2, 4)}}
+KVPF_VARIANTS: dict[str, tuple[int | None, float, int | None, bool]] = {
+    "kvpf0": (None, 0.0, None, False), "kvpf-all": (1, 1.0, None, False), "kvpf-half": (None, 0.5, None, False),
+    "kvpf-2x": (None, 2.0, None, False), **{f"kvpf-g{g}": (None, 1.0, g, False) for g in (1, 2, 4)},
+    "kvpf-lines": (None, 1.0, None, True)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, NORM_VARIANTS, EARLY_VARIANTS,
@@ -465,10 +466,11 @@ def main() -> int:
                 eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, default_wg).items()}
                 eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, default_canon)
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
-                kv_rows, kv_frac, kv_ctas = KVPF_VARIANTS.get(variant, (None, 1.0, None))       # read at capture
+                kv_rows, kv_frac, kv_ctas, kv_lines = KVPF_VARIANTS.get(variant, (None, 1.0, None, False))   # at capture
                 eng.runner.kv_prefetch_min_rows = default_kvpf[0] if kv_rows is None else kv_rows
                 eng.runner.kv_prefetch_max_bytes = int(default_kvpf[1] * kv_frac)
                 eng.runner.kv_prefetch_ctas = kv_ctas
+                eng.runner.kv_prefetch_lines = kv_lines
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
                 eng.runner.staged_wide_max_elems = 1 << 62 if variant in WIDE_ANY_SIZE else default_wide_max

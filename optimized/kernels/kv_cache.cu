@@ -17,7 +17,8 @@
 // of page_bytes each for K and V: nothing lands in shared memory, but a CTA ends only when its prefetches have
 // landed in L2, so the pages are spread over gridDim.y CTAs a sequence (page j on CTA (b, j % gridDim.y)): the
 // bulk copy units of many SMs issue them. The engine launches it on a side stream of its own, so no kernel of the
-// step's chain waits for it (optimized/runner.py, _kv_prefetch).
+// step's chain waits for it (optimized/runner.py, _kv_prefetch). lines != 0: one prefetch.global.L2 a 128-byte line
+// instead (an A/B alternative).
 
 #include <cuda_bf16.h>
 
@@ -53,10 +54,21 @@ extern "C" __global__ void __launch_bounds__(32) kv_prefetch(const char* __restr
                                                              const char* __restrict__ v_cache,
                                                              const int* __restrict__ tables,
                                                              const int* __restrict__ lens, int max_blocks, int bs,
-                                                             long long page_bytes, int max_pages) {
+                                                             long long page_bytes, int max_pages, int lines) {
   pdl_launch_dependents();
   const int b = blockIdx.x;
   const int n = min((lens[b] + bs - 1) / bs, max_pages);
+  if (lines) {  // one prefetch.global.L2 a 128-byte line, the CTA's warp over each of its pages
+    for (int j = blockIdx.y; j < n; j += gridDim.y) {
+      const long long base = tables[(long long)b * max_blocks + j] * page_bytes;
+      for (long long o = threadIdx.x * 128LL; o < page_bytes; o += blockDim.x * 128LL) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k_cache + base + o));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v_cache + base + o));
+      }
+    }
+    pdl_wait();
+    return;
+  }
   for (int j = blockIdx.y + gridDim.y * threadIdx.x; j < n; j += gridDim.y * blockDim.x) {
     const long long off = tables[(long long)b * max_blocks + j] * page_bytes;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
