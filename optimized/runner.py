@@ -167,9 +167,10 @@ WG_GEMM: dict[int, dict[str, tuple[int, int] | None]] = {32: {r: None for r in G
 #: graphs were 5-16% slower that way, the 1- and 8-row ones up to 11% -- docs/performance/gemm.md, "The wide kernel in
 #: default mode"
 CANONICAL_GEMM_ROWS = (9, 16)
-#: fewest rows of a decode step that prefetches each layer's K/V into L2 (``CudaRunner.kv_prefetch_min_rows``). The
-#: probe (``benches/gpu/probe_kv_l2.py``, H100) measured qwen3-0.6b's attention at 32 and 64 rows 1.5-3.4 µs faster
-#: with its K/V asked for right before a layer's GEMMs; smaller batches are not measured yet
+#: fewest rows of a decode step that prefetches each layer's K/V into L2 where that is on
+#: (``CudaRunner.kv_prefetch_min_rows``; off by default): the probe (``benches/gpu/probe_kv_l2.py``, H100) measured
+#: qwen3-0.6b's attention alone at 32 and 64 rows 1.5-3.4 µs faster with its K/V asked for right before a layer's
+#: GEMMs; in the engine the step was slower at 1, 8, 32 and 64 rows
 KV_PREFETCH_MIN_ROWS = 17
 
 
@@ -326,13 +327,13 @@ class CudaRunner:
         #: ... and that qk_norm_rope lets the attention be scheduled before its own wait (``ops.qk_norm_rope``'s
         #: ``trigger_first``), so the attention's early copies may start while the qkv GEMM still runs
         self.early_attention_trigger = False
-        #: a decode step of at least ``kv_prefetch_min_rows`` rows asks L2 for each layer's cached K/V pages while
-        #: the GEMMs before that layer's attention run (``ops.kv_prefetch``, launched first in the step for layer 0
-        #: and after each layer's attention for the next; it writes nothing, so every bit stays): at most
-        #: ``kv_prefetch_max_bytes`` of K and V a layer -- the GPU's L2 (50 MiB where no GPU is asked); 0 turns it
-        #: off (docs/performance/decode_step.md, "The next layer's K/V in L2")
-        self.kv_prefetch_max_bytes = (torch.cuda.get_device_properties(device).L2_cache_size
-                                      if device.type == "cuda" else 50 << 20)
+        #: measurement only (off): a decode step of at least ``kv_prefetch_min_rows`` rows asks L2 for each layer's
+        #: cached K/V pages while the GEMMs before that layer's attention run (``ops.kv_prefetch`` on a side stream,
+        #: launched first in the step for layer 0 and after each layer's attention for the next; it writes nothing, so
+        #: every bit stays), at most ``kv_prefetch_max_bytes`` of K and V a layer; 0 (the default) turns it off. On an
+        #: H100 it made every step measured slower, in every way of issuing it: qwen3-0.6b batch 32 1.077 -> 1.187 ms,
+        #: qwen3-8b 5.710 -> 5.875 (docs/performance/decode_step.md, "The next layer's K/V in L2, in the engine")
+        self.kv_prefetch_max_bytes = 0
         self.kv_prefetch_min_rows = KV_PREFETCH_MIN_ROWS
         #: ... on this many CTAs a sequence (None: ``ops.kv_prefetch_ctas``, the fastest issue)
         self.kv_prefetch_ctas: int | None = None

@@ -91,7 +91,7 @@ MODES = {
     "no-prefill-graphs": ({}, {}, 0),
     "invariant": ({"batch_invariant": True}, {}, None),
     "no-handoff-no-lookahead": ({}, {"decode_handoff": False, "lookahead": False}, None),
-    "kv-prefetch": ({}, {"kv_prefetch_min_rows": 1}, None),
+    "kv-prefetch": ({}, {"kv_prefetch_min_rows": 1, "kv_prefetch_max_bytes": 50 << 20}, None),
 }
 
 

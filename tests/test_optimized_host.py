@@ -870,9 +870,10 @@ def test_prefill_graphs_take_short_default_mode_steps_on_one_gpu_only():
 
 
 def test_a_decode_step_prefetches_each_layers_kv_before_its_gemms(opt_engine, launches):
-    """A decode step of at least ``kv_prefetch_min_rows`` rows asks L2 for layer 0's K/V first (before its
-    embedding) and for layer ``i + 1``'s right after layer ``i``'s attention, with the step's lengths and
-    ``kv_prefetch_max_bytes``; prefill steps, smaller steps and a cap of 0 launch none. The tokens and logits are
+    """Where it is on (``kv_prefetch_max_bytes`` above 0; off by default), a decode step of at least
+    ``kv_prefetch_min_rows`` rows asks L2 for layer 0's K/V first (before its embedding) and for layer ``i + 1``'s
+    right after layer ``i``'s attention, with the step's lengths and ``kv_prefetch_max_bytes``; prefill steps, smaller
+    steps and a cap of 0 launch none. The tokens and logits are
     the same every way (the stand-in's prefetch changes nothing, as the kernel writes nothing)."""
     import optimized.runner as runner_mod
 
@@ -882,8 +883,8 @@ def test_a_decode_step_prefetches_each_layers_kv_before_its_gemms(opt_engine, la
         launches.clear()
         eng = opt_engine(split_kv="fixed:5")
         r = eng.runner
-        if min_rows is None:
-            assert r.kv_prefetch_min_rows == runner_mod.KV_PREFETCH_MIN_ROWS and r.kv_prefetch_max_bytes == 50 << 20
+        if min_rows is None:                            # the default: off
+            assert r.kv_prefetch_min_rows == runner_mod.KV_PREFETCH_MIN_ROWS and r.kv_prefetch_max_bytes == 0
         else:
             r.kv_prefetch_min_rows, r.kv_prefetch_max_bytes = min_rows, max_bytes
         runs.append(rope_rollout(eng))                  # one sequence: decode steps of one row
@@ -936,7 +937,7 @@ def test_the_kv_prefetch_goes_on_a_side_stream_the_step_joins(opt_engine, launch
     eng = opt_engine(split_kv="fixed:5")
     want = rope_rollout(eng)
     eng = opt_engine(split_kv="fixed:5")
-    eng.runner.kv_prefetch_min_rows = 1
+    eng.runner.kv_prefetch_min_rows, eng.runner.kv_prefetch_max_bytes = 1, 50 << 20
     monkeypatch.setattr(runner_mod.CudaRunner, "prefetch_stream", property(lambda self: side))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
     monkeypatch.setattr(torch.cuda, "stream", on)

@@ -37,7 +37,7 @@ fi
 if [ "$mode" = lines ]; then
   checks 60 check_kernels_lines.log kvpf
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --timeline-batches 32 --profile-batches \
-    --variants kvpf0 default kvpf-lines --rounds 3 > "$OUT/profile_decode_kvpf_lines_0.6b.log" 2>&1
+    --variants kvpf0 kvpf kvpf-lines --rounds 3 > "$OUT/profile_decode_kvpf_lines_0.6b.log" 2>&1
   echo "profile_decode 0.6b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_kvpf_lines_0.6b.log"
   grep -E "graph timeline|kv_prefetch|split_kv|_res$" "$OUT/profile_decode_kvpf_lines_0.6b.log" | head -24; date +%T
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 --profile-batches \

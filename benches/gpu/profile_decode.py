@@ -39,9 +39,10 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   o_proj and down on 1, 2, 8 CTAs a unit), the
   ``CANON_VARIANTS`` (``canon8``, ``canon16``, ``canon9-16``, ...: steps of 1-8, 1-16, 9-16 ... rows with every
   GEMM on ``ops.gemm``, the batch-invariant mode's kernels; the default is ``runner.CANONICAL_GEMM_ROWS``,
-  ``canon-off`` none), the ``KVPF_VARIANTS`` (``kvpf0``: no K/V prefetch into L2; ``kvpf-all``: at any batch;
-  ``kvpf-half``, ``kvpf-2x``: at most half or twice L2 of K/V a layer; ``kvpf-g1``, ``-g2``, ``-g4``: on 1, 2, 4 CTAs a
-  sequence, a slower issue; ``kvpf-lines``: a line prefetch instead of a bulk one) and the
+  ``canon-off`` none), the ``KVPF_VARIANTS`` (``kvpf``: the K/V prefetch into L2 on, ``kvpf0``: off, the default;
+  ``kvpf-all``: at any batch; ``kvpf-half``, ``kvpf-2x``: at most half or twice L2 of K/V a layer; ``kvpf-g1``,
+  ``-g2``, ``-g4``: on 1, 2, 4 CTAs a sequence, a slower issue; ``kvpf-lines``: a line prefetch instead of a bulk
+  one) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -283,10 +284,13 @@ WG_VARIANTS: dict[str, dict[int, dict[str, tuple[int, int] | None]]] = {
 #: SwiGLU epilogue, its weights before the PDL wait), ``runner.canonical_gemm_min_m`` / ``canonical_gemm_max_m``
 CANON_VARIANTS: dict[str, tuple[int, int]] = {"canon-off": (1, 0), "canon8": (1, 8), "canon16": (1, 16), "canon9-16": (9, 16),
                                               "canon17-32": (17, 32), "canon9-48": (9, 48), "canon33-64": (33, 64)}
-#: variants on top of "default" with the decode steps' K/V prefetch into L2 (``runner.kv_prefetch_min_rows``, None: the
-#: default; ``kv_prefetch_max_bytes`` as a fraction of the default, the GPU's L2): off, at any batch, half and twice L2
+#: variants on top of "default" with the decode steps' K/V prefetch into L2, off by default since the fifty-sixth
+#: session (on in its first runs, where "default" had it on): (``runner.kv_prefetch_min_rows``, None: the default;
+#: ``kv_prefetch_max_bytes`` as a fraction of the GPU's L2; ``kv_prefetch_ctas``; ``kv_prefetch_lines``): off (the
+#: default), on, at any batch, half and twice L2, on 1/2/4 CTAs a sequence, by line prefetches
 KVPF_VARIANTS: dict[str, tuple[int | None, float, int | None, bool]] = {
-    "kvpf0": (None, 0.0, None, False), "kvpf-all": (1, 1.0, None, False), "kvpf-half": (None, 0.5, None, False),
+    "kvpf0": (None, 0.0, None, False), "kvpf": (None, 1.0, None, False), "kvpf-all": (1, 1.0, None, False),
+    "kvpf-half": (None, 0.5, None, False),
     "kvpf-2x": (None, 2.0, None, False), **{f"kvpf-g{g}": (None, 1.0, g, False) for g in (1, 2, 4)},
     "kvpf-lines": (None, 1.0, None, True)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
@@ -432,7 +436,7 @@ def main() -> int:
         default_decode_blas = eng.runner.decode_blas
         default_wg = {n: dict(d) for n, d in eng.runner.wg_gemm.items()}
         default_canon = (eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m)
-        default_kvpf = (eng.runner.kv_prefetch_min_rows, eng.runner.kv_prefetch_max_bytes)
+        default_kvpf = (eng.runner.kv_prefetch_min_rows, torch.cuda.get_device_properties(dev).L2_cache_size)
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -466,7 +470,7 @@ def main() -> int:
                 eng.runner.wg_gemm = {n: dict(d) for n, d in WG_VARIANTS.get(variant, default_wg).items()}
                 eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m = CANON_VARIANTS.get(variant, default_canon)
                 eng.runner.fuse_qk_max_rows = QK_ROWS_VARIANTS.get(variant, default_qk_rows)
-                kv_rows, kv_frac, kv_ctas, kv_lines = KVPF_VARIANTS.get(variant, (None, 1.0, None, False))   # at capture
+                kv_rows, kv_frac, kv_ctas, kv_lines = KVPF_VARIANTS.get(variant, KVPF_VARIANTS["kvpf0"])   # at capture
                 eng.runner.kv_prefetch_min_rows = default_kvpf[0] if kv_rows is None else kv_rows
                 eng.runner.kv_prefetch_max_bytes = int(default_kvpf[1] * kv_frac)
                 eng.runner.kv_prefetch_ctas = kv_ctas
