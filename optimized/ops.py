@@ -444,8 +444,7 @@ def kv_prefetch(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torc
     keeps its bits); launches nothing where that cap is below one page. The launch lasts until its pages have
     landed in L2, so a kernel that waits for it waits for them: the engine issues it on a side stream. Reads
     ``block_tables`` and ``seq_lens`` before its PDL wait (pdl.cuh), so no kernel still running may write them (a
-    step's uploaded metadata). Needs compute capability 9.0 for the prefetch itself; below it the launch does
-    nothing.
+    step's uploaded metadata). The bulk prefetch needs compute capability 9.0; below it that launch does nothing.
 
     caches bf16 ``[num_blocks, block_size, n_kv, D]``; ``block_tables`` int32 ``[B, M]`` (each row's pages in order,
     valid for its length), ``seq_lens`` int32 ``[B]`` (0: padding, no page).

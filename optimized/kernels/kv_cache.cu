@@ -12,7 +12,8 @@
 //
 // kv_prefetch (no reference twin: it moves bytes into L2 and writes nothing, so every output keeps its bits):
 // ask L2 for the cached K and V pages of one layer ahead of its decode attention, while the GEMMs before that
-// attention run (they leave the memory system mostly idle at 17-64 rows). Sequence b's first
+// attention run (off by default: every engine step measured was slower with it, docs/performance/decode_step.md,
+// "The next layer's K/V in L2, in the engine"). Sequence b's first
 // min(ceil(lens[b] / bs), max_pages) pages of its row of the block table, one cp.async.bulk.prefetch.L2 (sm_90)
 // of page_bytes each for K and V: nothing lands in shared memory, but a CTA ends only when its prefetches have
 // landed in L2, so the pages are spread over gridDim.y CTAs a sequence (page j on CTA (b, j % gridDim.y)): the
@@ -46,8 +47,8 @@ extern "C" __global__ void __launch_bounds__(256) store_kvcache(const __nv_bfloa
   }
 }
 
-// PDL (pdl.cuh): the kernel lets the next launch be scheduled first, so the GEMM after it starts (and streams its
-// weights) as early as without this launch; it reads before its wait only the step's block table and lengths,
+// PDL (pdl.cuh): the kernel lets the next launch be scheduled first (on the step's own stream, the GEMM after it
+// would start as early as without this launch); it reads before its wait only the step's block table and lengths,
 // which no kernel writes, and writes nothing; its wait comes last, so it ends only after the kernel before it has
 // ended and the kernel after it, waiting for it, still waits for that one (the order stays transitive).
 extern "C" __global__ void __launch_bounds__(32) kv_prefetch(const char* __restrict__ k_cache,
