@@ -9,6 +9,7 @@
 #                       # a sequence (kvpf-g*) against off and on at the CTA rule (kvpf), qwen3-0.6b batch 32/64, qwen3-8b 32
 #   bash benches/gpu/fiftysixth_round.sh lines   # the kvpf checks (now the line prefetch too), then the A/B with one
 #                       # prefetch.global.L2 a line (kvpf-lines) against off and the bulk prefetch
+#   bash benches/gpu/fiftysixth_round.sh 8b      # on an H200: the qwen3-8b conformance clauses at GPU scale
 # (ab and slow ran while the prefetch was on by default, as the variant "default", which their logs name; since it is
 # off by default, "kvpf" is that variant and the modes name it)
 source benches/gpu/_env.sh
@@ -43,6 +44,9 @@ if [ "$mode" = lines ]; then
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 --profile-batches \
     --variants kvpf0 kvpf-lines --rounds 3 > "$OUT/profile_decode_kvpf_lines_8b.log" 2>&1
   echo "profile_decode 8b rc=$?"; grep -E "^ +32 |==" "$OUT/profile_decode_kvpf_lines_8b.log"
+fi
+if [ "$mode" = 8b ]; then
+  conformance_8b_if_it_fits 150
 fi
 date +%T
 exit 0
