@@ -9,7 +9,8 @@
 #                       # a sequence (kvpf-g*) against off and on at the CTA rule (kvpf), qwen3-0.6b batch 32/64, qwen3-8b 32
 #   bash benches/gpu/fiftysixth_round.sh lines   # the kvpf checks (now the line prefetch too), then the A/B with one
 #                       # prefetch.global.L2 a line (kvpf-lines) against off and the bulk prefetch
-#   bash benches/gpu/fiftysixth_round.sh 8b      # on an H200: the qwen3-8b conformance clauses at GPU scale
+#   bash benches/gpu/fiftysixth_round.sh 8b      # on an H200: the qwen3-8b conformance clauses at GPU scale (not run:
+#                       # no H200 started this session)
 # (ab and slow ran while the prefetch was on by default, as the variant "default", which their logs name; since it is
 # off by default, "kvpf" is that variant and the modes name it)
 source benches/gpu/_env.sh
