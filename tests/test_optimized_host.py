@@ -873,8 +873,8 @@ def test_a_decode_step_prefetches_each_layers_kv_before_its_gemms(opt_engine, la
     """Where it is on (``kv_prefetch_max_bytes`` above 0; off by default), a decode step of at least
     ``kv_prefetch_min_rows`` rows asks L2 for layer 0's K/V first (before its embedding) and for layer ``i + 1``'s
     right after layer ``i``'s attention, with the step's lengths and ``kv_prefetch_max_bytes``; prefill steps, smaller
-    steps and a cap of 0 launch none. The tokens and logits are
-    the same every way (the stand-in's prefetch changes nothing, as the kernel writes nothing)."""
+    steps and a cap of 0 launch none. The tokens and logits are the same every way (the stand-in's prefetch changes
+    nothing, as the kernel writes nothing)."""
     import optimized.runner as runner_mod
 
     n_layers = TINY.num_hidden_layers
