@@ -14,7 +14,7 @@
 source benches/gpu/_env.sh
 mode=${1:-ab}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-date +%T; [ "$mode" = l2 ] || build_kernels; date +%T   # l2: the probe compiles its two modules on first use
+date +%T; [ "$mode" = l2 ] || build_kernels; date +%T   # l2: the probe compiles its modules on first use
 if [ "$mode" = ab ]; then
   checks 200 check_kernels.log early qk splitkv wg-norm; date +%T
   timeout 300 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --timeline-batches 32 --profile-batches \

@@ -16,9 +16,12 @@ CUPTI's start and end of each launch) after:
   read ahead of a layer's GEMMs;
 * ``warm+2gemm``: the same with two layers' GEMMs between;
 * ``cold+gemm``: the 256 MB read, one layer's GEMMs, the attention (the GEMMs' own time without a prefetch);
-* ``pf+gemm``: the 256 MB read, then ``kv_prefetch_l2`` (kv_prefetch_probe.cu: one bulk L2 prefetch a page, fire and
-  forget) right before one layer's GEMMs, then the attention: the prefetch flying beside the GEMMs, as the engine
-  would issue it, and what it costs them.
+* ``pf+gemm``: the 256 MB read, then ``ops.kv_prefetch`` on one CTA a sequence (one bulk L2 prefetch a page) right
+  before one layer's GEMMs, then the attention: the prefetch beside the GEMMs, and what it costs them. (The fifty-fifth
+  session's log came from the probe's own copy of that kernel, ``kv_prefetch_probe.cu``, removed once the engine had
+  it: the same prefetches, by 128 threads a CTA, without the PDL trigger and wait.) Each kernel is timed alone, so
+  this does not show that a CTA with bulk prefetches in flight ends only when they land: in the engine's chain the
+  next kernel waits for them (docs/performance/decode_step.md, "The next layer's K/V in L2, in the engine").
 
 A one-element fill comes right before each attention, so its programmatic launch never overlaps the kernel before
 (its time is its own). The outputs of all modes are compared bitwise first (the cache's place cannot change a bit).
@@ -36,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benches" / "gpu"))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
@@ -52,29 +54,13 @@ MODES = ("cold", "warm", "warm+gemm", "warm+2gemm", "cold+gemm", "pf+gemm")
 GEMM_LAYERS = {"warm+gemm": 1, "warm+2gemm": 2, "cold+gemm": 1, "pf+gemm": 1}
 
 
-class Prefetch:
-    """``kv_prefetch_l2`` of kv_prefetch_probe.cu on torch's current stream: one CTA a sequence."""
-
-    def __init__(self) -> None:
-        import cupy
-        self.cupy = cupy
-        src = (Path(__file__).with_name("kv_prefetch_probe.cu")).read_text()
-        self.fn = cupy.RawModule(code=src, options=("-std=c++17",)).get_function("kv_prefetch_l2")
-
-    def __call__(self, k: torch.Tensor, v: torch.Tensor, bt: torch.Tensor, lens: torch.Tensor) -> None:
-        page = k.stride(0) * k.element_size()
-        with self.cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            self.fn((bt.shape[0],), (128,), (*(np.uint64(t.data_ptr()) for t in (k, v, bt, lens)),
-                                             np.int32(bt.shape[1]), np.int32(k.shape[1]), np.uint32(page)))
-
-
 def _kernel_us(prof, needle: str) -> list[float]:
     """Device µs of every launch whose kernel name holds ``needle``."""
     return [e.time_range.elapsed_us() for e in prof.events()
             if e.device_type == torch.autograd.DeviceType.CUDA and needle in e.name]
 
 
-def run(mode: str, prob: tuple, layer: list, flush: torch.Tensor, one: torch.Tensor, pf: Prefetch) -> torch.Tensor:
+def run(mode: str, prob: tuple, layer: list, flush: torch.Tensor, one: torch.Tensor) -> torch.Tensor:
     """One attention after ``mode``'s prelude (``MODES``); ``prob`` = (q, k, v, tables, lens, split, max splits)."""
     q, k, v, bt, lens, split, max_splits = prob
     flush.sum()
@@ -82,7 +68,7 @@ def run(mode: str, prob: tuple, layer: list, flush: torch.Tensor, one: torch.Ten
         k.sum()
         v.sum()
     if mode.startswith("pf"):
-        pf(k, v, bt, lens)
+        ops.kv_prefetch(k, v, bt, lens, 1 << 62, ctas=1)
     for _ in range(GEMM_LAYERS.get(mode, 0)):
         for _, x, w, sw, kp in layer:
             ops.skinny_wg(x, w, swiglu=sw, kp=kp)
@@ -101,7 +87,6 @@ def main() -> int:
     print(torch.cuda.get_device_name(dev), "L2", torch.cuda.get_device_properties(dev).L2_cache_size >> 20, "MB")
     flush = torch.empty(64 << 20, dtype=torch.float32, device=dev)          # 256 MB
     one = torch.empty(1, device=dev)
-    pf = Prefetch()
     gemms = []
     for M in sorted(set(a.batches)):
         for N, K, sw in LAYER:
@@ -119,7 +104,7 @@ def main() -> int:
             kv_bytes = 2 * B * L * N_KV * D * 2
 
             prob = (q, k, v, bt, lens, split, max_splits)
-            outs = [run(m, prob, layer, flush, one, pf) for m in MODES]
+            outs = [run(m, prob, layer, flush, one) for m in MODES]
             torch.cuda.synchronize()
             for m, o in zip(MODES[1:], outs[1:]):
                 if not torch.equal(o, outs[0]):
@@ -129,7 +114,7 @@ def main() -> int:
             for m in MODES:
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(a.reps):
-                        run(m, prob, layer, flush, one, pf)
+                        run(m, prob, layer, flush, one)
                     torch.cuda.synchronize()
                 us = _kernel_us(prof, "partials")
                 mean = sum(us) / len(us)
