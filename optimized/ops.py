@@ -1680,6 +1680,13 @@ def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]
                      f"{SKINNY_WG_CONFIGS}")
 
 
+def skinny_wg_spreads(nx: int, wt: int, kp: int) -> bool:
+    """Whether the warpgroup kernel can spread its split-K fold (``skinny_wg``'s ``spread``) for an x tile of ``nx``
+    rows, ``wt`` tiles a unit and ``kp`` CTAs splitting K: a unit's ``wt * nx / 8`` fragment blocks divide among the
+    ``kp`` > 1 CTAs (``OWN`` in ``skinny_wg.cu``)."""
+    return kp > 1 and (wt * nx // 8) % kp == 0
+
+
 def skinny_wg_ssq(N: int, ref: torch.Tensor) -> torch.Tensor:
     """The sums of squares a residual-epilogue ``skinny_wg`` writes for ``N`` output columns: fp32 ``[units, 64]``
     (a 64-column unit a row, an x row a column), on ``ref``'s device."""
@@ -1694,7 +1701,7 @@ def skinny_wg_fold_ok(M: int, kp: int) -> bool:
 
 def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
               out: torch.Tensor | None = None, swiglu: bool = False, wt: int = 1, kp: int = 1,
-              pre: int | None = None, evict_first: bool = True,
+              pre: int | None = None, evict_first: bool = True, spread: bool = False,
               residual: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
               norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_WG_MAX_M`` rows by the warpgroup
@@ -1702,7 +1709,10 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     one warpgroup multiplies them by ``wgmma``, and ``kp`` > 1 CTAs of a cluster split K, CTA 0 adding the others'
     partials in rank order. The configuration is ``skinny_wg_config(M, wt, kp)``. ``pre``: stages whose weights a
     CTA may fetch before the programmatic-dependent-launch wait (default: all of them). ``evict_first``: as
-    ``skinny_staged``. K must be a multiple of 64 ``kp``, and of 128 ``kp`` when ``kp`` > 1. Needs the driver's
+    ``skinny_staged``. ``spread``: with ``kp`` > 1, every CTA of a cluster adds up and stores its share of a unit's
+    partials (its ``wt * nx / 8 / kp`` blocks of 8 x rows by 64 weight rows, the others sent to their owners), where
+    that share is whole (``skinny_wg_spreads``), instead of CTA 0 all of them; the sums keep the rank order, so the
+    bits are the same. K must be a multiple of 64 ``kp``, and of 128 ``kp`` when ``kp`` > 1. Needs the driver's
     launch path (PDL on) and a compute-capability-9.0 device (the kernels' ``sm_90a`` build). Deterministic: the
     same inputs and configuration give the same bits; another configuration sums in another order.
 
@@ -1727,6 +1737,8 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         raise ValueError(f"pre must be a non-negative int, got {pre!r}")
     if not isinstance(evict_first, bool):
         raise ValueError(f"evict_first must be a bool, got {evict_first!r}")
+    if not isinstance(spread, bool):
+        raise ValueError(f"spread must be a bool, got {spread!r}")
     width, _ = _tiled_width(N, swiglu, out_dtype, "skinny_wg")
     if not (K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0)):
         raise ValueError(f"skinny_wg with kp = {kp} needs K a multiple of {64 * kp if kp == 1 else kc * kp}, got {K}")
@@ -1761,7 +1773,8 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, kc, 64 * wt)
     xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, kc, nx)
     _launch(x, "skinny_wg", name, (grid, 1, 1), (_SKINNY_WG_THREADS, 1, 1),
-            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))) + fused, smem,
+            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first)),
+             _i(int(spread and skinny_wg_spreads(nx, wt, kp)))) + fused, smem,
             cluster_x=kp)
     return out if xw is None else xw
 

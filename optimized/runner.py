@@ -298,6 +298,9 @@ class CudaRunner:
         self.wg_gemm: dict[int, dict[str, tuple[int, int] | None]] = (
             {n: dict(d) for n, d in WG_GEMM.items()} if self.dev.type == "cuda" and ops.skinny_wg_available(
                 torch.empty(0, device=self.dev)) else {})
+        #: the warpgroup kernel's split-K fold spread over the CTAs of a cluster, each adding and storing its share
+        #: of a unit's rows (``ops.skinny_wg``'s ``spread``, the same bits); ``False``: gathered in CTA 0
+        self.wg_spread_fold = False
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: default-mode GEMMs of ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows run through ``ops.gemm``
@@ -499,7 +502,7 @@ class CudaRunner:
             return ops.gemm(x, w)
         wg = self._wg_cfg(x.shape[0], w, role)
         if wg is not None:
-            return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1])
+            return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold)
         cl = self._cluster_cfg(x, w, role)
         if cl is not None:
             return ops.skinny_cluster(x, w, **self._cluster_kw(cl))
@@ -576,7 +579,8 @@ class CudaRunner:
             return ops.gemm(hidden, self.lm_head, out_dtype=torch.float32)
         wg = self._wg_cfg(hidden.shape[0], self.lm_head, "lm_head")
         if wg is not None:
-            return ops.skinny_wg(hidden, self.lm_head, out_dtype=torch.float32, wt=wg[0], kp=wg[1])
+            return ops.skinny_wg(hidden, self.lm_head, out_dtype=torch.float32, wt=wg[0], kp=wg[1],
+                                 spread=self.wg_spread_fold)
         cl = self._cluster_cfg(hidden, self.lm_head, "lm_head")
         if cl is not None:
             return ops.skinny_cluster(hidden, self.lm_head, out_dtype=torch.float32, **self._cluster_kw(cl))
@@ -681,21 +685,21 @@ class CudaRunner:
             return None
         return {role: c[1] for role, c in cfgs.items()}
 
-    @staticmethod
-    def _wg_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+    def _wg_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                      kp: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``residual += x @ w.T`` in place by the warpgroup kernel's residual epilogue (``kp`` CTAs splitting K);
         returns the new rows' sums of squares by 64 columns (``ops.skinny_wg_ssq``) and the new rows times the next
         norm's ``weight``: what the normed prologue of the GEMM after it takes."""
         ssq = ops.skinny_wg_ssq(w.shape[0], x)
-        return ssq, ops.skinny_wg(x, w, kp=kp, residual=(residual, ssq, weight))
+        return ssq, ops.skinny_wg(x, w, kp=kp, residual=(residual, ssq, weight), spread=self.wg_spread_fold)
 
     def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, kp: int,
                    swiglu: bool = False) -> torch.Tensor:
         """The norm of the residual stream times ``w.T`` (with ``swiglu``: its SwiGLU) by the warpgroup kernel's
         normed prologue (``kp`` CTAs splitting K): ``xw`` the stream times the norm's weight and ``ssq`` its sums of
         squares, as the residual epilogue before it wrote them."""
-        return ops.skinny_wg(xw, w, swiglu=swiglu, kp=kp, norm=(ssq, self.cfg.rms_norm_eps))
+        return ops.skinny_wg(xw, w, swiglu=swiglu, kp=kp, norm=(ssq, self.cfg.rms_norm_eps),
+                             spread=self.wg_spread_fold)
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
@@ -707,7 +711,7 @@ class CudaRunner:
             return ops.silu_mul(self._mm(h, wgu, role="gate_up"))
         wg = self._wg_cfg(h.shape[0], wgu, "gate_up", swiglu=True)
         if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
-            return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1])
+            return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold)
         cl = self._cluster_cfg(h, wgu, "gate_up")
         if cl is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_cluster(h, wgu, swiglu=True, **self._cluster_kw(cl))

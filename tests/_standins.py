@@ -163,12 +163,15 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     folded = {}                          # the residual epilogue's xw (data_ptr) -> (its stream's rows, the weight)
 
     def skinny_wg(x, w, *, out_dtype=torch.bfloat16, swiglu=False, wt=1, kp=1, pre=None, evict_first=True,
-                  residual=None, norm=None):
+                  spread=False, residual=None, norm=None):
         assert 16 < x.shape[0] <= real_ops.SKINNY_WG_MAX_M, "the warpgroup kernel's rows (the runner's 17-64)"
         kc = real_ops.skinny_wg_config(x.shape[0], wt, kp)[0]     # a built configuration (else ValueError)
         M, K = x.shape
         assert K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0), "a K the configuration takes"
+        assert isinstance(spread, bool)
         log.append(("skinny_wg", (M, w.data_ptr(), out_dtype, swiglu, wt, kp)))
+        if spread:
+            log.append(("skinny_wg_spread", (M, w.data_ptr())))
         if residual is not None or norm is not None:
             assert wt == 1 and real_ops.skinny_wg_fold_ok(M, kp) and (residual is None or norm is None)
         if norm is not None:             # the normed prologue: x is a residual epilogue's xw, ssq its stream's squares

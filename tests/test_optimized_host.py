@@ -616,6 +616,31 @@ def test_fold_norms_into_the_warpgroup_gemms(opt_engine, launches):
     assert not any(k in ("skinny_wg_residual", "skinny_wg_norm") for k, _ in launches)
 
 
+def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
+    """``wg_spread_fold`` (off by default) hands ``spread=True`` to every warpgroup-kernel launch of a decode step
+    (the four layer GEMMs, folded or not, and the LM head) and changes no token or logprob; off, no launch has it."""
+    from optimized import runner as runner_mod
+
+    prompts = [[(5 * i + j) % 512 for j in range(3 + i % 3)] for i in range(20)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=(), logprobs=True)] * 20
+
+    def run(**attrs):
+        launches.clear()
+        eng = opt_engine()
+        eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
+        for k, v in attrs.items():
+            setattr(eng.runner, k, v)
+        return _turns(eng, prompts, sps)
+
+    assert opt_engine().runner.wg_spread_fold is False
+    want = run()
+    assert any(k == "skinny_wg" for k, _ in launches) and not any(k == "skinny_wg_spread" for k, _ in launches)
+    for attrs in (dict(wg_spread_fold=True), dict(wg_spread_fold=True, fuse_norm_gemm=False)):
+        assert run(**attrs) == want, attrs
+        wg = [d[:2] for k, d in launches if k == "skinny_wg"]
+        assert wg and wg == [d for k, d in launches if k == "skinny_wg_spread"], attrs
+
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

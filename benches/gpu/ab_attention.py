@@ -49,16 +49,16 @@ DECODE = [(1, 300), (1, 4096), (1, 16384), (8, 300), (8, 4096), (8, 16384), (32,
           (128, 16384), (1, 1024), (8, 1024), (32, 16384), (128, 1024), (128, 4096)]
 
 
-def build(text: str, defines: tuple[str, ...] | list[str] = ()):
-    """A kernel source ``text`` compiled as the engine compiles it, plus ``-DNAME`` for each of ``defines``
-    (the device scripts' compile-time switches). Its local headers are today's, so a header change shows
-    up on both sides of an A/B."""
+def build(text: str, defines: tuple[str, ...] | list[str] = (), name: str = "attention"):
+    """A kernel source ``text`` compiled as the engine compiles ``<name>.cu`` (its architecture-specific target),
+    plus ``-DNAME`` for each of ``defines`` (the device scripts' compile-time switches). Its local headers are
+    today's, so a header change shows up on both sides of an A/B."""
     import cupy
 
     opts = tuple(kernels.OPTIONS) + tuple(f"-D{d}" for d in defines)
     mod = cupy.RawModule(code=kernels.with_headers(text), options=opts)
     cc = cupy.cuda.Device().compute_capability
-    target = kernels.arch_target("attention", (int(cc[:-1]), int(cc[-1])))   # as kernels.load builds it
+    target = kernels.arch_target(name, (int(cc[:-1]), int(cc[-1])))   # as kernels.load builds it
     if target is not None:
         with kernels._nvrtc_target(target):
             mod.compile()

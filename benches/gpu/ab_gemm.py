@@ -52,8 +52,8 @@ def main() -> int:
     a = ap.parse_args()
     mname = a.module
     tree = kernels.load(mname)
-    new = tree if a.new_define is None else build(kernels.source(mname), a.new_define)
-    base = build(kernels.source(mname), a.base_define)
+    new = tree if a.new_define is None else build(kernels.source(mname), a.new_define, name=mname)
+    base = build(kernels.source(mname), a.base_define, name=mname)
     sides = {"base": base, "new": new}
     op = ops.gemm if mname == "gemm" else ops.skinny_gemm
     rows = a.rows or (ROWS if mname == "gemm" else (1, 8, 16))

@@ -1170,7 +1170,8 @@ def wg_configs(M: int, K: int) -> list[tuple[int, int]]:
 def check_skinny_wg(C: Checks, dev, gen) -> None:
     """``ops.skinny_wg`` (the warpgroup kernel, 17-64 rows): for every built configuration that takes the shape,
     the flash rule vs a float64 product for bf16 and fp32 out and bf16 out == rounded fp32 out; the same bits on a
-    second launch and with no stage before the PDL wait and copies without an L2 hint; the SwiGLU epilogue
+    second launch, with no stage before the PDL wait and copies without an L2 hint, and with the split-K fold
+    spread over the cluster (``spread=True``, where ``ops.skinny_wg_spreads``; bf16 and fp32); the SwiGLU epilogue
     bitwise ``silu_mul`` of the plain output of the same configuration, and the flash rule for it. Shapes with a
     ragged last chunk (K % 128 != 0), partial last units, more units than the grid holds, fewer output columns
     than a unit, a strided x (``skinny_inputs``) and the qwen3 shapes."""
@@ -1188,6 +1189,11 @@ def check_skinny_wg(C: Checks, dev, gen) -> None:
                              y32)
                 res += exact(f"wt {wt} kp {kp}: no stage before the PDL wait, no L2 hint",
                              ops.skinny_wg(x, w, out_dtype=torch.float32, pre=0, evict_first=False, **cfg), y32)
+                if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), wt, kp):
+                    res += exact(f"wt {wt} kp {kp}: the spread fold (fp32)",
+                                 ops.skinny_wg(x, w, out_dtype=torch.float32, spread=True, **cfg), y32)
+                    res += exact(f"wt {wt} kp {kp}: the spread fold (bf16)", ops.skinny_wg(x, w, spread=True, **cfg),
+                                 ops.skinny_wg(x, w, **cfg))
             return res
         C.run("wg", f"M={M} N={N} K={K}", run)
     for M, I, K in ((64, 3072, 1024), (32, 12288, 4096), (21, 24, 1024), (40, 1544, 2048)):
@@ -1204,6 +1210,9 @@ def check_skinny_wg(C: Checks, dev, gen) -> None:
                 torch.cuda.synchronize()
                 res += [(ok, f"wt {wt} kp {kp}: {d}") for ok, d in fa_rule("vs float64", out, ref32, refbf)]
                 res += exact(f"wt {wt} kp {kp}: == silu_mul(the plain kernel)", out, ops.silu_mul(plain))
+                if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), wt, kp):
+                    res += exact(f"wt {wt} kp {kp}: the spread fold", ops.skinny_wg(x, w, swiglu=True, wt=wt, kp=kp,
+                                                                                  spread=True), out)
             return res
         C.run("wg", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
@@ -1215,7 +1224,8 @@ def check_skinny_wg_norm(C: Checks, dev, gen) -> None:
     squares of the new rows' 64-column blocks to a relative 1e-5 (float32 sums of at most 64 terms). The normed
     prologue (plain and SwiGLU): the flash rule against the float64 product of the float64 norm, the low-precision
     run being ``add_rmsnorm``'s output times the plain kernel of the same configuration (its bitwise share printed),
-    and the same bits on a second launch."""
+    and the same bits on a second launch. Both with the split-K fold spread over the cluster (``spread=True``) where
+    it can be: every output bitwise the gathered fold's."""
     eps = 1e-6
     cases = [(32, 2048, 1024, 2 * 3072, True), (32, 3072, 1024, 4096, False),   # qwen3-0.6b
              (64, 4096, 4096, 6144, False), (17, 12288, 4096, 2 * 12288, True),   # qwen3-8b
@@ -1238,6 +1248,11 @@ def check_skinny_wg_norm(C: Checks, dev, gen) -> None:
                 torch.cuda.synchronize()
                 out += [(ok, f"kp {kp0}: stream {d}") for ok, d in exact("== plain + add_rmsnorm", res, ref_res)]
                 out += [(ok, f"kp {kp0}: xw {d}") for ok, d in exact("== bf16(stream * weight)", xw, ref_res * nw)]
+                if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), 1, kp0):   # the spread fold: the same three outputs
+                    sres, sssq = res0.clone(), ops.skinny_wg_ssq(H, x)
+                    sxw = ops.skinny_wg(x, w0, kp=kp0, residual=(sres, sssq, nw), spread=True)
+                    for what, a, b in (("stream", sres, res), ("ssq", sssq[:, :M], ssq[:, :M]), ("xw", sxw, xw)):
+                        out += [(ok, f"kp {kp0}: spread {what} {d}") for ok, d in exact("== gathered", a, b)]
                 sq = ref_res.double().pow(2)
                 want = torch.stack([sq[:, u * 64:(u + 1) * 64].sum(1) for u in range(ssq.shape[0])])   # [units, M]
                 rel = float(((ssq[:, :M].double() - want).abs() / want.clamp_min(1e-30)).max())
@@ -1259,6 +1274,9 @@ def check_skinny_wg_norm(C: Checks, dev, gen) -> None:
                     out += [(ok, f"{tag}: {d}") for ok, d in fa_rule("normed vs float64", got, ref32, low)]
                     print(f"    {tag}: {bf16_agreement(got, low)} (add_rmsnorm + the plain kernel)")
                     out += [(ok, f"{tag}: {d}") for ok, d in exact("second launch", again, got)]
+                    if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), 1, kp1):
+                        spread = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps), spread=True)
+                        out += [(ok, f"{tag}: {d}") for ok, d in exact("the spread fold", spread, got)]
             return out
         C.run("wg-norm", f"M={M} K0={K0} H={H} N1={N1}{' swiglu' if swiglu else ''}", run)
 

@@ -42,7 +42,8 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``canon-off`` none), the ``KVPF_VARIANTS`` (``kvpf``: the K/V prefetch into L2 on, ``kvpf0``: off, the default;
   ``kvpf-all``: at any batch; ``kvpf-half``, ``kvpf-2x``: at most half or twice L2 of K/V a layer; ``kvpf-g1``,
   ``-g2``, ``-g4``: on 1, 2, 4 CTAs a sequence, a slower issue; ``kvpf-lines``: a line prefetch instead of a bulk
-  one) and the
+  one), the ``SPREAD_VARIANTS`` (``spread``: the warpgroup kernel's split-K fold spread over a cluster's CTAs,
+  ``gather``: in CTA 0) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -293,12 +294,15 @@ KVPF_VARIANTS: dict[str, tuple[int | None, float, int | None, bool]] = {
     "kvpf-half": (None, 0.5, None, False),
     "kvpf-2x": (None, 2.0, None, False), **{f"kvpf-g{g}": (None, 1.0, g, False) for g in (1, 2, 4)},
     "kvpf-lines": (None, 1.0, None, True)}
+#: the warpgroup kernel's split-K fold (``runner.wg_spread_fold``, read at capture): ``spread`` over the CTAs of a
+#: cluster, ``gather`` in CTA 0
+SPREAD_VARIANTS: dict[str, bool] = {"gather": False, "spread": True}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, NORM_VARIANTS, EARLY_VARIANTS,
                  QK_ROWS_VARIANTS,
                  WAVE_VARIANTS, WIDE_VARIANTS, BLAS_PDL_VARIANTS, DECODE_BLAS_VARIANTS,
-                 GEMM_CLUSTER_VARIANTS, WG_VARIANTS, CANON_VARIANTS, KVPF_VARIANTS)
+                 GEMM_CLUSTER_VARIANTS, WG_VARIANTS, CANON_VARIANTS, KVPF_VARIANTS, SPREAD_VARIANTS)
 
 
 def _params(steps: int, sampling: dict | None) -> SamplingParams:
@@ -437,6 +441,7 @@ def main() -> int:
         default_wg = {n: dict(d) for n, d in eng.runner.wg_gemm.items()}
         default_canon = (eng.runner.canonical_gemm_min_m, eng.runner.canonical_gemm_max_m)
         default_kvpf = (eng.runner.kv_prefetch_min_rows, torch.cuda.get_device_properties(dev).L2_cache_size)
+        default_spread = eng.runner.wg_spread_fold
         print(f"\n== {name} ==  weights {wbytes / 1e9:.2f} GB/step, KV {kv_tok} B/token")
         print(f"{'batch':>5} {'variant':>8} {'ms/step':>8} {'min':>7} {'max':>7} {'floor ms':>8} {'% floor':>7}"
               f"   (median over {args.rounds} alternating rounds of the median of {args.steps} steps)")
@@ -451,7 +456,8 @@ def main() -> int:
                     default_n=default_n, default_staged=default_staged, default_ef=default_ef,
                     default_qk_rows=default_qk_rows, default_wave=default_wave, default_wide=default_wide,
                     default_wide_max=default_wide_max, default_decode_blas=default_decode_blas,
-                    default_wg=default_wg, default_canon=default_canon, default_kvpf=default_kvpf) -> None:
+                    default_wg=default_wg, default_canon=default_canon, default_kvpf=default_kvpf,
+                    default_spread=default_spread) -> None:
                 """The variant's settings, its own captured graphs and its own graph memory pool."""
                 mm, pdl, split, fuse, w4 = VARIANTS.get(variant, VARIANTS["w4"])
                 engine_variant = any(variant in group for group in ENGINE_GROUPS)
@@ -475,6 +481,7 @@ def main() -> int:
                 eng.runner.kv_prefetch_max_bytes = int(default_kvpf[1] * kv_frac)
                 eng.runner.kv_prefetch_ctas = kv_ctas
                 eng.runner.kv_prefetch_lines = kv_lines
+                eng.runner.wg_spread_fold = SPREAD_VARIANTS.get(variant, default_spread)   # read at capture
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
                 eng.runner.staged_wide_max_elems = 1 << 62 if variant in WIDE_ANY_SIZE else default_wide_max

@@ -57,8 +57,8 @@ def main() -> int:
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     src = kernels.source("skinny_gemm")
-    mods = {tag: build(src, d) for tag, d in BUILDS.items()}
-    traced = build(src, ["TK_CLUSTER_TRACE"])
+    mods = {tag: build(src, d, name="skinny_gemm") for tag, d in BUILDS.items()}
+    traced = build(src, ["TK_CLUSTER_TRACE"], name="skinny_gemm")
     plain = kernels.load("skinny_gemm")
     marks = traced.get_global("cluster_trace")
     stages = traced.get_global("cluster_stage_trace")

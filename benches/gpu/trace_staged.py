@@ -39,7 +39,7 @@ def main() -> int:
 
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
-    traced = build(kernels.source("skinny_gemm"), ["TK_STAGED_TRACE"])
+    traced = build(kernels.source("skinny_gemm"), ["TK_STAGED_TRACE"], name="skinny_gemm")
     plain = kernels.load("skinny_gemm")
     ptr = traced.get_global("staged_trace")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

@@ -53,6 +53,24 @@
 #include "skinny.cuh"
 #include "tma.cuh"
 
+// TK_WG_TRACE (a switch of benches/gpu/trace_wg.py): thread 0 of each CTA records %globaltimer (ns) at 7 marks --
+// its start, its consumers' PDL wait passed, its first stage landed, its last unit's MMAs done, the fold done
+// (the partials sent, for a gather's CTA other than 0), its stores done, its end -- and appends them with its SM,
+// block, grid and kernel's shape to wg_trace (wg_trace_n counts; records past the capacity are dropped)
+#ifdef TK_WG_TRACE
+constexpr unsigned kWgTraceCap = 65536;
+__device__ unsigned long long wg_trace[kWgTraceCap][10];  // at namespace scope: found by name
+__device__ unsigned int wg_trace_n;
+#define TK_WG_MARK(k)                                                   \
+  do {                                                                  \
+    if (tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(wg_marks[k])); \
+  } while (0)
+#else
+#define TK_WG_MARK(k) \
+  do {                \
+  } while (0)
+#endif
+
 namespace {
 
 template <int J>
@@ -73,7 +91,8 @@ __host__ __device__ constexpr int wg_stage_bytes(int KC, int NX, int WT) { retur
 __host__ __device__ constexpr int wg_recv_bytes(int NX, int WT, int KP) { return (KP - 1) * 64 * WT * NX * 4; }
 
 // kResidual's inputs of one thread for unit u, loaded at the unit's start: the residual values of its fragment
-// elements (zero outside [M, N]) and the norm weight of its output columns
+// elements (zero outside [M, N]) of the blocks j in [blo, bhi) this CTA stores, and the norm weight of its output
+// columns
 template <int WT, int J>
 struct ResidualIn {
   __nv_bfloat16 r[WT][J][4];
@@ -83,7 +102,7 @@ struct ResidualIn {
 template <int WT, int J>
 __device__ __forceinline__ void residual_load(ResidualIn<WT, J>& in, const __nv_bfloat16* __restrict__ y,
                                               const __nv_bfloat16* __restrict__ nw, int u, int warp, int lane, int M,
-                                              int N) {
+                                              int N, int blo, int bhi) {
   const int gg = lane >> 2, tt = lane & 3;
 #pragma unroll
   for (int t = 0; t < WT; ++t) {
@@ -97,22 +116,24 @@ __device__ __forceinline__ void residual_load(ResidualIn<WT, J>& in, const __nv_
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int n = (u * 4 * WT + 4 * t + warp) * 16 + gg + 8 * (c >> 1), m = 8 * j + 2 * tt + (c & 1);
-        in.r[t][j][c] = n < N && m < M ? y[(long long)m * N + n] : __float2bfloat16_rn(0.f);
+        const int b = t * J + j;
+        in.r[t][j][c] = n < N && m < M && b >= blo && b < bhi ? y[(long long)m * N + n] : __float2bfloat16_rn(0.f);
       }
   }
 }
 
-// kResidual's store of unit u: y = s = bf16(y + bf16(acc)) in place (rmsnorm.cu's add_chunk rounding), xw =
-// bf16(s * nw), and the squares of s summed per x row over the unit's columns into ssq[u * 64 + row] (over the
-// lanes of a row, then the four warps in order)
+// kResidual's store of unit u, for the x rows of the blocks j in [blo, bhi): y = s = bf16(y + bf16(acc)) in place
+// (rmsnorm.cu's add_chunk rounding), xw = bf16(s * nw), and the squares of s summed per x row over the unit's
+// columns into ssq[u * 64 + row] (over the lanes of a row, then the four warps in order)
 template <int WT, int J>
 __device__ __forceinline__ void residual_store(__nv_bfloat16* __restrict__ y, __nv_bfloat16* __restrict__ xw,
                                                const ResidualIn<WT, J>& in, const float (&acc)[WT][J][4], int u,
                                                int warp, int lane, int tid, int M, int N, float* __restrict__ ssq,
-                                               float (&part)[4][64]) {
+                                               float (&part)[4][64], int blo, int bhi) {
   const int gg = lane >> 2, tt = lane & 3;
 #pragma unroll
   for (int j = 0; j < J; ++j) {  // x rows 8 j + 2 tt (+ 1): their sums finished before the next j's (registers)
+    if (j < blo || j >= bhi) continue;
     float ss[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < WT; ++t)
@@ -138,13 +159,14 @@ __device__ __forceinline__ void residual_store(__nv_bfloat16* __restrict__ y, __
     }
   }
   asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  if (tid < M && tid < 8 * J) ssq[u * 64 + tid] = ((part[0][tid] + part[1][tid]) + part[2][tid]) + part[3][tid];
+  if (tid < M && tid >= 8 * blo && tid < 8 * bhi)
+    ssq[u * 64 + tid] = ((part[0][tid] + part[1][tid]) + part[2][tid]) + part[3][tid];
   asm volatile("bar.sync 2, 128;\n" ::: "memory");  // part is free for the next unit
 }
 
 template <int KC, int S, int NX, int WT, int KP, bool F32, int EPI, bool XN>
 __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
-                                               int M, int N, int K, int pre, int evict,
+                                               int M, int N, int K, int pre, int evict, int spread,
                                                const float* __restrict__ ssq_in, float* __restrict__ ssq_out,
                                                const __nv_bfloat16* __restrict__ nw, __nv_bfloat16* __restrict__ xw,
                                                int parts, float eps) {
@@ -153,11 +175,13 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   static_assert(KP == 1 || KP == 2 || KP == 4 || KP == 8, "skinny_wg split");
   static_assert(1024 + S * kStage + wg_recv_bytes(NX, WT, KP) + (XN ? 256 : 0) + (EPI == kResidual ? 1024 : 0) <=
                     227 * 1024 - 256, "skinny_wg: shared memory");
-  static_assert(EPI != kResidual || (!F32 && !XN), "the residual epilogue stores bf16 of a plain x");
+  static_assert(EPI != kResidual || (!F32 && !XN && WT == 1), "the residual epilogue stores bf16 of a plain x");
 #if defined(TK_WGMMA)
   constexpr int R = 64 * WT, J = NX / 8;
   constexpr int kW = R * KC * 2;
   constexpr int kPart = WT * J * 128 * 16;  // one CTA's partials: [WT][J][128 threads][4 floats]
+  // the spread fold: the unit's WT J fragment blocks (t, j), b = t J + j, OWN of them to each CTA of the cluster
+  constexpr int NB = WT * J, OWN = KP > 1 && NB % KP == 0 ? NB / KP : NB;
   extern __shared__ __align__(128) unsigned char wg_smem[];  // up to 1 KB of slack, S stages, the landing area
   __shared__ __align__(8) u64 bars[2 * S + 2];             // full[s], empty[s], red, free
   __shared__ float rs_s[XN ? 64 : 1];                      // XN: each x row's 1 / rms
@@ -165,10 +189,16 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   // the warp index through a shuffle: ptxas then knows it is warp-uniform, and the consumers' branch is not a
   // divergent path (where it would serialize the wgmmas: its advisory C7518)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+#ifdef TK_WG_TRACE
+  unsigned long long wg_marks[7] = {};
+#endif
+  TK_WG_MARK(0);
   const int outs = EPI == kSwiGLU ? R / 2 : R;  // output columns of a unit
   const int units = (N + outs - 1) / outs;
   const int clusters = (int)gridDim.x / KP, c = (int)blockIdx.x / KP;
   const u32 rank = KP > 1 ? cluster_rank() : 0u;
+  const bool spreads = KP > 1 && NB % KP == 0 && spread != 0;
+  const int blo = spreads ? (int)rank * OWN : 0, bhi = spreads ? blo + OWN : NB;  // the blocks this CTA stores
   const int kpart = K / KP, kch = (kpart + KC - 1) / KC;  // chunks of this CTA's columns (host: kpart % KC == 0
                                                           // when KP > 1; else the last chunk's columns past K are 0)
   const int mine = (units - 1 - c) / clusters + 1;        // units of this cluster (c < units: the host's grid)
@@ -184,7 +214,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   if (tid == 0) {
     mbar_init_stages<S>(bar_full, bar_empty, 4);
     mbar_init(bar_red, 1);
-    mbar_init(bar_free, 1);
+    mbar_init(bar_free, spreads ? KP - 1 : 1);  // spread: every peer frees what it received
     mbar_fence_init();
   }
   if constexpr (KP > 1)
@@ -220,6 +250,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   } else {  // ---- consumers
     pdl_wait();
     pdl_launch_dependents();
+    TK_WG_MARK(1);
     if constexpr (XN) {  // each x row's 1 / rms from the GEMM before's parts (ssq_in [parts][64])
       if (tid < NX) {
         float sum = 0.f;
@@ -235,12 +266,13 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
     for (int uu = 0; uu < mine; ++uu) {
       const int u = c + uu * clusters;
       if constexpr (EPI == kResidual)  // the unit's residual and weight, waited on only in its epilogue
-        if (KP == 1 || rank == 0)
-          residual_load<WT, J>(rin, reinterpret_cast<const __nv_bfloat16*>(y), nw, u, warp, lane, M, N);
+        if (KP == 1 || rank == 0 || spreads)
+          residual_load<WT, J>(rin, reinterpret_cast<const __nv_bfloat16*>(y), nw, u, warp, lane, M, N, blo, bhi);
       for (int kc = 0; kc < kch; ++kc, ++i) {
         const int s = i % S;
         const u32 st = base + s * kStage;
         mbar_wait(bar_full + 8 * s, (u32)(i / S) & 1u);
+        if (i == 0) TK_WG_MARK(2);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KC / 16; ++kk) {  // block kk / 4, 16-column step kk % 4 of it
@@ -258,12 +290,56 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
 
         // ---- the end of unit u
         wg_wait<0>();
+        TK_WG_MARK(3);
 #pragma unroll
         for (int t = 0; t < WT; ++t) wg_fence_regs<J>(acc[t]);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
         if constexpr (KP > 1) {
-          if (rank != 0) {  // send the partials to CTA 0 once it has read the previous ones
+          if (spreads) {  // block b to CTA b / OWN, into its slot for this CTA; then fold what the peers sent here
+            if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);  // every peer has read the previous unit's
+#pragma unroll
+            for (int t = 0; t < WT; ++t)
+#pragma unroll
+              for (int j = 0; j < J; ++j) {
+                const int b = t * J + j, q = b / OWN, slot = (int)rank < q ? (int)rank : (int)rank - 1;
+                if (q != (int)rank)
+                  st_async_f4(recv + (u32)(slot * OWN + b % OWN) * 2048u + (u32)tid * 16u, bar_red, (u32)q,
+                              acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
+              }
+            if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * OWN * 2048));
+            mbar_wait(bar_red, (u32)uu & 1u);
+            const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
+#pragma unroll
+            for (int t = 0; t < WT; ++t)
+#pragma unroll
+              for (int j = 0; j < J; ++j) {
+                const int b = t * J + j;
+                if (b < blo || b >= bhi) continue;
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int p = 0; p < KP; ++p) {  // rank order, this CTA's own in its place: the gather's sums
+                  float4 v = make_float4(acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
+                  if (p != (int)rank)
+                    v = *reinterpret_cast<const float4*>(recv_p + ((p < (int)rank ? p : p - 1) * OWN + b % OWN) * 2048 +
+                                                         tid * 16);
+                  if (p == 0) {
+                    sum = v;
+                  } else {
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
+                  }
+                }
+                acc[t][j][0] = sum.x;
+                acc[t][j][1] = sum.y;
+                acc[t][j][2] = sum.z;
+                acc[t][j][3] = sum.w;
+              }
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
+            if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)(tid < (int)rank ? tid : tid + 1));
+          } else if (rank != 0) {  // gather: send the partials to CTA 0 once it has read the previous ones
             if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);
             const u32 dst = recv + ((u32)rank - 1u) * kPart + (u32)tid * 16u;
 #pragma unroll
@@ -272,29 +348,33 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
               for (int j = 0; j < J; ++j)
                 st_async_f4(dst + (u32)(t * J + j) * 2048u, bar_red, 0u, acc[t][j][0], acc[t][j][1], acc[t][j][2],
                             acc[t][j][3]);
+            TK_WG_MARK(4);
+            TK_WG_MARK(5);
             continue;
+          } else {  // gather: CTA 0 folds the peers' partials
+            if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * kPart));
+            mbar_wait(bar_red, (u32)uu & 1u);
+            const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
+#pragma unroll
+            for (int p = 1; p < KP; ++p)  // rank order
+#pragma unroll
+              for (int t = 0; t < WT; ++t)
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                  const float4 v = *reinterpret_cast<const float4*>(recv_p + (p - 1) * kPart + (t * J + j) * 2048 + tid * 16);
+                  acc[t][j][0] += v.x;
+                  acc[t][j][1] += v.y;
+                  acc[t][j][2] += v.z;
+                  acc[t][j][3] += v.w;
+                }
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
+            if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
           }
-          if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * kPart));
-          mbar_wait(bar_red, (u32)uu & 1u);
-          const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
-#pragma unroll
-          for (int p = 1; p < KP; ++p)  // rank order
-#pragma unroll
-            for (int t = 0; t < WT; ++t)
-#pragma unroll
-              for (int j = 0; j < J; ++j) {
-                const float4 v = *reinterpret_cast<const float4*>(recv_p + (p - 1) * kPart + (t * J + j) * 2048 + tid * 16);
-                acc[t][j][0] += v.x;
-                acc[t][j][1] += v.y;
-                acc[t][j][2] += v.z;
-                acc[t][j][3] += v.w;
-              }
-          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
-          if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
         }
+        TK_WG_MARK(4);
         if constexpr (EPI == kResidual) {
           residual_store<WT, J>(reinterpret_cast<__nv_bfloat16*>(y), xw, rin, acc, u, warp, lane, tid, M, N, ssq_out,
-                                part_s);
+                                part_s, blo, bhi);
         } else {
           if constexpr (XN) {  // the rows' 1 / rms on the sums (x rows 8 j + 2 t4, + 1 of the fragment)
 #pragma unroll
@@ -308,12 +388,29 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
           for (int t = 0; t < WT; ++t)
 #pragma unroll
             for (int j = 0; j < J; ++j)
-              skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
+              if (t * J + j >= blo && t * J + j < bhi)
+                skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
         }
+        TK_WG_MARK(5);
       }
     }
   }
   if constexpr (KP > 1) cluster_sync_all();  // nobody leaves while a peer may still arrive on its barriers
+#ifdef TK_WG_TRACE
+  TK_WG_MARK(6);
+  if (tid == 0) {
+    const unsigned r = atomicAdd(&wg_trace_n, 1u);
+    if (r < kWgTraceCap) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      for (int k = 0; k < 7; ++k) wg_trace[r][k] = wg_marks[k];
+      wg_trace[r][7] = (unsigned long long)sm << 32 | (blockIdx.x << 8) | rank;
+      wg_trace[r][8] = (unsigned long long)gridDim.x << 32 | (unsigned)N;
+      wg_trace[r][9] = (unsigned long long)K << 32 | (unsigned)(EPI << 8 | (XN ? 16 : 0) | (F32 ? 32 : 0) |
+                                                                 (spreads ? 1 : 0));
+    }
+  }
+#endif
 #else
   __trap();  // an sm_90 build (optimized/kernels/__init__.py builds this file for sm_90a)
 #endif
@@ -329,10 +426,11 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
 #define TK_WG_K(KCV, SV, NXV, WTV, KPV, SUF, F32V, EPIV, XNV)                                                    \
   extern "C" __global__ void __launch_bounds__(160, 1) skinny_wg_k##KCV##s##SV##n##NXV##t##WTV##p##KPV##_##SUF( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, void* __restrict__ y,      \
-      int M, int N, int K, int pre, int evict, const float* __restrict__ ssq_in, float* __restrict__ ssq_out,    \
+      int M, int N, int K, int pre, int evict, int spread, const float* __restrict__ ssq_in,                      \
+      float* __restrict__ ssq_out,                                                                              \
       const __nv_bfloat16* __restrict__ nw, __nv_bfloat16* __restrict__ xw, int parts, float eps) {               \
-    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV, XNV>(&wmap, &xmap, y, M, N, K, pre, evict, ssq_in,         \
-                                                            ssq_out, nw, xw, parts, eps);                         \
+    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV, XNV>(&wmap, &xmap, y, M, N, K, pre, evict, spread,         \
+                                                            ssq_in, ssq_out, nw, xw, parts, eps);                 \
   }
 #define TK_WG(KCV, SV, NXV, WTV, KPV)                                 \
   TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16, false, kPlain, false)         \

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The fifty-seventh session's device calls (run from the repository root, any H100 or H200): the warpgroup GEMM's
+# split-K fold spread over the cluster (ops.skinny_wg's spread=, runner.wg_spread_fold) and the per-CTA trace of
+# the decode step's warpgroup GEMMs (benches/gpu/trace_wg.py; docs/performance/decode_step.md).
+#   bash benches/gpu/fiftyseventh_round.sh check   # the kernel checks (wg, wg-norm: the spread fold bitwise the
+#                       # gathered one), then the trace of a qwen3-0.6b decode step at batch 32 and 64, both folds
+#   bash benches/gpu/fiftyseventh_round.sh ab      # the one-process A/B, gather against spread: qwen3-0.6b batch
+#                       # 32 and 64 (graph timeline at 32), qwen3-8b batch 32 and 64
+source benches/gpu/_env.sh
+mode=${1:-check}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+date +%T; build_kernels; date +%T
+if [ "$mode" = check ]; then
+  checks 200 check_kernels.log wg-norm wg; date +%T
+  for b in 32 64; do
+    timeout 120 python3 benches/gpu/trace_wg.py --batch $b > "$OUT/trace_wg_0.6b_b$b.log" 2>&1
+    echo "trace_wg b$b rc=$?"; cat "$OUT/trace_wg_0.6b_b$b.log" | grep -v Warning; date +%T
+  done
+fi
+if [ "$mode" = ab ]; then
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --timeline-batches 32 --profile-batches \
+    --variants gather spread --rounds 3 > "$OUT/profile_decode_spread_0.6b.log" 2>&1
+  echo "profile_decode 0.6b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_spread_0.6b.log"
+  grep -E "graph timeline|skinny_wg|split_kv" "$OUT/profile_decode_spread_0.6b.log" | head -30; date +%T
+  timeout 200 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --profile-batches \
+    --variants gather spread --rounds 3 > "$OUT/profile_decode_spread_8b.log" 2>&1
+  echo "profile_decode 8b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_spread_8b.log"
+fi
+date +%T
+exit 0
