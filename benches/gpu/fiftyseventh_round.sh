@@ -8,6 +8,8 @@
 #                       # 32 and 64 (graph timeline at 32), qwen3-8b batch 32 and 64
 #   bash benches/gpu/fiftyseventh_round.sh all     # check's kernel checks, the qwen3-0.6b A/B, the trace at
 #                       # batch 32, the qwen3-8b A/B, the trace at batch 64: one call
+#   bash benches/gpu/fiftyseventh_round.sh min     # the checks, the qwen3-0.6b batch-32 A/B and its trace (what a
+#                       # few minutes of device time hold)
 source benches/gpu/_env.sh
 mode=${1:-check}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -31,6 +33,10 @@ case "$mode" in
   check) checks 150 check_kernels.log wg-norm wg; date +%T; trace 32; trace 64 ;;
   ab) p06; p8 ;;
   all) checks 150 check_kernels.log wg-norm wg; date +%T; p06; trace 32; p8; trace 64 ;;
+  min) checks 100 check_kernels.log wg-norm wg; date +%T
+       timeout 100 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 --profile-batches \
+         --variants gather spread --rounds 3 > "$OUT/profile_decode_spread_0.6b.log" 2>&1
+       echo "profile_decode 0.6b rc=$?"; grep -E "^ +32 |==" "$OUT/profile_decode_spread_0.6b.log"; trace 32 ;;
 esac
 date +%T
 exit 0
