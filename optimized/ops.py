@@ -1711,10 +1711,11 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     CTA may fetch before the programmatic-dependent-launch wait (default: all of them). ``evict_first``: as
     ``skinny_staged``. ``spread``: with ``kp`` > 1, every CTA of a cluster adds up and stores its share of a unit's
     partials (its ``wt * nx / 8 / kp`` blocks of 8 x rows by 64 weight rows, the others sent to their owners), where
-    that share is whole (``skinny_wg_spreads``), instead of CTA 0 all of them; the sums keep the rank order, so the
-    bits are the same. K must be a multiple of 64 ``kp``, and of 128 ``kp`` when ``kp`` > 1. Needs the driver's
-    launch path (PDL on) and a compute-capability-9.0 device (the kernels' ``sm_90a`` build). Deterministic: the
-    same inputs and configuration give the same bits; another configuration sums in another order.
+    that share is whole (``skinny_wg_spreads``: the configuration's ``_sp`` kernels), instead of CTA 0 all of them;
+    the sums keep the rank order, so the bits are the same. K must be a multiple of 64 ``kp``, and of 128 ``kp``
+    when ``kp`` > 1. Needs the driver's launch path (PDL on) and a compute-capability-9.0 device (the kernels'
+    ``sm_90a`` build). Deterministic: the same inputs and configuration give the same bits; another configuration
+    sums in another order.
 
     The add_rmsnorm between two GEMMs (``s = s + o``, then ``rms_norm(s) * weight``) folded into them (``wt`` 1 and a
     configuration of ``SKINNY_WG_NORM_CONFIGS``: ``skinny_wg_fold_ok``):
@@ -1751,6 +1752,7 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         return out if xw is None else xw
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
     kind = "res" if residual is not None else kind + "n" if norm is not None else kind
+    kind += "_sp" if spread and skinny_wg_spreads(nx, wt, kp) else ""   # the spread fold's twin
     name = f"skinny_wg_k{kc}s{stages}n{nx}t{wt}p{kp}_{kind}"
     smem = skinny_wg_smem(kc, stages, nx, wt, kp)
     if kp > 1:
@@ -1773,8 +1775,7 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         wmap = _tensor_map("block", w.data_ptr(), N, K, 2 * K, kc, 64 * wt)
     xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, kc, nx)
     _launch(x, "skinny_wg", name, (grid, 1, 1), (_SKINNY_WG_THREADS, 1, 1),
-            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first)),
-             _i(int(spread and skinny_wg_spreads(nx, wt, kp)))) + fused, smem,
+            (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))) + fused, smem,
             cluster_x=kp)
     return out if xw is None else xw
 

@@ -299,7 +299,8 @@ class CudaRunner:
             {n: dict(d) for n, d in WG_GEMM.items()} if self.dev.type == "cuda" and ops.skinny_wg_available(
                 torch.empty(0, device=self.dev)) else {})
         #: the warpgroup kernel's split-K fold spread over the CTAs of a cluster, each adding and storing its share
-        #: of a unit's rows (``ops.skinny_wg``'s ``spread``, the same bits); ``False``: gathered in CTA 0
+        #: of a unit's rows (``ops.skinny_wg``'s ``spread``, the same bits); ``False`` (default: not yet measured on a
+        #: GPU, docs/performance/decode_step.md): gathered in CTA 0
         self.wg_spread_fold = False
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0

@@ -636,11 +636,12 @@ def wg_launch(launch_log, monkeypatch):
 def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     """``ops.skinny_wg`` on the CPU with ``_launch`` recorded: the kernel of ``skinny_wg_config`` (x tile 32 up to 32
     rows, else 64), 160 threads, its shared memory (stages and split-K landing area), clusters of ``kp`` along x,
+    ``spread=True`` the ``_sp`` twin where ``skinny_wg_spreads`` (else the same kernel),
     a grid of at most one cluster a unit and at most one CTA a multiprocessor (``kp`` = 1) or the clusters the
     device holds (``kp`` > 1, asked once per kernel); the block maps of w and x (64 ``wt``-row and NX-row boxes of
     128 columns, x's row stride) and the SwiGLU map of ``[gate | up]``, cached; every built configuration has its
     kernels and fits 227 KB; bad input -- more than 64 rows, an unbuilt (wt, kp), K not a multiple of 64 kp (or of
-    128 kp when split), a float32 SwiGLU, no driver launch path, a device without the sm_90a build -- is a
+    128 kp when split), a float32 SwiGLU, a non-bool spread, no driver launch path, a device without the sm_90a build -- is a
     ValueError that launches nothing."""
     import torch
 
@@ -657,20 +658,20 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     assert smem == 1024 + 6 * (64 + 64) * 128 * 2 == ops.skinny_wg_smem(128, 6, 64, 1, 1)
     assert maps == [("block", w.data_ptr(), 24576, 1024, 2048, 128, 64), ("block", x.data_ptr(), 64, 1024, 2176, 128, 64)]
     assert [type(a) for a in args[:2]] == [launch.TensorMap] * 2 and args[:2] == tuple(ops._tensor_maps.values())
-    assert int(args[2]) == out.data_ptr() and [int(a) for a in args[3:9]] == [64, 24576, 1024, 6, 1, 0]   # M N K pre
-    assert [float(a) for a in args[9:]] == [0] * 6                    # evict spread; no folded add_rmsnorm: 0
+    assert int(args[2]) == out.data_ptr() and [int(a) for a in args[3:8]] == [64, 24576, 1024, 6, 1]   # M N K pre evict
+    assert [float(a) for a in args[8:]] == [0] * 6                    # no folded add_rmsnorm: null, zero
     assert queries == []                                               # no cluster: no occupancy query
     x2 = torch.randn(20, 2048).to(bf)
     ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=8, pre=2, evict_first=False)   # 16 units, split 8 ways
     assert log[-1][1:3] == ("skinny_wg_k128s6n32t1p8_bf16", (128, 1, 1)) and log[-1][6] == 8
     assert log[-1][5] == 1024 + 6 * 96 * 256 + 7 * 64 * 32 * 4 == ops.skinny_wg_smem(128, 6, 32, 1, 8)
-    assert [int(a) for a in log[-1][4][3:9]] == [20, 1024, 2048, 2, 0, 0]
+    assert [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 2, 0]
     assert queries == [(9, (160, 1, 1), log[-1][5], 8)]
     assert maps[-1] == ("block", x2.data_ptr(), 20, 2048, 4096, 128, 32)
     ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=8, spread=True)   # 4 blocks of 8 x rows: not over 8 CTAs
-    assert int(log[-1][4][8]) == 0 and not ops.skinny_wg_spreads(32, 1, 8)
-    ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=4, spread=True)   # one block each
-    assert log[-1][1] == "skinny_wg_k128s8n32t1p4_bf16" and int(log[-1][4][8]) == 1
+    assert log[-1][1] == "skinny_wg_k128s6n32t1p8_bf16" and not ops.skinny_wg_spreads(32, 1, 8)
+    ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=4, spread=True)   # one block each: the _sp twin
+    assert log[-1][1] == "skinny_wg_k128s8n32t1p4_bf16_sp" and [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 8, 1]
     assert ops.skinny_wg_spreads(64, 1, 8) and ops.skinny_wg_spreads(32, 2, 8) and not ops.skinny_wg_spreads(32, 1, 1)
     out = ops.skinny_wg(x[:40], torch.randn(2 * 3072, 1024).to(bf), swiglu=True, wt=2)   # 48 units of 64 outputs
     assert out.shape == (40, 3072) and log[-1][1:3] == ("skinny_wg_k128s4n64t2p1_swiglu", (48, 1, 1))
@@ -689,7 +690,14 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
         assert (kc, S, nx, 1, kp) in ops.SKINNY_WG_CONFIGS
         assert {f"skinny_wg_k{kc}s{S}n{nx}t1p{kp}_{kind}" for kind in ("res", "bf16n", "swiglun")} <= names
         assert ops.skinny_wg_smem(kc, S, nx, 1, kp) + 1024 <= 227 * 1024 - 256   # + its static sums of squares
-    assert len(names) == 3 * len(ops.SKINNY_WG_CONFIGS) + 3 * len(ops.SKINNY_WG_NORM_CONFIGS)
+    spreads = [c for c in ops.SKINNY_WG_CONFIGS if ops.skinny_wg_spreads(c[2], c[3], c[4])]   # their _sp twins
+    spreads_norm = [c for c in ops.SKINNY_WG_NORM_CONFIGS if ops.skinny_wg_spreads(c[2], 1, c[3])]
+    for kc, S, nx, wt, kp in spreads:
+        assert {f"skinny_wg_k{kc}s{S}n{nx}t{wt}p{kp}_{kind}_sp" for kind in ("bf16", "f32", "swiglu")} <= names
+    for kc, S, nx, kp in spreads_norm:
+        assert {f"skinny_wg_k{kc}s{S}n{nx}t1p{kp}_{kind}_sp" for kind in ("res", "bf16n", "swiglun")} <= names
+    assert len(names) == 3 * (len(ops.SKINNY_WG_CONFIGS) + len(ops.SKINNY_WG_NORM_CONFIGS) + len(spreads)
+                              + len(spreads_norm))
     n = len(log)
     for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                   # more than 64 rows
                        (dict(wt=3), x, w), (dict(kp=3), x, w), (dict(wt=2, kp=4), x, w),   # not built at 64 rows
@@ -732,13 +740,13 @@ def test_skinny_wg_folded_norm_arguments_and_rejects_bad_input(wg_launch):
     assert xw.shape == (32, 1024) and xw.dtype == bf and xw.data_ptr() not in (res.data_ptr(), ssq.data_ptr())
     _, name, grid, _, args, _, cx = log[-1]
     assert (name, grid, cx) == ("skinny_wg_k128s8n32t1p4_res", (64, 1, 1), 4)
-    assert int(args[2]) == res.data_ptr() and [int(a) for a in args[3:9]] == [32, 1024, 2048, 8, 1, 0]
-    assert [int(a) for a in args[9:14]] == [0, ssq.data_ptr(), nw.data_ptr(), xw.data_ptr(), 0]
+    assert int(args[2]) == res.data_ptr() and [int(a) for a in args[3:8]] == [32, 1024, 2048, 8, 1]
+    assert [int(a) for a in args[8:13]] == [0, ssq.data_ptr(), nw.data_ptr(), xw.data_ptr(), 0]
     wgu = torch.randn(2 * 3072, 1024).to(bf)
     out = ops.skinny_wg(xw, wgu, swiglu=True, norm=(ssq, 1e-6))               # gate/up
     _, name, grid, _, args, _, _ = log[-1]
     assert out.shape == (32, 3072) and (name, grid) == ("skinny_wg_k128s8n32t1p1_swiglun", (96, 1, 1))
-    assert [int(a) for a in args[9:14]] == [ssq.data_ptr(), 0, 0, 0, 16] and float(args[14]) == np.float32(1e-6)
+    assert [int(a) for a in args[8:13]] == [ssq.data_ptr(), 0, 0, 0, 16] and float(args[13]) == np.float32(1e-6)
     ops.skinny_wg(xw[:20], torch.randn(4096, 1024).to(bf), kp=2, norm=(ssq, 1e-6))   # qkv, 20 rows, split 2
     assert log[-1][1] == "skinny_wg_k128s8n32t1p2_bf16n"
     assert ops.skinny_wg_fold_ok(64, 4) and ops.skinny_wg_fold_ok(17, 8) and not ops.skinny_wg_fold_ok(64, 8)

@@ -75,6 +75,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
     + tuple(f"skinny_wg_k{kc}s{s}n{nx}t1p{kp}_{kind}"
             for kc, s, nx, kp in ((128, 8, 32, 1), (128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 32, 8), (128, 6, 64, 1),
                                   (128, 6, 64, 2), (128, 5, 64, 4))
+            for kind in ("res", "bf16n", "swiglun"))
+    + tuple(f"skinny_wg_k{kc}s{s}n{nx}t{wt}p{kp}_{kind}_sp"   # the spread fold's twins (ops.skinny_wg_spreads)
+            for kc, s, nx, wt, kp in ((128, 8, 32, 1, 2), (128, 8, 32, 1, 4), (128, 6, 64, 1, 2), (128, 5, 64, 1, 4),
+                                      (128, 3, 64, 1, 8), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4), (128, 3, 64, 2, 2))
+            for kind in ("bf16", "f32", "swiglu"))
+    + tuple(f"skinny_wg_k{kc}s{s}n{nx}t1p{kp}_{kind}_sp"
+            for kc, s, nx, kp in ((128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 64, 2), (128, 5, 64, 4))
             for kind in ("res", "bf16n", "swiglun")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),

@@ -164,9 +164,9 @@ __device__ __forceinline__ void residual_store(__nv_bfloat16* __restrict__ y, __
   asm volatile("bar.sync 2, 128;\n" ::: "memory");  // part is free for the next unit
 }
 
-template <int KC, int S, int NX, int WT, int KP, bool F32, int EPI, bool XN>
+template <int KC, int S, int NX, int WT, int KP, bool F32, int EPI, bool XN, bool SP>
 __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const TensorMap* xmap, void* __restrict__ y,
-                                               int M, int N, int K, int pre, int evict, int spread,
+                                               int M, int N, int K, int pre, int evict,
                                                const float* __restrict__ ssq_in, float* __restrict__ ssq_out,
                                                const __nv_bfloat16* __restrict__ nw, __nv_bfloat16* __restrict__ xw,
                                                int parts, float eps) {
@@ -197,7 +197,8 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   const int units = (N + outs - 1) / outs;
   const int clusters = (int)gridDim.x / KP, c = (int)blockIdx.x / KP;
   const u32 rank = KP > 1 ? cluster_rank() : 0u;
-  const bool spreads = KP > 1 && NB % KP == 0 && spread != 0;
+  constexpr bool spreads = SP;
+  static_assert(!SP || (KP > 1 && NB % KP == 0), "the spread fold: a unit's blocks divided among the cluster");
   const int blo = spreads ? (int)rank * OWN : 0, bhi = spreads ? blo + OWN : NB;  // the blocks this CTA stores
   const int kpart = K / KP, kch = (kpart + KC - 1) / KC;  // chunks of this CTA's columns (host: kpart % KC == 0
                                                           // when KP > 1; else the last chunk's columns past K are 0)
@@ -420,27 +421,36 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
 
 // skinny_wg_k{KC}s{S}n{NX}t{WT}p{KP}_{bf16,f32,swiglu}: the kernel for M <= NX rows with chunks of KC columns,
 // S stages, units of 64 WT weight rows, K split over clusters of KP CTAs; for WT = 1 also _res (the residual
-// epilogue), _bf16n and _swiglun (the normed prologue). Grid: KP x (at most the units) CTAs of 160 threads
+// epilogue), _bf16n and _swiglun (the normed prologue); each with an _sp twin (the fold spread over the cluster)
+// where the configuration has one. Grid: KP x (at most the units) CTAs of 160 threads
 // (launched as clusters of KP), ops.skinny_wg_smem bytes of dynamic shared memory. wmap, xmap: the tensor maps
 // ops.skinny_wg encodes; ssq_in, parts, eps: the normed prologue's; ssq_out, nw, xw: the residual epilogue's.
-#define TK_WG_K(KCV, SV, NXV, WTV, KPV, SUF, F32V, EPIV, XNV)                                                    \
+#define TK_WG_K(KCV, SV, NXV, WTV, KPV, SUF, F32V, EPIV, XNV, SPV)                                               \
   extern "C" __global__ void __launch_bounds__(160, 1) skinny_wg_k##KCV##s##SV##n##NXV##t##WTV##p##KPV##_##SUF( \
       const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, void* __restrict__ y,      \
-      int M, int N, int K, int pre, int evict, int spread, const float* __restrict__ ssq_in,                      \
-      float* __restrict__ ssq_out,                                                                              \
+      int M, int N, int K, int pre, int evict, const float* __restrict__ ssq_in, float* __restrict__ ssq_out,    \
       const __nv_bfloat16* __restrict__ nw, __nv_bfloat16* __restrict__ xw, int parts, float eps) {               \
-    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV, XNV>(&wmap, &xmap, y, M, N, K, pre, evict, spread,         \
-                                                            ssq_in, ssq_out, nw, xw, parts, eps);                 \
+    skinny_wg_impl<KCV, SV, NXV, WTV, KPV, F32V, EPIV, XNV, SPV>(&wmap, &xmap, y, M, N, K, pre, evict, ssq_in,    \
+                                                                 ssq_out, nw, xw, parts, eps);                    \
   }
 #define TK_WG(KCV, SV, NXV, WTV, KPV)                                 \
-  TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16, false, kPlain, false)         \
-  TK_WG_K(KCV, SV, NXV, WTV, KPV, f32, true, kPlain, false)           \
-  TK_WG_K(KCV, SV, NXV, WTV, KPV, swiglu, false, kSwiGLU, false)
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16, false, kPlain, false, false)  \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, f32, true, kPlain, false, false)    \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, swiglu, false, kSwiGLU, false, false)
+// ... with the split-K fold spread over the cluster (_sp; KP > 1 and the unit's blocks divided among the CTAs)
+#define TK_WG_SP(KCV, SV, NXV, WTV, KPV)                                   \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, bf16_sp, false, kPlain, false, true)     \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, f32_sp, true, kPlain, false, true)       \
+  TK_WG_K(KCV, SV, NXV, WTV, KPV, swiglu_sp, false, kSwiGLU, false, true)
 // the folded add_rmsnorm's three kernels of a WT = 1 configuration (not (128, 3, 64, 8): its residual epilogue spills)
 #define TK_WG_NORM(KCV, SV, NXV, KPV)                                 \
-  TK_WG_K(KCV, SV, NXV, 1, KPV, res, false, kResidual, false)         \
-  TK_WG_K(KCV, SV, NXV, 1, KPV, bf16n, false, kPlain, true)           \
-  TK_WG_K(KCV, SV, NXV, 1, KPV, swiglun, false, kSwiGLU, true)
+  TK_WG_K(KCV, SV, NXV, 1, KPV, res, false, kResidual, false, false)  \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, bf16n, false, kPlain, true, false)    \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, swiglun, false, kSwiGLU, true, false)
+#define TK_WG_NORM_SP(KCV, SV, NXV, KPV)                                   \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, res_sp, false, kResidual, false, true)     \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, bf16n_sp, false, kPlain, true, true)       \
+  TK_WG_K(KCV, SV, NXV, 1, KPV, swiglun_sp, false, kSwiGLU, true, true)
 // (KC, S, NX, WT, KP): the stages that fit 227 KB with the landing area (ops.SKINNY_WG_CONFIGS)
 TK_WG(128, 8, 32, 1, 1)
 TK_WG(128, 8, 32, 1, 2)
@@ -462,3 +472,16 @@ TK_WG_NORM(128, 6, 32, 8)
 TK_WG_NORM(128, 6, 64, 1)
 TK_WG_NORM(128, 6, 64, 2)
 TK_WG_NORM(128, 5, 64, 4)
+// the spread fold's twins of every configuration above that has one (ops.skinny_wg_spreads)
+TK_WG_SP(128, 8, 32, 1, 2)
+TK_WG_SP(128, 8, 32, 1, 4)
+TK_WG_SP(128, 6, 64, 1, 2)
+TK_WG_SP(128, 5, 64, 1, 4)
+TK_WG_SP(128, 3, 64, 1, 8)
+TK_WG_SP(128, 5, 32, 2, 2)
+TK_WG_SP(128, 4, 32, 2, 4)
+TK_WG_SP(128, 3, 64, 2, 2)
+TK_WG_NORM_SP(128, 8, 32, 2)
+TK_WG_NORM_SP(128, 8, 32, 4)
+TK_WG_NORM_SP(128, 6, 64, 2)
+TK_WG_NORM_SP(128, 5, 64, 4)
