@@ -181,7 +181,8 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   constexpr int kW = R * KC * 2;
   constexpr int kPart = WT * J * 128 * 16;  // one CTA's partials: [WT][J][128 threads][4 floats]
   // the spread fold: the unit's WT J fragment blocks (t, j), b = t J + j, OWN of them to each CTA of the cluster
-  constexpr int NB = WT * J, OWN = KP > 1 && NB % KP == 0 ? NB / KP : NB;
+  constexpr int NB = WT * J, OWN = SP ? NB / KP : NB;
+  static_assert(!SP || (KP > 1 && NB % KP == 0), "the spread fold: a unit's blocks divided among the cluster");
   extern __shared__ __align__(128) unsigned char wg_smem[];  // up to 1 KB of slack, S stages, the landing area
   __shared__ __align__(8) u64 bars[2 * S + 2];             // full[s], empty[s], red, free
   __shared__ float rs_s[XN ? 64 : 1];                      // XN: each x row's 1 / rms
@@ -197,9 +198,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   const int units = (N + outs - 1) / outs;
   const int clusters = (int)gridDim.x / KP, c = (int)blockIdx.x / KP;
   const u32 rank = KP > 1 ? cluster_rank() : 0u;
-  constexpr bool spreads = SP;
-  static_assert(!SP || (KP > 1 && NB % KP == 0), "the spread fold: a unit's blocks divided among the cluster");
-  const int blo = spreads ? (int)rank * OWN : 0, bhi = spreads ? blo + OWN : NB;  // the blocks this CTA stores
+  const int blo = SP ? (int)rank * OWN : 0, bhi = blo + OWN;  // the blocks this CTA stores (all where gathered)
   const int kpart = K / KP, kch = (kpart + KC - 1) / KC;  // chunks of this CTA's columns (host: kpart % KC == 0
                                                           // when KP > 1; else the last chunk's columns past K are 0)
   const int mine = (units - 1 - c) / clusters + 1;        // units of this cluster (c < units: the host's grid)
@@ -215,7 +214,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   if (tid == 0) {
     mbar_init_stages<S>(bar_full, bar_empty, 4);
     mbar_init(bar_red, 1);
-    mbar_init(bar_free, spreads ? KP - 1 : 1);  // spread: every peer frees what it received
+    mbar_init(bar_free, SP ? KP - 1 : 1);  // spread: every peer frees what it received
     mbar_fence_init();
   }
   if constexpr (KP > 1)
@@ -267,7 +266,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
     for (int uu = 0; uu < mine; ++uu) {
       const int u = c + uu * clusters;
       if constexpr (EPI == kResidual)  // the unit's residual and weight, waited on only in its epilogue
-        if (KP == 1 || rank == 0 || spreads)
+        if (KP == 1 || rank == 0 || SP)
           residual_load<WT, J>(rin, reinterpret_cast<const __nv_bfloat16*>(y), nw, u, warp, lane, M, N, blo, bhi);
       for (int kc = 0; kc < kch; ++kc, ++i) {
         const int s = i % S;
@@ -297,7 +296,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
         if constexpr (KP > 1) {
-          if (spreads) {  // block b to CTA b / OWN, into its slot for this CTA; then fold what the peers sent here
+          if constexpr (SP) {  // block b to CTA b / OWN, into its slot for this CTA; then fold what the peers sent here
             if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);  // every peer has read the previous unit's
 #pragma unroll
             for (int t = 0; t < WT; ++t)
@@ -408,7 +407,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
       wg_trace[r][7] = (unsigned long long)sm << 32 | (blockIdx.x << 8) | rank;
       wg_trace[r][8] = (unsigned long long)gridDim.x << 32 | (unsigned)N;
       wg_trace[r][9] = (unsigned long long)K << 32 | (unsigned)(EPI << 8 | (XN ? 16 : 0) | (F32 ? 32 : 0) |
-                                                                 (spreads ? 1 : 0));
+                                                                 (SP ? 1 : 0));
     }
   }
 #endif
