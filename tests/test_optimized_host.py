@@ -617,8 +617,9 @@ def test_fold_norms_into_the_warpgroup_gemms(opt_engine, launches):
 
 
 def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
-    """``wg_spread_fold`` (off by default) hands ``spread=True`` to every warpgroup-kernel launch of a decode step
-    (the four layer GEMMs, folded or not, and the LM head) and changes no token or logprob; off, no launch has it."""
+    """``wg_spread_fold`` (on by default) hands ``spread=True`` to every warpgroup-kernel launch of a decode step
+    (the four layer GEMMs, folded or not, and the LM head) and changes no token or logprob against the gathered
+    fold; off, no launch has it."""
     from optimized import runner as runner_mod
 
     prompts = [[(5 * i + j) % 512 for j in range(3 + i % 3)] for i in range(20)]
@@ -632,10 +633,10 @@ def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
             setattr(eng.runner, k, v)
         return _turns(eng, prompts, sps)
 
-    assert opt_engine().runner.wg_spread_fold is False
-    want = run()
+    assert opt_engine().runner.wg_spread_fold is True
+    want = run(wg_spread_fold=False)
     assert any(k == "skinny_wg" for k, _ in launches) and not any(k == "skinny_wg_spread" for k, _ in launches)
-    for attrs in (dict(wg_spread_fold=True), dict(wg_spread_fold=True, fuse_norm_gemm=False)):
+    for attrs in (dict(), dict(fuse_norm_gemm=False)):
         assert run(**attrs) == want, attrs
         wg = [d[:2] for k, d in launches if k == "skinny_wg"]
         assert wg and wg == [d for k, d in launches if k == "skinny_wg_spread"], attrs
