@@ -16,6 +16,9 @@ medians over the step's layers, in µs:
   -> its end;
 * ``span``: the first wait passed to the last CTA's end; ``incr``: the last end less the traced launch before's.
 
+A second table gives, per role, the seven marks of the median CTA and of the slowest one (the latest last MMA) as
+offsets from the launch's first wait, and each cluster rank's median last MMA.
+
 The trace's own stores (one record a CTA, at its end) lengthen each launch slightly; the untraced step time is
 ``profile_decode.py``'s.
 """
@@ -76,7 +79,7 @@ def launches(rows, cfg) -> list[dict]:
                                f"{len(keys)} shapes, {len(blocks)} blocks)")
         K, flags = rows[i][9] >> 32, rows[i][9] & 0xFFFFFFFF
         out.append(dict(role=role_of(cfg, N, K, flags), grid=grid, spread=bool(flags & 1),
-                        t=[[r[k] for r in group] for k in range(7)]))
+                        t=[[r[k] for r in group] for k in range(7)], rank=[r[7] & 0xFF for r in group]))
         i += grid
     return out
 
@@ -108,6 +111,25 @@ def report(step: list[dict]) -> dict[str, dict[str, float]]:
         d.setdefault("grid", []).append(float(lch["grid"]))
         prev_end = end
     return {role: {k: (sum(v) if k == "n" else statistics.median(v)) for k, v in d.items()} for role, d in per.items()}
+
+
+def tails(step: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """Per role, the marks of two CTAs of each launch as offsets from its first wait (µs; medians over the launches):
+    the median CTA and the slowest (the latest last MMA, which every peer's fold and the cluster's last barrier
+    wait for); then each cluster rank's median last MMA. Where the slowest is late shows what the cluster waits on:
+    a late start (placement), a late first stage (x), or slow MMAs (weights)."""
+    per: dict[str, dict[str, list[list[float]]]] = {}
+    for lch in step:
+        t, wait0 = lch["t"], min(lch["t"][1])
+        order = sorted(range(lch["grid"]), key=lambda c: t[3][c])
+        d = per.setdefault(lch["role"], {})
+        for name, c in (("median", order[len(order) // 2]), ("slowest", order[-1])):
+            d.setdefault(name, []).append([(t[k][c] - wait0) / 1e3 for k in range(7)])
+        ranks = sorted(set(lch["rank"]))
+        d.setdefault("mma by rank", []).append(
+            [statistics.median((t[3][c] - wait0) / 1e3 for c in range(lch["grid"]) if lch["rank"][c] == r)
+             for r in ranks])
+    return {role: {k: [statistics.median(col) for col in zip(*v)] for k, v in d.items()} for role, d in per.items()}
 
 
 def main() -> int:
@@ -160,6 +182,12 @@ def main() -> int:
         print(f"{'role':>8} " + " ".join(f"{c:>10}" for c in cols))
         for role, d in report(step).items():
             print(f"{role:>8} " + " ".join(f"{d.get(c, float('nan')):10.2f}" for c in cols))
+        print("   marks from the launch's first wait (median CTA, slowest CTA by its last MMA), and each rank's "
+              "median last MMA")
+        print(f"{'role':>8} {'cta':>12} " + " ".join(f"{m:>8}" for m in MARKS))
+        for role, d in tails(step).items():
+            for name in ("median", "slowest", "mma by rank"):
+                print(f"{role:>8} {name:>12} " + " ".join(f"{v:8.2f}" for v in d[name]))
         del eng
         torch.cuda.empty_cache()
     return 0
