@@ -1614,16 +1614,15 @@ def skinny_cluster(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype =
 #: built configurations of the warpgroup kernel (``skinny_wg.cu``): (chunk columns, stages, x rows a tile (the
 #: wgmma's N: 32 or 64), 64-row weight tiles a unit, CTAs that split K (a cluster)); the stages are what fits
 #: 227 KB beside the split-K landing area
-SKINNY_WG_CONFIGS = ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4), (128, 6, 32, 1, 8),
-                     (128, 6, 64, 1, 1), (128, 6, 64, 1, 2), (128, 5, 64, 1, 4), (128, 3, 64, 1, 8),
-                     (128, 5, 32, 2, 1), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4),
-                     (128, 4, 64, 2, 1), (128, 3, 64, 2, 2))
+SKINNY_WG_CONFIGS = kernels.SKINNY_WG_CONFIGS
 SKINNY_WG_MAX_M = 64
 #: the configurations (chunk columns, stages, x rows, CTAs splitting K; 64-row units) built with the folded
 #: add_rmsnorm's kernels (``skinny_wg``'s ``residual=`` and ``norm=``): every one of one tile a unit but (128, 3, 64, 8),
 #: whose residual epilogue spills
-SKINNY_WG_NORM_CONFIGS = ((128, 8, 32, 1), (128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 32, 8), (128, 6, 64, 1),
-                          (128, 6, 64, 2), (128, 5, 64, 4))
+SKINNY_WG_NORM_CONFIGS = kernels.SKINNY_WG_NORM_CONFIGS
+#: whether a configuration (x rows, tiles a unit, CTAs splitting K) has the spread fold's ``_sp`` kernels: a unit's
+#: ``wt * nx / 8`` fragment blocks divide among ``kp`` > 1 CTAs (``OWN`` in ``skinny_wg.cu``)
+skinny_wg_spreads = kernels.skinny_wg_spreads
 #: the target ``skinny_wg.cu`` must be built for (wgmma): a compute-capability-9.0 device (``kernels.ARCH_TARGETS``)
 SKINNY_WG_TARGET = "sm_90a"
 _SKINNY_WG_THREADS = 160
@@ -1678,13 +1677,6 @@ def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]
             return cfg
     raise ValueError(f"no skinny_wg configuration for {M} rows (x tile {nx}), wt = {wt!r}, kp = {kp!r}; built: "
                      f"{SKINNY_WG_CONFIGS}")
-
-
-def skinny_wg_spreads(nx: int, wt: int, kp: int) -> bool:
-    """Whether the warpgroup kernel can spread its split-K fold (``skinny_wg``'s ``spread``) for an x tile of ``nx``
-    rows, ``wt`` tiles a unit and ``kp`` CTAs splitting K: a unit's ``wt * nx / 8`` fragment blocks divide among the
-    ``kp`` > 1 CTAs (``OWN`` in ``skinny_wg.cu``)."""
-    return kp > 1 and (wt * nx // 8) % kp == 0
 
 
 def skinny_wg_ssq(N: int, ref: torch.Tensor) -> torch.Tensor:

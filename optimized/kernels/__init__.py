@@ -29,6 +29,23 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
+#: skinny_wg.cu's configurations (KC, S, NX, WT, KP) and those of its folded add_rmsnorm's kernels (KC, S, NX, KP;
+#: WT = 1), what ops.SKINNY_WG_CONFIGS and ops.SKINNY_WG_NORM_CONFIGS say
+SKINNY_WG_CONFIGS = ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4), (128, 6, 32, 1, 8),
+                     (128, 6, 64, 1, 1), (128, 6, 64, 1, 2), (128, 5, 64, 1, 4), (128, 3, 64, 1, 8),
+                     (128, 5, 32, 2, 1), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4),
+                     (128, 4, 64, 2, 1), (128, 3, 64, 2, 2))
+SKINNY_WG_NORM_CONFIGS = ((128, 8, 32, 1), (128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 32, 8), (128, 6, 64, 1),
+                          (128, 6, 64, 2), (128, 5, 64, 4))
+
+
+def skinny_wg_spreads(nx: int, wt: int, kp: int) -> bool:
+    """Whether the warpgroup kernel can spread its split-K fold (``skinny_wg``'s ``spread``) for an x tile of ``nx``
+    rows, ``wt`` tiles a unit and ``kp`` CTAs splitting K: a unit's ``wt * nx / 8`` fragment blocks divide among the
+    ``kp`` > 1 CTAs (``OWN`` in ``skinny_wg.cu``), which is where the configuration has ``_sp`` kernels."""
+    return kp > 1 and (wt * nx // 8) % kp == 0
+
+
 #: every kernel source of the package (file stem -> the kernels it defines)
 SOURCES: dict[str, tuple[str, ...]] = {
     "attention": (
@@ -65,23 +82,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
             for kind in ("bf16", "f32", "swiglu"))
     + tuple(f"skinny_cluster_k{kc}s{s}t{tp}c{c}w8_m64_{kind}" for kc, s, tp, c in ((256, 4, 2, 4), (512, 2, 2, 4))
             for kind in ("bf16", "f32", "swiglu")),
-    "skinny_wg": tuple(f"skinny_wg_k{kc}s{s}n{nx}t{wt}p{kp}_{kind}"
-                       for kc, s, nx, wt, kp in ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4),
-                                                 (128, 6, 32, 1, 8), (128, 6, 64, 1, 1), (128, 6, 64, 1, 2),
-                                                 (128, 5, 64, 1, 4), (128, 3, 64, 1, 8), (128, 5, 32, 2, 1),
-                                                 (128, 5, 32, 2, 2), (128, 4, 32, 2, 4), (128, 4, 64, 2, 1),
-                                                 (128, 3, 64, 2, 2))
+    "skinny_wg": tuple(f"skinny_wg_k{kc}s{s}n{nx}t{wt}p{kp}_{kind}{sp}" for kc, s, nx, wt, kp in SKINNY_WG_CONFIGS
+                       for sp in ("", "_sp")[:1 + skinny_wg_spreads(nx, wt, kp)]
                        for kind in ("bf16", "f32", "swiglu"))
-    + tuple(f"skinny_wg_k{kc}s{s}n{nx}t1p{kp}_{kind}"
-            for kc, s, nx, kp in ((128, 8, 32, 1), (128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 32, 8), (128, 6, 64, 1),
-                                  (128, 6, 64, 2), (128, 5, 64, 4))
-            for kind in ("res", "bf16n", "swiglun"))
-    + tuple(f"skinny_wg_k{kc}s{s}n{nx}t{wt}p{kp}_{kind}_sp"   # the spread fold's twins (ops.skinny_wg_spreads)
-            for kc, s, nx, wt, kp in ((128, 8, 32, 1, 2), (128, 8, 32, 1, 4), (128, 6, 64, 1, 2), (128, 5, 64, 1, 4),
-                                      (128, 3, 64, 1, 8), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4), (128, 3, 64, 2, 2))
-            for kind in ("bf16", "f32", "swiglu"))
-    + tuple(f"skinny_wg_k{kc}s{s}n{nx}t1p{kp}_{kind}_sp"
-            for kc, s, nx, kp in ((128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 64, 2), (128, 5, 64, 4))
+    + tuple(f"skinny_wg_k{kc}s{s}n{nx}t1p{kp}_{kind}{sp}" for kc, s, nx, kp in SKINNY_WG_NORM_CONFIGS
+            for sp in ("", "_sp")[:1 + skinny_wg_spreads(nx, 1, kp)]
             for kind in ("res", "bf16n", "swiglun")),
     "sampling": ("sample_partial", "sample"),
     "rmsnorm": ("rmsnorm", "add_rmsnorm", "embed_rmsnorm"),
