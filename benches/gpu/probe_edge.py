@@ -42,6 +42,17 @@ MODES = {"pdl": "edge_pdl", "flag": "edge_flag", "none": "edge_none"}
 SHAPES = ((64, 200), (64, 0), (128, 0))      # (CTAs, KB of dynamic shared memory a CTA)
 
 
+def edge_stats(marks: np.ndarray) -> tuple[float, float]:
+    """The median gap and period, µs, of a chain's marks (``[launches, CTAs, 2]`` ns: each CTA's wait passed, end):
+    the gap after launch s is launch s + 1's first wait passed less launch s's last end; the period is first wait
+    passed to first wait passed."""
+    m = marks.astype(np.float64) / 1000.0                            # [k, grid, 2] µs
+    first_wait, last_end = m[:, :, 0].min(axis=1), m[:, :, 1].max(axis=1)
+    gaps = first_wait[1:] - last_end[:-1]
+    periods = first_wait[1:] - first_wait[:-1]
+    return float(np.median(gaps)), float(np.median(periods))
+
+
 class Chain:
     """One mode's graph: the flags' reset, then ``k`` launches buf[s] -> buf[s + 1]."""
 
@@ -79,11 +90,7 @@ class Chain:
 
     def edges(self) -> tuple[float, float]:
         """The median gap and period of the last replay, µs."""
-        m = self.marks.cpu().numpy().astype(np.float64) / 1000.0      # [k, grid, 2] µs
-        first_wait, last_end = m[:, :, 0].min(axis=1), m[:, :, 1].max(axis=1)
-        gaps = first_wait[1:] - last_end[:-1]
-        periods = first_wait[1:] - first_wait[:-1]
-        return float(np.median(gaps)), float(np.median(periods))
+        return edge_stats(self.marks.cpu().numpy())
 
     def wrong(self) -> int:
         """Floats of the chain's end that are not its start plus ``k``."""
