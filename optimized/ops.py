@@ -168,6 +168,14 @@ def _function(dev: int, module: str, name: str, smem: int, ctas_per_sm: int | No
     return entry
 
 
+@functools.cache
+def _smem_per_sm(dev: int) -> int:
+    """A multiprocessor's largest shared memory on device ``dev``, bytes."""
+    import cupy
+
+    return int(cupy.cuda.runtime.deviceGetAttribute(81, dev))   # cudaDevAttrMaxSharedMemoryPerMultiprocessor
+
+
 def _carveout_percent(dev: int, fn, smem: int, ctas: int) -> int:
     """The smallest shared-memory carveout preference (percent of a multiprocessor's largest shared
     memory) that holds ``ctas`` CTAs of ``fn`` with ``smem`` bytes of dynamic shared memory each. The
@@ -176,9 +184,8 @@ def _carveout_percent(dev: int, fn, smem: int, ctas: int) -> int:
     ``DECODE_CTAS_PER_SM``)."""
     import cupy
 
-    rt = cupy.cuda.runtime
-    per_sm = rt.deviceGetAttribute(81, dev)    # cudaDevAttrMaxSharedMemoryPerMultiprocessor
-    reserved = rt.deviceGetAttribute(111, dev)  # cudaDevAttrReservedSharedMemoryPerBlock
+    per_sm = _smem_per_sm(dev)
+    reserved = cupy.cuda.runtime.deviceGetAttribute(111, dev)  # cudaDevAttrReservedSharedMemoryPerBlock
     need = ctas * (smem + int(fn.attributes["shared_size_bytes"]) + reserved)
     return min(100, -(-100 * need // per_sm))
 
@@ -1628,11 +1635,12 @@ SKINNY_WG_TARGET = "sm_90a"
 _SKINNY_WG_THREADS = 160
 
 
-def skinny_wg_smem(kc: int, stages: int, nx: int, wt: int, kp: int) -> int:
+def skinny_wg_smem(kc: int, stages: int, nx: int, wt: int, kp: int, spread: bool = False) -> int:
     """Dynamic shared memory of a warpgroup-kernel launch: 1 KB to align the stages to 1024 bytes, ``stages`` x
     (64 ``wt`` weight rows + ``nx`` x rows) of ``kc`` bf16, and the landing area of ``kp - 1`` CTAs' fp32
-    partials (``wg_stage_bytes``, ``wg_recv_bytes`` in ``skinny_wg.cu``)."""
-    return 1024 + stages * (64 * wt + nx) * kc * 2 + (kp - 1) * 64 * wt * nx * 4
+    partials (``wg_stage_bytes``, ``wg_recv_bytes`` in ``skinny_wg.cu``); with the fold ``spread`` (its ``_sp``
+    kernels) each peer sends only the CTA's share, a ``kp``-th of a unit's partials."""
+    return 1024 + stages * (64 * wt + nx) * kc * 2 + (kp - 1) * 64 * wt * nx * 4 // (kp if spread else 1)
 
 
 def skinny_wg_rows(M: int) -> int:
@@ -1668,15 +1676,15 @@ def skinny_wg_available(ref: torch.Tensor) -> bool:
     return _clusters_ok(ref) and kernels.target("skinny_wg", _device_index(ref)) == SKINNY_WG_TARGET
 
 
-def skinny_wg_config(M: int, wt: int, kp: int) -> tuple[int, int, int, int, int]:
+def skinny_wg_config(M: int, wt: int, kp: int, stages: int | None = None) -> tuple[int, int, int, int, int]:
     """The built configuration (``SKINNY_WG_CONFIGS``) for ``M`` rows, ``wt`` tiles a unit and ``kp`` CTAs
-    splitting K; ``ValueError`` if there is none."""
+    splitting K: the first listed, or the one of ``stages`` stages; ``ValueError`` if there is none."""
     nx = skinny_wg_rows(M)
     for cfg in SKINNY_WG_CONFIGS:
-        if cfg[2:] == (nx, wt, kp):
+        if cfg[2:] == (nx, wt, kp) and stages in (None, cfg[1]):
             return cfg
-    raise ValueError(f"no skinny_wg configuration for {M} rows (x tile {nx}), wt = {wt!r}, kp = {kp!r}; built: "
-                     f"{SKINNY_WG_CONFIGS}")
+    raise ValueError(f"no skinny_wg configuration for {M} rows (x tile {nx}), wt = {wt!r}, kp = {kp!r}"
+                     f"{'' if stages is None else f', stages = {stages!r}'}; built: {SKINNY_WG_CONFIGS}")
 
 
 def skinny_wg_ssq(N: int, ref: torch.Tensor) -> torch.Tensor:
@@ -1685,21 +1693,28 @@ def skinny_wg_ssq(N: int, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty(-(-N // 64), 64, dtype=torch.float32, device=ref.device)
 
 
-def skinny_wg_fold_ok(M: int, kp: int) -> bool:
+def skinny_wg_fold_ok(M: int, kp: int, stages: int | None = None) -> bool:
     """Whether the folded add_rmsnorm's kernels (``skinny_wg(residual=...)``, ``norm=...``) are built for ``M`` rows
-    with ``kp`` CTAs splitting K (and one 64-row tile a unit): ``SKINNY_WG_NORM_CONFIGS``."""
-    return 0 < M <= SKINNY_WG_MAX_M and any(c[2:] == (skinny_wg_rows(M), kp) for c in SKINNY_WG_NORM_CONFIGS)
+    with ``kp`` CTAs splitting K (and one 64-row tile a unit; ``stages``: of that many stages, None: the default
+    configuration's): ``SKINNY_WG_NORM_CONFIGS``."""
+    if not 0 < M <= SKINNY_WG_MAX_M:
+        return False
+    if stages is None:
+        stages = next((c[1] for c in SKINNY_WG_CONFIGS if c[2:] == (skinny_wg_rows(M), 1, kp)), None)
+    return any(c[1:] == (stages, skinny_wg_rows(M), kp) for c in SKINNY_WG_NORM_CONFIGS)
 
 
 def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
               out: torch.Tensor | None = None, swiglu: bool = False, wt: int = 1, kp: int = 1,
               pre: int | None = None, evict_first: bool = True, spread: bool = False,
               residual: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-              norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+              norm: tuple[torch.Tensor, float] | None = None, stages: int | None = None) -> torch.Tensor:
     """``skinny_gemm`` (or, with ``swiglu``, ``skinny_swiglu``) for up to ``SKINNY_WG_MAX_M`` rows by the warpgroup
     kernel (``skinny_wg.cu``): tensor copies stream 64 ``wt`` weight rows and the x rows through shared memory,
     one warpgroup multiplies them by ``wgmma``, and ``kp`` > 1 CTAs of a cluster split K, CTA 0 adding the others'
-    partials in rank order. The configuration is ``skinny_wg_config(M, wt, kp)``. ``pre``: stages whose weights a
+    partials in rank order. The configuration is ``skinny_wg_config(M, wt, kp, stages)`` (``stages`` None: the
+    default one; 4 at 32 x rows: the configurations small enough for two CTAs a multiprocessor, the same bits
+    as every other). ``pre``: stages whose weights a
     CTA may fetch before the programmatic-dependent-launch wait (default: all of them). ``evict_first``: as
     ``skinny_staged``. ``spread``: with ``kp`` > 1, every CTA of a cluster adds up and stores its share of a unit's
     partials (its ``wt * nx / 8 / kp`` blocks of 8 x rows by 64 weight rows, the others sent to their owners), where
@@ -1723,8 +1738,8 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     M, N, K = _linear_shape(x, w)
     if not M <= SKINNY_WG_MAX_M:
         raise ValueError(f"skinny_wg takes at most {SKINNY_WG_MAX_M} rows, got {M}")
-    kc, stages, nx, wt, kp = skinny_wg_config(M, wt, kp)
-    fused, xw = _skinny_wg_fused(x, w, M, N, K, kp, out_dtype, out, swiglu, wt, residual, norm)
+    kc, stages, nx, wt, kp = skinny_wg_config(M, wt, kp, stages)
+    fused, xw = _skinny_wg_fused(x, w, M, N, K, kp, stages, out_dtype, out, swiglu, wt, residual, norm)
     pre = stages if pre is None else pre
     if not (isinstance(pre, int) and not isinstance(pre, bool) and pre >= 0):
         raise ValueError(f"pre must be a non-negative int, got {pre!r}")
@@ -1744,16 +1759,21 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
         return out if xw is None else xw
     kind = "swiglu" if swiglu else ("f32" if out_dtype == torch.float32 else "bf16")
     kind = "res" if residual is not None else kind + "n" if norm is not None else kind
-    kind += "_sp" if spread and skinny_wg_spreads(nx, wt, kp) else ""   # the spread fold's twin
+    spread = spread and skinny_wg_spreads(nx, wt, kp)
+    kind += "_sp" if spread else ""   # the spread fold's twin
     name = f"skinny_wg_k{kc}s{stages}n{nx}t{wt}p{kp}_{kind}"
-    smem = skinny_wg_smem(kc, stages, nx, wt, kp)
+    smem = skinny_wg_smem(kc, stages, nx, wt, kp, spread)
+    # where two CTAs fit a multiprocessor (with up to 3 KB of static and reserved shared memory each: the 4-stage
+    # configurations at 32 x rows), prefer the shared-memory configuration that holds both, so that a GEMM's CTAs
+    # can be resident beside the GEMM's before it; else none (the largest configuration is the only one that fits)
+    two = 2 if 2 * (smem + 3 * 1024) <= _smem_per_sm(dev) else None
     if kp > 1:
         key = (dev, name, smem)
         cap = _cluster_capacity.get(key)
         if cap is None:
             import cupy
             with cupy.cuda.Device(dev):
-                _, handle = _function(dev, "skinny_wg", name, smem)
+                _, handle = _function(dev, "skinny_wg", name, smem, two)
                 cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (_SKINNY_WG_THREADS, 1, 1), smem, kp)
             if not cap >= 1:
                 raise ValueError(f"{name}: the device holds no cluster of {kp} CTAs with {smem} bytes of shared memory")
@@ -1768,20 +1788,21 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, kc, nx)
     _launch(x, "skinny_wg", name, (grid, 1, 1), (_SKINNY_WG_THREADS, 1, 1),
             (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))) + fused, smem,
-            cluster_x=kp)
+            ctas_per_sm=two, cluster_x=kp)
     return out if xw is None else xw
 
 
-def _skinny_wg_fused(x, w, M, N, K, kp, out_dtype, out, swiglu, wt, residual, norm) -> tuple[tuple, torch.Tensor | None]:
+def _skinny_wg_fused(x, w, M, N, K, kp, stages, out_dtype, out, swiglu, wt, residual, norm
+                     ) -> tuple[tuple, torch.Tensor | None]:
     """``skinny_wg``'s residual-epilogue / normed-prologue arguments checked: the kernel's last six (ssq_in, ssq_out,
     norm weight, xw, parts, eps; null and zero for neither) and the residual epilogue's new xw output (else None)."""
     if residual is None and norm is None:
         return (_p(None), _p(None), _p(None), _p(None), _i(0), _f(0.0)), None
     if residual is not None and norm is not None:
         raise ValueError("skinny_wg takes the residual epilogue (residual=) or the normed prologue (norm=), not both")
-    if not skinny_wg_fold_ok(M, kp) or wt != 1:
+    if not skinny_wg_fold_ok(M, kp, stages) or wt != 1:
         raise ValueError(f"the folded add_rmsnorm is built for one tile a unit and {SKINNY_WG_NORM_CONFIGS} "
-                         f"(x rows, kp), got {M} rows, wt = {wt!r}, kp = {kp!r}")
+                         f"(chunk, stages, x rows, kp), got {M} rows, wt = {wt!r}, kp = {kp!r}, stages = {stages!r}")
     if out_dtype != torch.bfloat16 or out is not None:
         raise ValueError("the folded add_rmsnorm (residual=, norm=) writes bf16 and takes no out=")
     if norm is not None:

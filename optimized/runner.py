@@ -303,6 +303,11 @@ class CudaRunner:
         #: batch 32 / 64 1.088 / 1.669 -> 1.076 / 1.632 ms a step (docs/performance/decode_step.md); ``False``: the
         #: fold gathered in CTA 0
         self.wg_spread_fold = True
+        #: the stages of the layer GEMMs' warpgroup configurations where one of that many is built for their x tile,
+        #: tiles and split (``ops.skinny_wg_config``'s ``stages``: 4 at 32 x rows, small enough for two CTAs a
+        #: multiprocessor, so that a GEMM's CTAs can be resident beside the GEMM before it; the same bits), else
+        #: theirs; None (default): every configuration's default stages
+        self.wg_stages: int | None = None
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: default-mode GEMMs of ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows run through ``ops.gemm``
@@ -504,7 +509,8 @@ class CudaRunner:
             return ops.gemm(x, w)
         wg = self._wg_cfg(x.shape[0], w, role)
         if wg is not None:
-            return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold)
+            return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold,
+                                 stages=self._wg_stages(x.shape[0], *wg))
         cl = self._cluster_cfg(x, w, role)
         if cl is not None:
             return ops.skinny_cluster(x, w, **self._cluster_kw(cl))
@@ -539,6 +545,14 @@ class CudaRunner:
         kc = ops.skinny_wg_config(M, *cfg)[0]
         kp = cfg[1]
         return cfg if K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0) else None
+
+    def _wg_stages(self, M: int, wt: int, kp: int, fold: bool = False) -> int | None:
+        """``wg_stages`` where a configuration of that many stages is built for ``M`` rows, ``wt`` and ``kp`` (with
+        ``fold``: also the folded add_rmsnorm's kernels, ``ops.skinny_wg_fold_ok``), else None (the default's)."""
+        S = self.wg_stages
+        if S is None or not any(c[1:] == (S, ops.skinny_wg_rows(M), wt, kp) for c in ops.SKINNY_WG_CONFIGS):
+            return None
+        return S if not fold or ops.skinny_wg_fold_ok(M, kp, S) else None
 
     def _cluster_cfg(self, x: torch.Tensor, w: torch.Tensor, role: str) -> tuple[int, ...] | None:
         """The cluster kernel's configuration (``cluster_gemm``) for this GEMM of 17-64 rows, or None."""
@@ -693,7 +707,8 @@ class CudaRunner:
         returns the new rows' sums of squares by 64 columns (``ops.skinny_wg_ssq``) and the new rows times the next
         norm's ``weight``: what the normed prologue of the GEMM after it takes."""
         ssq = ops.skinny_wg_ssq(w.shape[0], x)
-        return ssq, ops.skinny_wg(x, w, kp=kp, residual=(residual, ssq, weight), spread=self.wg_spread_fold)
+        return ssq, ops.skinny_wg(x, w, kp=kp, residual=(residual, ssq, weight), spread=self.wg_spread_fold,
+                                  stages=self._wg_stages(x.shape[0], 1, kp, fold=True))
 
     def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, kp: int,
                    swiglu: bool = False) -> torch.Tensor:
@@ -701,7 +716,7 @@ class CudaRunner:
         normed prologue (``kp`` CTAs splitting K): ``xw`` the stream times the norm's weight and ``ssq`` its sums of
         squares, as the residual epilogue before it wrote them."""
         return ops.skinny_wg(xw, w, swiglu=swiglu, kp=kp, norm=(ssq, self.cfg.rms_norm_eps),
-                             spread=self.wg_spread_fold)
+                             spread=self.wg_spread_fold, stages=self._wg_stages(xw.shape[0], 1, kp, fold=True))
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
@@ -713,7 +728,8 @@ class CudaRunner:
             return ops.silu_mul(self._mm(h, wgu, role="gate_up"))
         wg = self._wg_cfg(h.shape[0], wgu, "gate_up", swiglu=True)
         if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
-            return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold)
+            return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold,
+                                 stages=self._wg_stages(h.shape[0], *wg))
         cl = self._cluster_cfg(h, wgu, "gate_up")
         if cl is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_cluster(h, wgu, swiglu=True, **self._cluster_kw(cl))

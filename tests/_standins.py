@@ -163,17 +163,19 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
     folded = {}                          # the residual epilogue's xw (data_ptr) -> (its stream's rows, the weight)
 
     def skinny_wg(x, w, *, out_dtype=torch.bfloat16, swiglu=False, wt=1, kp=1, pre=None, evict_first=True,
-                  spread=False, residual=None, norm=None):
+                  spread=False, residual=None, norm=None, stages=None):
         assert 16 < x.shape[0] <= real_ops.SKINNY_WG_MAX_M, "the warpgroup kernel's rows (the runner's 17-64)"
-        kc = real_ops.skinny_wg_config(x.shape[0], wt, kp)[0]     # a built configuration (else ValueError)
+        kc = real_ops.skinny_wg_config(x.shape[0], wt, kp, stages)[0]     # a built configuration (else ValueError)
         M, K = x.shape
         assert K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0), "a K the configuration takes"
         assert isinstance(spread, bool)
         log.append(("skinny_wg", (M, w.data_ptr(), out_dtype, swiglu, wt, kp)))
         if spread:
             log.append(("skinny_wg_spread", (M, w.data_ptr())))
+        if stages is not None:
+            log.append(("skinny_wg_stages", (M, w.data_ptr(), stages)))
         if residual is not None or norm is not None:
-            assert wt == 1 and real_ops.skinny_wg_fold_ok(M, kp) and (residual is None or norm is None)
+            assert wt == 1 and real_ops.skinny_wg_fold_ok(M, kp, stages) and (residual is None or norm is None)
         if norm is not None:             # the normed prologue: x is a residual epilogue's xw, ssq its stream's squares
             nssq, eps = norm
             stream, weight = folded.pop(x.data_ptr())
@@ -221,7 +223,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                skinny_cluster=skinny_cluster, SKINNY_CLUSTER_MAX_M=real_ops.SKINNY_CLUSTER_MAX_M,
                                skinny_wg=skinny_wg, SKINNY_WG_MAX_M=real_ops.SKINNY_WG_MAX_M,
                                skinny_wg_config=real_ops.skinny_wg_config, skinny_wg_rows=real_ops.skinny_wg_rows,
-                               skinny_wg_split=real_ops.skinny_wg_split,
+                               skinny_wg_split=real_ops.skinny_wg_split, SKINNY_WG_CONFIGS=real_ops.SKINNY_WG_CONFIGS,
                                skinny_wg_ssq=real_ops.skinny_wg_ssq, skinny_wg_fold_ok=real_ops.skinny_wg_fold_ok,
                                SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
                                skinny_staged_rows=real_ops.skinny_staged_rows,

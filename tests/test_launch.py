@@ -613,6 +613,7 @@ def wg_launch(launch_log, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setattr(ops, "_device_index", lambda t: 0)
     monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(ops, "_smem_per_sm", lambda dev: 228 * 1024)
     monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
     monkeypatch.setattr(kernels, "target", lambda name, dev: "sm_90a" if name == "skinny_wg" else None)
     monkeypatch.setattr(ops, "_function", lambda dev, module, name, smem, ctas_per_sm=None: (None, 9))
@@ -629,7 +630,7 @@ def wg_launch(launch_log, monkeypatch):
     monkeypatch.setattr(launch, "encode_block_map", encoder("block"))
     monkeypatch.setattr(launch, "encode_swiglu_map", encoder("swiglu"))
     monkeypatch.setattr(ops, "_launch", lambda ref, module, name, grid, block, args, smem=0, ctas_per_sm=None,
-                        cluster_x=1: launch_log.append((module, name, grid, block, args, smem, cluster_x)))
+                        cluster_x=1: launch_log.append((module, name, grid, block, args, smem, cluster_x, ctas_per_sm)))
     yield launch_log, queries, maps
 
 
@@ -640,7 +641,8 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     a grid of at most one cluster a unit and at most one CTA a multiprocessor (``kp`` = 1) or the clusters the
     device holds (``kp`` > 1, asked once per kernel); the block maps of w and x (64 ``wt``-row and NX-row boxes of
     128 columns, x's row stride) and the SwiGLU map of ``[gate | up]``, cached; every built configuration has its
-    kernels and fits 227 KB; bad input -- more than 64 rows, an unbuilt (wt, kp), K not a multiple of 64 kp (or of
+    kernels and fits 227 KB, the first of a (nx, wt, kp) its default and ``stages=4``'s small enough for two CTAs a
+    multiprocessor; bad input -- more than 64 rows, an unbuilt (wt, kp) or stage count, K not a multiple of 64 kp (or of
     128 kp when split), a float32 SwiGLU, a non-bool spread, no driver launch path, a device without the sm_90a build -- is a
     ValueError that launches nothing."""
     import torch
@@ -652,7 +654,7 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     x = torch.randn(64, 1024 + 64).to(bf)[:, :1024]                   # rows 1088 elements apart
     w = torch.randn(24576, 1024).to(bf)
     out = ops.skinny_wg(x, w)                                         # 384 units of 64 rows, 132 CTAs
-    mod, name, grid, block, args, smem, cx = log[-1]
+    mod, name, grid, block, args, smem, cx, _ = log[-1]
     assert out.shape == (64, 24576) and out.dtype == bf
     assert (mod, name, grid, block, cx) == ("skinny_wg", "skinny_wg_k128s6n64t1p1_bf16", (132, 1, 1), (160, 1, 1), 1)
     assert smem == 1024 + 6 * (64 + 64) * 128 * 2 == ops.skinny_wg_smem(128, 6, 64, 1, 1)
@@ -672,6 +674,11 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     assert log[-1][1] == "skinny_wg_k128s6n32t1p8_bf16" and not ops.skinny_wg_spreads(32, 1, 8)
     ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=4, spread=True)   # one block each: the _sp twin
     assert log[-1][1] == "skinny_wg_k128s8n32t1p4_bf16_sp" and [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 8, 1]
+    assert log[-1][5] == 1024 + 8 * 96 * 256 + 3 * 2048 == ops.skinny_wg_smem(128, 8, 32, 1, 4, True)   # a share each
+    ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=4, spread=True, stages=4)   # 4 stages: two CTAs an SM
+    assert log[-1][1] == "skinny_wg_k128s4n32t1p4_bf16_sp" and [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 4, 1]
+    assert log[-1][5] == 1024 + 4 * 96 * 256 + 3 * 2048 and 2 * (log[-1][5] + 3 * 1024) <= 228 * 1024
+    assert log[-1][7] == 2 and log[-2][7] is None     # its carveout preference: two CTAs; 8 stages: none
     assert ops.skinny_wg_spreads(64, 1, 8) and ops.skinny_wg_spreads(32, 2, 8) and not ops.skinny_wg_spreads(32, 1, 1)
     out = ops.skinny_wg(x[:40], torch.randn(2 * 3072, 1024).to(bf), swiglu=True, wt=2)   # 48 units of 64 outputs
     assert out.shape == (40, 3072) and log[-1][1:3] == ("skinny_wg_k128s4n64t2p1_swiglu", (48, 1, 1))
@@ -685,7 +692,13 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     for kc, S, nx, wt, kp in ops.SKINNY_WG_CONFIGS:
         assert {f"skinny_wg_k{kc}s{S}n{nx}t{wt}p{kp}_{kind}" for kind in ("bf16", "f32", "swiglu")} <= names
         assert ops.skinny_wg_smem(kc, S, nx, wt, kp) <= 227 * 1024 - 256   # skinny_wg.cu's static_assert
-        assert ops.skinny_wg_config(nx, wt, kp) == (kc, S, nx, wt, kp)
+        assert ops.skinny_wg_config(nx, wt, kp, S) == (kc, S, nx, wt, kp)
+        default = next(c for c in ops.SKINNY_WG_CONFIGS if c[2:] == (nx, wt, kp))   # the first listed
+        assert ops.skinny_wg_config(nx, wt, kp) == default and ops.skinny_wg_config(nx, wt, kp, default[1]) == default
+    for nx, kp in ((32, 1), (32, 4)):                               # stages=4: two CTAs a multiprocessor (spread
+        smem = ops.skinny_wg_smem(128, 4, nx, 1, kp, ops.skinny_wg_spreads(nx, 1, kp))   # where split), with the
+        assert 2 * (smem + 3 * 1024) <= 228 * 1024 and ops.skinny_wg_fold_ok(nx, kp, 4)   # static and reserved KB
+    assert not ops.skinny_wg_fold_ok(32, 2, 4) and ops.skinny_wg_fold_ok(32, 2) and ops.skinny_wg_fold_ok(32, 2, 8)
     for kc, S, nx, kp in ops.SKINNY_WG_NORM_CONFIGS:                # the folded add_rmsnorm's kernels (wt 1)
         assert (kc, S, nx, 1, kp) in ops.SKINNY_WG_CONFIGS
         assert {f"skinny_wg_k{kc}s{S}n{nx}t1p{kp}_{kind}" for kind in ("res", "bf16n", "swiglun")} <= names
@@ -702,7 +715,7 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     for kw, bx, bw in ((dict(), torch.randn(65, 1024).to(bf), w),                   # more than 64 rows
                        (dict(wt=3), x, w), (dict(kp=3), x, w), (dict(wt=2, kp=4), x, w),   # not built at 64 rows
                        (dict(pre=-1), x, w), (dict(pre=True), x, w), (dict(evict_first=1), x, w),
-                       (dict(spread=1), x, w),
+                       (dict(spread=1), x, w), (dict(stages=4), x, w), (dict(stages=5), x[:20], w),   # unbuilt stages
                        (dict(swiglu=True), x, torch.randn(40, 1024).to(bf)),         # I not a multiple of 8
                        (dict(swiglu=True, out_dtype=torch.float32), x, torch.randn(48, 1024).to(bf)),
                        (dict(), x, torch.randn(48, 2048).to(bf)),                    # K differs
@@ -738,13 +751,13 @@ def test_skinny_wg_folded_norm_arguments_and_rejects_bad_input(wg_launch):
     assert ssq.shape == (16, 64) and ssq.dtype == torch.float32
     xw = ops.skinny_wg(o, wo, kp=4, residual=(res, ssq, nw))
     assert xw.shape == (32, 1024) and xw.dtype == bf and xw.data_ptr() not in (res.data_ptr(), ssq.data_ptr())
-    _, name, grid, _, args, _, cx = log[-1]
+    _, name, grid, _, args, _, cx, _ = log[-1]
     assert (name, grid, cx) == ("skinny_wg_k128s8n32t1p4_res", (64, 1, 1), 4)
     assert int(args[2]) == res.data_ptr() and [int(a) for a in args[3:8]] == [32, 1024, 2048, 8, 1]
     assert [int(a) for a in args[8:13]] == [0, ssq.data_ptr(), nw.data_ptr(), xw.data_ptr(), 0]
     wgu = torch.randn(2 * 3072, 1024).to(bf)
     out = ops.skinny_wg(xw, wgu, swiglu=True, norm=(ssq, 1e-6))               # gate/up
-    _, name, grid, _, args, _, _ = log[-1]
+    _, name, grid, _, args, _, _, _ = log[-1]
     assert out.shape == (32, 3072) and (name, grid) == ("skinny_wg_k128s8n32t1p1_swiglun", (96, 1, 1))
     assert [int(a) for a in args[8:13]] == [ssq.data_ptr(), 0, 0, 0, 16] and float(args[13]) == np.float32(1e-6)
     ops.skinny_wg(xw[:20], torch.randn(4096, 1024).to(bf), kp=2, norm=(ssq, 1e-6))   # qkv, 20 rows, split 2

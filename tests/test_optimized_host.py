@@ -642,6 +642,37 @@ def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
         assert wg and wg == [d for k, d in launches if k == "skinny_wg_spread"], attrs
 
 
+def test_wg_stages_reach_the_layer_gemms(opt_engine, launches):
+    """``wg_stages = 4`` hands ``stages=4`` to every layer GEMM of a 17-32-row decode step on the warpgroup kernel
+    (its configurations of 4 stages are built at 32 x rows for one tile and 1 or 4 CTAs a unit), folded or not, and
+    not to the LM head; no token or logprob changes. Off (None, the default) no launch names stages; a stage count
+    with no configuration for a GEMM leaves that GEMM on its default (``runner._wg_stages``)."""
+    from optimized import runner as runner_mod
+
+    prompts = [[(5 * i + j) % 512 for j in range(3 + i % 3)] for i in range(20)]
+    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=(), logprobs=True)] * 20
+
+    def run(**attrs):
+        launches.clear()
+        eng = opt_engine()
+        eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
+        for k, v in attrs.items():
+            setattr(eng.runner, k, v)
+        return eng, _turns(eng, prompts, sps)
+
+    eng, want = run()
+    assert eng.runner.wg_stages is None and not any(k == "skinny_wg_stages" for k, _ in launches)
+    for attrs in (dict(wg_stages=4), dict(wg_stages=4, fuse_norm_gemm=False)):
+        eng, got = run(**attrs)
+        assert got == want, attrs
+        layer = [d[:2] for k, d in launches if k == "skinny_wg" and d[2] != torch.float32]   # the LM head's: fp32
+        staged = [d for k, d in launches if k == "skinny_wg_stages"]
+        assert layer and [d[:2] for d in staged] == layer and {d[2] for d in staged} == {4}, attrs
+        assert any(d[2] == torch.float32 for k, d in launches if k == "skinny_wg"), "the LM head on the kernel"
+    assert eng.runner._wg_stages(20, 1, 2) is None and eng.runner._wg_stages(40, 1, 4) is None   # none built
+    assert eng.runner._wg_stages(20, 1, 4) == 4 and eng.runner._wg_stages(20, 1, 1, fold=True) == 4
+
+
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):
     """Fused RoPE caches pre-RoPE keys (qk_norm_rope with rotate_k=False) and hands the fp32 tables to
     every attention launch; with the stand-ins' rotation the results equal the unfused engine's bitwise."""

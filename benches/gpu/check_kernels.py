@@ -1159,20 +1159,26 @@ def check_skinny_cluster(C: Checks, dev, gen) -> None:
         C.run("cluster", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
 
-def wg_configs(M: int, K: int) -> list[tuple[int, int]]:
-    """The (tiles a unit, CTAs splitting K) of every built warpgroup-kernel configuration for ``M`` rows that takes
-    this ``K``."""
+def wg_configs(M: int, K: int) -> list[tuple[int, int, int]]:
+    """The (tiles a unit, CTAs splitting K, stages) of every built warpgroup-kernel configuration for ``M`` rows
+    that takes this ``K``."""
     nx = ops.skinny_wg_rows(M)
-    return [(wt, kp) for kc, S, n, wt, kp in ops.SKINNY_WG_CONFIGS
+    return [(wt, kp, S) for kc, S, n, wt, kp in ops.SKINNY_WG_CONFIGS
             if n == nx and K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0)]
+
+
+def wg_default(M: int, wt: int, kp: int, S: int) -> bool:
+    """Whether ``S`` stages is the default configuration's for ``M`` rows, ``wt`` and ``kp`` (the first listed)."""
+    return ops.skinny_wg_config(M, wt, kp)[1] == S
 
 
 def check_skinny_wg(C: Checks, dev, gen) -> None:
     """``ops.skinny_wg`` (the warpgroup kernel, 17-64 rows): for every built configuration that takes the shape,
     the flash rule vs a float64 product for bf16 and fp32 out and bf16 out == rounded fp32 out; the same bits on a
     second launch, with no stage before the PDL wait and copies without an L2 hint, and with the split-K fold
-    spread over the cluster (``spread=True``, where ``ops.skinny_wg_spreads``; bf16 and fp32); the SwiGLU epilogue
-    bitwise ``silu_mul`` of the plain output of the same configuration, and the flash rule for it. Shapes with a
+    spread over the cluster (``spread=True``, where ``ops.skinny_wg_spreads``; bf16 and fp32); a configuration of
+    other stages than the default's (``stages=4``) bitwise the default's; the SwiGLU epilogue bitwise ``silu_mul``
+    of the plain output of the same configuration, and the flash rule for it. Shapes with a
     ragged last chunk (K % 128 != 0), partial last units, more units than the grid holds, fewer output columns
     than a unit, a strided x (``skinny_inputs``) and the qwen3 shapes."""
     shapes = [(32, 4096, 1024), (17, 1000, 2048), (64, 6144, 4096), (33, 4096, 4096), (50, 151936, 1024),
@@ -1181,18 +1187,20 @@ def check_skinny_wg(C: Checks, dev, gen) -> None:
         def run(M=M, N=N, K=K):
             x, w = skinny_inputs(M, N, K, gen, dev)  # (x strided)
             res = []
-            for wt, kp in wg_configs(M, K):
-                cfg = dict(wt=wt, kp=kp)
+            for wt, kp, S in wg_configs(M, K):
+                cfg, tag = dict(wt=wt, kp=kp, stages=S), f"wt {wt} kp {kp} s {S}"
                 y32, r = linear_accuracy(lambda a, b, **kw: ops.skinny_wg(a, b, **cfg, **kw), x, w)
-                res += [(ok, f"wt {wt} kp {kp}: {d}") for ok, d in r]
-                res += exact(f"wt {wt} kp {kp}: second launch", ops.skinny_wg(x, w, out_dtype=torch.float32, **cfg),
-                             y32)
-                res += exact(f"wt {wt} kp {kp}: no stage before the PDL wait, no L2 hint",
+                res += [(ok, f"{tag}: {d}") for ok, d in r]
+                res += exact(f"{tag}: second launch", ops.skinny_wg(x, w, out_dtype=torch.float32, **cfg), y32)
+                res += exact(f"{tag}: no stage before the PDL wait, no L2 hint",
                              ops.skinny_wg(x, w, out_dtype=torch.float32, pre=0, evict_first=False, **cfg), y32)
+                if not wg_default(M, wt, kp, S):
+                    res += exact(f"{tag}: == the default stages", y32,
+                                 ops.skinny_wg(x, w, out_dtype=torch.float32, wt=wt, kp=kp))
                 if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), wt, kp):
-                    res += exact(f"wt {wt} kp {kp}: the spread fold (fp32)",
+                    res += exact(f"{tag}: the spread fold (fp32)",
                                  ops.skinny_wg(x, w, out_dtype=torch.float32, spread=True, **cfg), y32)
-                    res += exact(f"wt {wt} kp {kp}: the spread fold (bf16)", ops.skinny_wg(x, w, spread=True, **cfg),
+                    res += exact(f"{tag}: the spread fold (bf16)", ops.skinny_wg(x, w, spread=True, **cfg),
                                  ops.skinny_wg(x, w, **cfg))
             return res
         C.run("wg", f"M={M} N={N} K={K}", run)
@@ -1204,15 +1212,16 @@ def check_skinny_wg(C: Checks, dev, gen) -> None:
             gbf = torch.matmul(x, w.t())
             refbf = torch.nn.functional.silu(gbf[:, :I]) * gbf[:, I:]
             res = []
-            for wt, kp in wg_configs(M, K):
-                out = ops.skinny_wg(x, w, swiglu=True, wt=wt, kp=kp)
-                plain = ops.skinny_wg(x, w, wt=wt, kp=kp)
+            for wt, kp, S in wg_configs(M, K):
+                tag = f"wt {wt} kp {kp} s {S}"
+                out = ops.skinny_wg(x, w, swiglu=True, wt=wt, kp=kp, stages=S)
+                plain = ops.skinny_wg(x, w, wt=wt, kp=kp, stages=S)
                 torch.cuda.synchronize()
-                res += [(ok, f"wt {wt} kp {kp}: {d}") for ok, d in fa_rule("vs float64", out, ref32, refbf)]
-                res += exact(f"wt {wt} kp {kp}: == silu_mul(the plain kernel)", out, ops.silu_mul(plain))
+                res += [(ok, f"{tag}: {d}") for ok, d in fa_rule("vs float64", out, ref32, refbf)]
+                res += exact(f"{tag}: == silu_mul(the plain kernel)", out, ops.silu_mul(plain))
                 if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), wt, kp):
-                    res += exact(f"wt {wt} kp {kp}: the spread fold", ops.skinny_wg(x, w, swiglu=True, wt=wt, kp=kp,
-                                                                                  spread=True), out)
+                    res += exact(f"{tag}: the spread fold", ops.skinny_wg(x, w, swiglu=True, wt=wt, kp=kp, stages=S,
+                                                                         spread=True), out)
             return res
         C.run("wg", f"swiglu M={M} I={I} K={K}", run_swiglu)
 
@@ -1225,7 +1234,8 @@ def check_skinny_wg_norm(C: Checks, dev, gen) -> None:
     prologue (plain and SwiGLU): the flash rule against the float64 product of the float64 norm, the low-precision
     run being ``add_rmsnorm``'s output times the plain kernel of the same configuration (its bitwise share printed),
     and the same bits on a second launch. Both with the split-K fold spread over the cluster (``spread=True``) where
-    it can be: every output bitwise the gathered fold's."""
+    it can be: every output bitwise the gathered fold's; and for every built stage count (``stages=4``), whose
+    outputs must be the default's bit for bit."""
     eps = 1e-6
     cases = [(32, 2048, 1024, 2 * 3072, True), (32, 3072, 1024, 4096, False),   # qwen3-0.6b
              (64, 4096, 4096, 6144, False), (17, 12288, 4096, 2 * 12288, True),   # qwen3-8b
@@ -1238,44 +1248,47 @@ def check_skinny_wg_norm(C: Checks, dev, gen) -> None:
             nw = (1 + 0.1 * torch.randn(H, generator=gen)).to(torch.bfloat16).to(dev)
             w1 = (torch.randn(N1, H, generator=gen) * H ** -0.5).to(torch.bfloat16).to(dev)
             out = []
-            for wt0, kp0 in wg_configs(M, K0):
-                if wt0 != 1 or not ops.skinny_wg_fold_ok(M, kp0):
+            for wt0, kp0, s0 in wg_configs(M, K0):
+                if wt0 != 1 or not ops.skinny_wg_fold_ok(M, kp0, s0):
                     continue
                 ref_res = res0.clone()
                 h = ops.add_rmsnorm(ops.skinny_wg(x, w0, kp=kp0), ref_res, nw, eps)   # the two launches
                 res, ssq = res0.clone(), ops.skinny_wg_ssq(H, x)
-                xw = ops.skinny_wg(x, w0, kp=kp0, residual=(res, ssq, nw))
+                xw = ops.skinny_wg(x, w0, kp=kp0, residual=(res, ssq, nw), stages=s0)
                 torch.cuda.synchronize()
-                out += [(ok, f"kp {kp0}: stream {d}") for ok, d in exact("== plain + add_rmsnorm", res, ref_res)]
-                out += [(ok, f"kp {kp0}: xw {d}") for ok, d in exact("== bf16(stream * weight)", xw, ref_res * nw)]
+                out += [(ok, f"kp {kp0} s {s0}: stream {d}") for ok, d in exact("== plain + add_rmsnorm", res, ref_res)]
+                out += [(ok, f"kp {kp0} s {s0}: xw {d}") for ok, d in exact("== bf16(stream * weight)", xw, ref_res * nw)]
                 if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), 1, kp0):   # the spread fold: the same three outputs
                     sres, sssq = res0.clone(), ops.skinny_wg_ssq(H, x)
-                    sxw = ops.skinny_wg(x, w0, kp=kp0, residual=(sres, sssq, nw), spread=True)
+                    sxw = ops.skinny_wg(x, w0, kp=kp0, residual=(sres, sssq, nw), spread=True, stages=s0)
                     for what, a, b in (("stream", sres, res), ("ssq", sssq[:, :M], ssq[:, :M]), ("xw", sxw, xw)):
-                        out += [(ok, f"kp {kp0}: spread {what} {d}") for ok, d in exact("== gathered", a, b)]
+                        out += [(ok, f"kp {kp0} s {s0}: spread {what} {d}") for ok, d in exact("== gathered", a, b)]
                 sq = ref_res.double().pow(2)
                 want = torch.stack([sq[:, u * 64:(u + 1) * 64].sum(1) for u in range(ssq.shape[0])])   # [units, M]
                 rel = float(((ssq[:, :M].double() - want).abs() / want.clamp_min(1e-30)).max())
-                print(f"    kp {kp0}: ssq max relative error {rel:.2e}")
-                out.append((rel <= 1e-5, f"kp {kp0}: ssq max relative error {rel:.2e} (<= 1e-5)"))
+                print(f"    kp {kp0} s {s0}: ssq max relative error {rel:.2e}")
+                out.append((rel <= 1e-5, f"kp {kp0} s {s0}: ssq max relative error {rel:.2e} (<= 1e-5)"))
                 r64 = ref_res.double()
                 g64 = (r64 / torch.sqrt(r64.pow(2).mean(1, keepdim=True) + eps) * nw.double()) @ w1.double().t()
                 ref32 = g64
                 if swiglu:
                     ref32 = torch.nn.functional.silu(g64[:, :N1 // 2]) * g64[:, N1 // 2:]
-                for wt1, kp1 in wg_configs(M, H):
-                    if wt1 != 1 or not ops.skinny_wg_fold_ok(M, kp1):
+                for wt1, kp1, s1 in wg_configs(M, H):
+                    if wt1 != 1 or not ops.skinny_wg_fold_ok(M, kp1, s1):
                         continue
-                    got = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps))
-                    again = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps))
+                    got = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps), stages=s1)
+                    again = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps), stages=s1)
                     low = ops.skinny_wg(h, w1, swiglu=swiglu, kp=kp1)
                     torch.cuda.synchronize()
-                    tag = f"kp {kp0} -> kp {kp1}{' swiglu' if swiglu else ''}"
+                    tag = f"kp {kp0} s {s0} -> kp {kp1} s {s1}{' swiglu' if swiglu else ''}"
+                    if not wg_default(M, 1, kp1, s1):
+                        out += exact(f"{tag}: == the default stages", got,
+                                     ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps)))
                     out += [(ok, f"{tag}: {d}") for ok, d in fa_rule("normed vs float64", got, ref32, low)]
                     print(f"    {tag}: {bf16_agreement(got, low)} (add_rmsnorm + the plain kernel)")
                     out += [(ok, f"{tag}: {d}") for ok, d in exact("second launch", again, got)]
                     if ops.skinny_wg_spreads(ops.skinny_wg_rows(M), 1, kp1):
-                        spread = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps), spread=True)
+                        spread = ops.skinny_wg(xw, w1, swiglu=swiglu, kp=kp1, norm=(ssq, eps), spread=True, stages=s1)
                         out += [(ok, f"{tag}: {d}") for ok, d in exact("the spread fold", spread, got)]
             return out
         C.run("wg-norm", f"M={M} K0={K0} H={H} N1={N1}{' swiglu' if swiglu else ''}", run)

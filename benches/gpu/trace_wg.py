@@ -1,12 +1,13 @@
 """Where a decode step's warpgroup GEMMs spend their time: per-CTA timestamps inside the engine's graph.
 
-    python benches/gpu/trace_wg.py [--model qwen3-0.6b] [--batch 32] [--prompt 256] [--variants gather spread]
+    python benches/gpu/trace_wg.py [--model qwen3-0.6b] [--batch 32] [--prompt 256] [--variants gather spread s4]
 
 Diagnostic. Builds ``skinny_wg.cu`` with ``-DTK_WG_TRACE`` (thread 0 of every CTA records ``%globaltimer`` at seven
 marks: its start, its consumers' PDL wait passed, its first stage landed, its last unit's MMAs done, the split-K fold
 done, its stores done, its end) and makes it the engine's. It then records the third decode step of a greedy
 generation, replayed from the step's CUDA graph, once per variant (``gather``: the fold in CTA 0; ``spread``: spread
-over the cluster, ``runner.wg_spread_fold``). The records are grouped into launches (sorted by the wait mark: a
+over the cluster, ``runner.wg_spread_fold``; ``s4``: spread, and the layer GEMMs on their 4-stage configurations
+where built, ``runner.wg_stages``). The records are grouped into launches (sorted by the wait mark: a
 launch's CTAs pass their wait only after the launch before has ended) and named by role from their shapes. Per role,
 medians over the step's layers, in µs:
 
@@ -137,7 +138,7 @@ def main() -> int:
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--variants", nargs="*", default=["gather", "spread"], choices=["gather", "spread"])
+    ap.add_argument("--variants", nargs="*", default=["gather", "spread"], choices=["gather", "spread", "s4"])
     args = ap.parse_args()
     import cupy
 
@@ -156,7 +157,8 @@ def main() -> int:
         eng = optimized.Engine.from_state_dict(cfg, w, device=str(dev), block_size=16,
                                                **decode_pool(args.prompt + 16, args.batch, 16))
         del w
-        eng.runner.wg_spread_fold = variant == "spread"
+        eng.runner.wg_spread_fold = variant != "gather"
+        eng.runner.wg_stages = 4 if variant == "s4" else None
         orig, state = eng._execute, {"decodes": 0, "rows": None}
 
         def execute(batch, orig=orig, state=state):

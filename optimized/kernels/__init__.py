@@ -30,13 +30,16 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).resolve().parent
 
 #: skinny_wg.cu's configurations (KC, S, NX, WT, KP) and those of its folded add_rmsnorm's kernels (KC, S, NX, KP;
-#: WT = 1), what ops.SKINNY_WG_CONFIGS and ops.SKINNY_WG_NORM_CONFIGS say
+#: WT = 1), what ops.SKINNY_WG_CONFIGS and ops.SKINNY_WG_NORM_CONFIGS say. The first of each (NX, WT, KP) is the
+#: default; the last ones, 4 stages at 32 x rows, are ``stages=4``'s (two CTAs a multiprocessor)
 SKINNY_WG_CONFIGS = ((128, 8, 32, 1, 1), (128, 8, 32, 1, 2), (128, 8, 32, 1, 4), (128, 6, 32, 1, 8),
                      (128, 6, 64, 1, 1), (128, 6, 64, 1, 2), (128, 5, 64, 1, 4), (128, 3, 64, 1, 8),
                      (128, 5, 32, 2, 1), (128, 5, 32, 2, 2), (128, 4, 32, 2, 4),
-                     (128, 4, 64, 2, 1), (128, 3, 64, 2, 2))
+                     (128, 4, 64, 2, 1), (128, 3, 64, 2, 2),
+                     (128, 4, 32, 1, 1), (128, 4, 32, 1, 4))
 SKINNY_WG_NORM_CONFIGS = ((128, 8, 32, 1), (128, 8, 32, 2), (128, 8, 32, 4), (128, 6, 32, 8), (128, 6, 64, 1),
-                          (128, 6, 64, 2), (128, 5, 64, 4))
+                          (128, 6, 64, 2), (128, 5, 64, 4),
+                          (128, 4, 32, 1), (128, 4, 32, 4))
 
 
 def skinny_wg_spreads(nx: int, wt: int, kp: int) -> bool:
