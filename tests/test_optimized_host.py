@@ -616,28 +616,30 @@ def test_fold_norms_into_the_warpgroup_gemms(opt_engine, launches):
     assert not any(k in ("skinny_wg_residual", "skinny_wg_norm") for k, _ in launches)
 
 
-def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
-    """``wg_spread_fold`` (on by default) hands ``spread=True`` to every warpgroup-kernel launch of a decode step
-    (the four layer GEMMs, folded or not, and the LM head) and changes no token or logprob against the gathered
-    fold; off, no launch has it."""
+def _wg_rollout(opt_engine, launches, **attrs):
+    """20 short sequences of 3 greedy tokens (decode steps of 20 rows) on an engine with every role on the warpgroup
+    kernel (``runner.WG_GEMM``) and ``attrs`` set on its runner, the launch log cleared first: (engine, turns)."""
     from optimized import runner as runner_mod
 
     prompts = [[(5 * i + j) % 512 for j in range(3 + i % 3)] for i in range(20)]
     sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=(), logprobs=True)] * 20
+    launches.clear()
+    eng = opt_engine()
+    eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
+    for k, v in attrs.items():
+        setattr(eng.runner, k, v)
+    return eng, _turns(eng, prompts, sps)
 
-    def run(**attrs):
-        launches.clear()
-        eng = opt_engine()
-        eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
-        for k, v in attrs.items():
-            setattr(eng.runner, k, v)
-        return _turns(eng, prompts, sps)
 
+def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
+    """``wg_spread_fold`` (on by default) hands ``spread=True`` to every warpgroup-kernel launch of a decode step
+    (the four layer GEMMs, folded or not, and the LM head) and changes no token or logprob against the gathered
+    fold; off, no launch has it."""
     assert opt_engine().runner.wg_spread_fold is True
-    want = run(wg_spread_fold=False)
+    _, want = _wg_rollout(opt_engine, launches, wg_spread_fold=False)
     assert any(k == "skinny_wg" for k, _ in launches) and not any(k == "skinny_wg_spread" for k, _ in launches)
     for attrs in (dict(), dict(fuse_norm_gemm=False)):
-        assert run(**attrs) == want, attrs
+        assert _wg_rollout(opt_engine, launches, **attrs)[1] == want, attrs
         wg = [d[:2] for k, d in launches if k == "skinny_wg"]
         assert wg and wg == [d for k, d in launches if k == "skinny_wg_spread"], attrs
 
@@ -647,23 +649,10 @@ def test_wg_stages_reach_the_layer_gemms(opt_engine, launches):
     (its configurations of 4 stages are built at 32 x rows for one tile and 1 or 4 CTAs a unit), folded or not, and
     not to the LM head; no token or logprob changes. Off (None, the default) no launch names stages; a stage count
     with no configuration for a GEMM leaves that GEMM on its default (``runner._wg_stages``)."""
-    from optimized import runner as runner_mod
-
-    prompts = [[(5 * i + j) % 512 for j in range(3 + i % 3)] for i in range(20)]
-    sps = [reference.SamplingParams(max_tokens=3, stop_token_ids=(), logprobs=True)] * 20
-
-    def run(**attrs):
-        launches.clear()
-        eng = opt_engine()
-        eng.runner.wg_gemm = {k: dict(d) for k, d in runner_mod.WG_GEMM.items()}
-        for k, v in attrs.items():
-            setattr(eng.runner, k, v)
-        return eng, _turns(eng, prompts, sps)
-
-    eng, want = run()
+    eng, want = _wg_rollout(opt_engine, launches)
     assert eng.runner.wg_stages is None and not any(k == "skinny_wg_stages" for k, _ in launches)
     for attrs in (dict(wg_stages=4), dict(wg_stages=4, fuse_norm_gemm=False)):
-        eng, got = run(**attrs)
+        eng, got = _wg_rollout(opt_engine, launches, **attrs)
         assert got == want, attrs
         layer = [d[:2] for k, d in launches if k == "skinny_wg" and d[2] != torch.float32]   # the LM head's: fp32
         staged = [d for k, d in launches if k == "skinny_wg_stages"]
