@@ -303,11 +303,11 @@ class CudaRunner:
         #: batch 32 / 64 1.088 / 1.669 -> 1.076 / 1.632 ms a step (docs/performance/decode_step.md); ``False``: the
         #: fold gathered in CTA 0
         self.wg_spread_fold = True
-        #: the stages of the layer GEMMs' warpgroup configurations where one of that many is built for their x tile,
-        #: tiles and split (``ops.skinny_wg_config``'s ``stages``: 4 at 32 x rows, small enough for two CTAs a
-        #: multiprocessor, so that a GEMM's CTAs can be resident beside the GEMM before it; the same bits), else
-        #: theirs; None (default): every configuration's default stages
-        self.wg_stages: int | None = None
+        #: the stages of a layer GEMM's warpgroup configuration, by role, where one of that many is built for its x
+        #: tile, tiles and split (``ops.skinny_wg_config``'s ``stages``: 4 at 32 x rows, small enough for two CTAs a
+        #: multiprocessor, so that a GEMM's CTAs can be resident beside the GEMM before it; the same bits), else its
+        #: default's; a role not named (default: none) takes its configuration's default stages
+        self.wg_stages: dict[str, int] = {}
         #: ... for weights of at least this many elements (smaller ones take the rules above)
         self.staged_min_elems = 0
         #: default-mode GEMMs of ``canonical_gemm_min_m`` to ``canonical_gemm_max_m`` rows run through ``ops.gemm``
@@ -510,7 +510,7 @@ class CudaRunner:
         wg = self._wg_cfg(x.shape[0], w, role)
         if wg is not None:
             return ops.skinny_wg(x, w, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold,
-                                 stages=self._wg_stages(x.shape[0], *wg))
+                                 stages=self._wg_stages(role, x.shape[0], *wg))
         cl = self._cluster_cfg(x, w, role)
         if cl is not None:
             return ops.skinny_cluster(x, w, **self._cluster_kw(cl))
@@ -546,10 +546,11 @@ class CudaRunner:
         kp = cfg[1]
         return cfg if K % (64 * kp) == 0 and (kp == 1 or (K // kp) % kc == 0) else None
 
-    def _wg_stages(self, M: int, wt: int, kp: int, fold: bool = False) -> int | None:
-        """``wg_stages`` where a configuration of that many stages is built for ``M`` rows, ``wt`` and ``kp`` (with
-        ``fold``: also the folded add_rmsnorm's kernels, ``ops.skinny_wg_fold_ok``), else None (the default's)."""
-        S = self.wg_stages
+    def _wg_stages(self, role: str, M: int, wt: int, kp: int, fold: bool = False) -> int | None:
+        """``wg_stages[role]`` where a configuration of that many stages is built for ``M`` rows, ``wt`` and ``kp``
+        (with ``fold``: also the folded add_rmsnorm's kernels, ``ops.skinny_wg_fold_ok``), else None (the
+        default's)."""
+        S = self.wg_stages.get(role)
         if S is None or not any(c[1:] == (S, ops.skinny_wg_rows(M), wt, kp) for c in ops.SKINNY_WG_CONFIGS):
             return None
         return S if not fold or ops.skinny_wg_fold_ok(M, kp, S) else None
@@ -625,7 +626,7 @@ class CudaRunner:
         ssq = xw = None                                # fold: the stream's sums of squares, the stream x the weight
         for i, L in enumerate(self.layers):
             if fold and i > 0:                         # qkv of the stream normed (by down's epilogue and its rows' rms)
-                qkv = self._wg_normed(xw, L["wqkv"], ssq, fold["qkv"])
+                qkv = self._wg_normed(xw, L["wqkv"], ssq, fold["qkv"], "qkv")
             else:
                 qkv = self._mm(h, L["wqkv"], role="qkv")                              # [T, (n_q + 2 n_kv) D]
             q = qkv[:, :nq * D].view(T, nq, D)                                        # [T, n_q, D], row stride
@@ -643,15 +644,17 @@ class CudaRunner:
                 o = self._attend(i, q, k, v, slots, tables, lens, qidx, pos, decode_split, max_splits)  # [T, n_q, D]
             prefetch(i + 1)                            # the next layer's K/V, beside this layer's GEMMs
             if fold:                                   # residual += attn, then gate/up of its norm
-                ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], fold["o_proj"])
-                a = self._wg_normed(xw, L["wgu"], ssq, fold["gate_up"], swiglu=True)                 # [T, I]
+                ssq, xw = self._wg_residual(o.view(T, nq * D), L["wo"], residual, L["post_norm"], fold["o_proj"],
+                                            "o_proj")
+                a = self._wg_normed(xw, L["wgu"], ssq, fold["gate_up"], "gate_up", swiglu=True)      # [T, I]
             else:
                 attn = self._reduce(self._mm(o.view(T, nq * D), L["wo"], role="o_proj",   # [T, H]
                                              prefetch=L["wo"].numel() <= self.skinny_prefetch_o_max_elems))
                 h = ops.add_rmsnorm(attn, residual, L["post_norm"], eps)              # residual += attn
                 a = self._mlp_act(h, L["wgu"])                                        # [T, I]
             if fold and i + 1 < len(self.layers):      # residual += mlp (the next layer's qkv of its norm)
-                ssq, xw = self._wg_residual(a, L["wd"], residual, self.layers[i + 1]["in_norm"], fold["down"])
+                ssq, xw = self._wg_residual(a, L["wd"], residual, self.layers[i + 1]["in_norm"], fold["down"],
+                                            "down")
                 continue
             m = self._reduce(self._mm(a, L["wd"], role="down"))                       # [T, H]
             nxt = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.final_norm
@@ -702,21 +705,21 @@ class CudaRunner:
         return {role: c[1] for role, c in cfgs.items()}
 
     def _wg_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                     kp: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     kp: int, role: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``residual += x @ w.T`` in place by the warpgroup kernel's residual epilogue (``kp`` CTAs splitting K);
         returns the new rows' sums of squares by 64 columns (``ops.skinny_wg_ssq``) and the new rows times the next
         norm's ``weight``: what the normed prologue of the GEMM after it takes."""
         ssq = ops.skinny_wg_ssq(w.shape[0], x)
         return ssq, ops.skinny_wg(x, w, kp=kp, residual=(residual, ssq, weight), spread=self.wg_spread_fold,
-                                  stages=self._wg_stages(x.shape[0], 1, kp, fold=True))
+                                  stages=self._wg_stages(role, x.shape[0], 1, kp, fold=True))
 
-    def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, kp: int,
+    def _wg_normed(self, xw: torch.Tensor, w: torch.Tensor, ssq: torch.Tensor, kp: int, role: str,
                    swiglu: bool = False) -> torch.Tensor:
         """The norm of the residual stream times ``w.T`` (with ``swiglu``: its SwiGLU) by the warpgroup kernel's
         normed prologue (``kp`` CTAs splitting K): ``xw`` the stream times the norm's weight and ``ssq`` its sums of
         squares, as the residual epilogue before it wrote them."""
         return ops.skinny_wg(xw, w, swiglu=swiglu, kp=kp, norm=(ssq, self.cfg.rms_norm_eps),
-                             spread=self.wg_spread_fold, stages=self._wg_stages(xw.shape[0], 1, kp, fold=True))
+                             spread=self.wg_spread_fold, stages=self._wg_stages(role, xw.shape[0], 1, kp, fold=True))
 
     def _mlp_act(self, h: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
         """``silu(h Wg^T) * (h Wu^T)`` ``[T, I]``: the gate/up GEMM and the activation -- one launch
@@ -729,7 +732,7 @@ class CudaRunner:
         wg = self._wg_cfg(h.shape[0], wgu, "gate_up", swiglu=True)
         if wg is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_wg(h, wgu, swiglu=True, wt=wg[0], kp=wg[1], spread=self.wg_spread_fold,
-                                 stages=self._wg_stages(h.shape[0], *wg))
+                                 stages=self._wg_stages("gate_up", h.shape[0], *wg))
         cl = self._cluster_cfg(h, wgu, "gate_up")
         if cl is not None and self.fuse_swiglu and wgu.shape[0] % 16 == 0:
             return ops.skinny_cluster(h, wgu, swiglu=True, **self._cluster_kw(cl))

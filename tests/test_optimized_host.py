@@ -645,21 +645,25 @@ def test_spread_fold_reaches_every_warpgroup_gemm(opt_engine, launches):
 
 
 def test_wg_stages_reach_the_layer_gemms(opt_engine, launches):
-    """``wg_stages = 4`` hands ``stages=4`` to every layer GEMM of a 17-32-row decode step on the warpgroup kernel
-    (its configurations of 4 stages are built at 32 x rows for one tile and 1 or 4 CTAs a unit), folded or not, and
-    not to the LM head; no token or logprob changes. Off (None, the default) no launch names stages; a stage count
-    with no configuration for a GEMM leaves that GEMM on its default (``runner._wg_stages``)."""
+    """``wg_stages = {role: 4}`` hands ``stages=4`` to that role's GEMMs of a 17-32-row decode step on the warpgroup
+    kernel (its configurations of 4 stages are built at 32 x rows for one tile and 1 or 4 CTAs a unit), folded or
+    not, and to no other (the LM head's is not a layer role); no token or logprob changes. Empty (the default) no
+    launch names stages; a stage count with no configuration for a GEMM leaves that GEMM on its default
+    (``runner._wg_stages``)."""
     eng, want = _wg_rollout(opt_engine, launches)
-    assert eng.runner.wg_stages is None and not any(k == "skinny_wg_stages" for k, _ in launches)
-    for attrs in (dict(wg_stages=4), dict(wg_stages=4, fuse_norm_gemm=False)):
-        eng, got = _wg_rollout(opt_engine, launches, **attrs)
-        assert got == want, attrs
-        layer = [d[:2] for k, d in launches if k == "skinny_wg" and d[2] != torch.float32]   # the LM head's: fp32
-        staged = [d for k, d in launches if k == "skinny_wg_stages"]
-        assert layer and [d[:2] for d in staged] == layer and {d[2] for d in staged} == {4}, attrs
-        assert any(d[2] == torch.float32 for k, d in launches if k == "skinny_wg"), "the LM head on the kernel"
-    assert eng.runner._wg_stages(20, 1, 2) is None and eng.runner._wg_stages(40, 1, 4) is None   # none built
-    assert eng.runner._wg_stages(20, 1, 4) == 4 and eng.runner._wg_stages(20, 1, 1, fold=True) == 4
+    assert eng.runner.wg_stages == {} and not any(k == "skinny_wg_stages" for k, _ in launches)
+    keys = {"qkv": "wqkv", "o_proj": "wo", "gate_up": "wgu", "down": "wd"}
+    for roles in (("qkv", "o_proj", "gate_up", "down"), ("o_proj", "gate_up", "down"), ("down",)):
+        for fold in (True, False):
+            eng, got = _wg_rollout(opt_engine, launches, wg_stages=dict.fromkeys(roles, 4), fuse_norm_gemm=fold)
+            assert got == want, (roles, fold)
+            mine = {x[keys[r]].data_ptr() for x in eng.runner.layers for r in roles}   # this engine's weights
+            layer = [d[:2] for k, d in launches if k == "skinny_wg" and d[1] in mine]
+            staged = [d for k, d in launches if k == "skinny_wg_stages"]
+            assert layer and [d[:2] for d in staged] == layer and {d[2] for d in staged} == {4}, (roles, fold)
+    assert eng.runner._wg_stages("down", 20, 1, 2) is None and eng.runner._wg_stages("down", 40, 1, 4) is None
+    assert eng.runner._wg_stages("down", 20, 1, 4) == 4 and eng.runner._wg_stages("down", 20, 1, 1, fold=True) == 4
+    assert eng.runner._wg_stages("qkv", 20, 1, 1) is None                   # a role not named
 
 
 def test_fused_rope_host_side_equals_unfused(opt_engine, launches):

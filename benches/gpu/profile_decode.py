@@ -44,7 +44,7 @@ sequence (``--prompt``), greedy decoding of ``--steps`` tokens. For each (model,
   ``-g2``, ``-g4``: on 1, 2, 4 CTAs a sequence, a slower issue; ``kvpf-lines``: a line prefetch instead of a bulk
   one), the ``SPREAD_VARIANTS`` (``spread``: the warpgroup kernel's split-K fold spread over a cluster's CTAs,
   ``gather``: in CTA 0), the ``STAGES_VARIANTS`` (``s4``: the layer GEMMs on their 4-stage warpgroup configurations,
-  two CTAs a multiprocessor at 32 x rows) and the
+  two CTAs a multiprocessor at 32 x rows; ``s4-mlp``: all but qkv) and the
   ``ENGINE_VARIANTS`` (``sync``:
   the lookahead step off; ``t=1``: temperature-1 sampling;
   ``qwen3-sampling``: Qwen3's suggested temperature 0.6, top-k 20, top-p 0.95) and ``auto-7`` (the seventh
@@ -298,9 +298,11 @@ KVPF_VARIANTS: dict[str, tuple[int | None, float, int | None, bool]] = {
 #: the warpgroup kernel's split-K fold (``runner.wg_spread_fold``, read at capture): ``spread`` over the CTAs of a
 #: cluster, ``gather`` in CTA 0
 SPREAD_VARIANTS: dict[str, bool] = {"gather": False, "spread": True}
-#: the layer GEMMs' warpgroup configurations of 4 stages where built (``runner.wg_stages``, read at capture: at 32 x
-#: rows, two CTAs a multiprocessor, so a GEMM's CTAs can be resident beside the one before it)
-STAGES_VARIANTS: dict[str, int | None] = {"s4": 4}
+#: layer GEMMs on their warpgroup configurations of 4 stages where built (``runner.wg_stages``, read at capture: at
+#: 32 x rows, two CTAs a multiprocessor, so a GEMM's CTAs can be resident beside the one before it): all four roles,
+#: or all but qkv (whose 8 stages a unit then no longer all go before the wait)
+STAGES_VARIANTS: dict[str, dict[str, int]] = {"s4": dict.fromkeys(("qkv", "o_proj", "gate_up", "down"), 4),
+                                              "s4-mlp": dict.fromkeys(("o_proj", "gate_up", "down"), 4)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, NORM_VARIANTS, EARLY_VARIANTS,
@@ -486,7 +488,7 @@ def main() -> int:
                 eng.runner.kv_prefetch_ctas = kv_ctas
                 eng.runner.kv_prefetch_lines = kv_lines
                 eng.runner.wg_spread_fold = SPREAD_VARIANTS.get(variant, default_spread)   # read at capture
-                eng.runner.wg_stages = STAGES_VARIANTS.get(variant)                         # read at capture
+                eng.runner.wg_stages = dict(STAGES_VARIANTS.get(variant, {}))               # read at capture
                 eng.runner.staged_one_wave = dict(WAVE_VARIANTS.get(variant, default_wave))
                 eng.runner.staged_wide = {w: dict(d) for w, d in WIDE_VARIANTS.get(variant, default_wide).items()}
                 eng.runner.staged_wide_max_elems = 1 << 62 if variant in WIDE_ANY_SIZE else default_wide_max

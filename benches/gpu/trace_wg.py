@@ -158,7 +158,7 @@ def main() -> int:
                                                **decode_pool(args.prompt + 16, args.batch, 16))
         del w
         eng.runner.wg_spread_fold = variant != "gather"
-        eng.runner.wg_stages = 4 if variant == "s4" else None
+        eng.runner.wg_stages = dict.fromkeys(("qkv", "o_proj", "gate_up", "down"), 4) if variant == "s4" else {}
         orig, state = eng._execute, {"decodes": 0, "rows": None}
 
         def execute(batch, orig=orig, state=state):
