@@ -168,14 +168,6 @@ def _function(dev: int, module: str, name: str, smem: int, ctas_per_sm: int | No
     return entry
 
 
-@functools.cache
-def _smem_per_sm(dev: int) -> int:
-    """A multiprocessor's largest shared memory on device ``dev``, bytes."""
-    import cupy
-
-    return int(cupy.cuda.runtime.deviceGetAttribute(81, dev))   # cudaDevAttrMaxSharedMemoryPerMultiprocessor
-
-
 def _carveout_percent(dev: int, fn, smem: int, ctas: int) -> int:
     """The smallest shared-memory carveout preference (percent of a multiprocessor's largest shared
     memory) that holds ``ctas`` CTAs of ``fn`` with ``smem`` bytes of dynamic shared memory each. The
@@ -184,8 +176,9 @@ def _carveout_percent(dev: int, fn, smem: int, ctas: int) -> int:
     ``DECODE_CTAS_PER_SM``)."""
     import cupy
 
-    per_sm = _smem_per_sm(dev)
-    reserved = cupy.cuda.runtime.deviceGetAttribute(111, dev)  # cudaDevAttrReservedSharedMemoryPerBlock
+    rt = cupy.cuda.runtime
+    per_sm = rt.deviceGetAttribute(81, dev)    # cudaDevAttrMaxSharedMemoryPerMultiprocessor
+    reserved = rt.deviceGetAttribute(111, dev)  # cudaDevAttrReservedSharedMemoryPerBlock
     need = ctas * (smem + int(fn.attributes["shared_size_bytes"]) + reserved)
     return min(100, -(-100 * need // per_sm))
 
@@ -1633,6 +1626,10 @@ skinny_wg_spreads = kernels.skinny_wg_spreads
 #: the target ``skinny_wg.cu`` must be built for (wgmma): a compute-capability-9.0 device (``kernels.ARCH_TARGETS``)
 SKINNY_WG_TARGET = "sm_90a"
 _SKINNY_WG_THREADS = 160
+#: the carveout preference of every warpgroup kernel (``_carveout_percent``): two CTAs a multiprocessor, which is the
+#: largest shared-memory configuration for all of them (where two do not fit the preference is capped there), so that
+#: where two fit (the 4-stage configurations at 32 x rows) a GEMM's CTAs can be resident beside the GEMM's before it
+_SKINNY_WG_CTAS_PER_SM = 2
 
 
 def skinny_wg_smem(kc: int, stages: int, nx: int, wt: int, kp: int, spread: bool = False) -> int:
@@ -1763,17 +1760,13 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     kind += "_sp" if spread else ""   # the spread fold's twin
     name = f"skinny_wg_k{kc}s{stages}n{nx}t{wt}p{kp}_{kind}"
     smem = skinny_wg_smem(kc, stages, nx, wt, kp, spread)
-    # where two CTAs fit a multiprocessor (with up to 3 KB of static and reserved shared memory each: the 4-stage
-    # configurations at 32 x rows), prefer the shared-memory configuration that holds both, so that a GEMM's CTAs
-    # can be resident beside the GEMM's before it; else none (the largest configuration is the only one that fits)
-    two = 2 if 2 * (smem + 3 * 1024) <= _smem_per_sm(dev) else None
     if kp > 1:
         key = (dev, name, smem)
         cap = _cluster_capacity.get(key)
         if cap is None:
             import cupy
             with cupy.cuda.Device(dev):
-                _, handle = _function(dev, "skinny_wg", name, smem, two)
+                _, handle = _function(dev, "skinny_wg", name, smem, _SKINNY_WG_CTAS_PER_SM)
                 cap = _cluster_capacity[key] = launch.max_active_clusters(handle, (_SKINNY_WG_THREADS, 1, 1), smem, kp)
             if not cap >= 1:
                 raise ValueError(f"{name}: the device holds no cluster of {kp} CTAs with {smem} bytes of shared memory")
@@ -1788,7 +1781,7 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     xmap = _tensor_map("block", x.data_ptr(), M, K, 2 * ldx, kc, nx)
     _launch(x, "skinny_wg", name, (grid, 1, 1), (_SKINNY_WG_THREADS, 1, 1),
             (wmap, xmap, _p(out), _i(M), _i(width), _i(K), _i(pre), _i(int(evict_first))) + fused, smem,
-            ctas_per_sm=two, cluster_x=kp)
+            ctas_per_sm=_SKINNY_WG_CTAS_PER_SM, cluster_x=kp)
     return out if xw is None else xw
 
 

@@ -613,7 +613,6 @@ def wg_launch(launch_log, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setattr(ops, "_device_index", lambda t: 0)
     monkeypatch.setattr(ops, "_num_sms", lambda dev: 132)
-    monkeypatch.setattr(ops, "_smem_per_sm", lambda dev: 228 * 1024)
     monkeypatch.setattr(ops, "_clusters_ok", lambda ref: True)
     monkeypatch.setattr(kernels, "target", lambda name, dev: "sm_90a" if name == "skinny_wg" else None)
     monkeypatch.setattr(ops, "_function", lambda dev, module, name, smem, ctas_per_sm=None: (None, 9))
@@ -678,7 +677,7 @@ def test_skinny_wg_launch_and_rejects_bad_input(wg_launch, monkeypatch):
     ops.skinny_wg(x2, torch.randn(1024, 2048).to(bf), kp=4, spread=True, stages=4)   # 4 stages: two CTAs an SM
     assert log[-1][1] == "skinny_wg_k128s4n32t1p4_bf16_sp" and [int(a) for a in log[-1][4][3:8]] == [20, 1024, 2048, 4, 1]
     assert log[-1][5] == 1024 + 4 * 96 * 256 + 3 * 2048 and 2 * (log[-1][5] + 3 * 1024) <= 228 * 1024
-    assert log[-1][7] == 2 and log[-2][7] is None     # its carveout preference: two CTAs; 8 stages: none
+    assert log[-1][7] == log[-2][7] == 2              # the carveout preference: two CTAs (capped at the largest)
     assert ops.skinny_wg_spreads(64, 1, 8) and ops.skinny_wg_spreads(32, 2, 8) and not ops.skinny_wg_spreads(32, 1, 1)
     out = ops.skinny_wg(x[:40], torch.randn(2 * 3072, 1024).to(bf), swiglu=True, wt=2)   # 48 units of 64 outputs
     assert out.shape == (40, 3072) and log[-1][1:3] == ("skinny_wg_k128s4n64t2p1_swiglu", (48, 1, 1))
