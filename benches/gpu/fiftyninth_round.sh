@@ -20,12 +20,12 @@ fi
 date +%T; build_kernels; date +%T
 if [ "$mode" = a ]; then
   checks 150 check_kernels.log wg-norm wg; date +%T
-  timeout 120 python3 benches/gpu/trace_wg.py --batch 32 --variants spread s4 > "$OUT/trace_wg_s4_b32.log" 2>&1
-  echo "trace_wg b32 rc=$?"; grep -v Warning "$OUT/trace_wg_s4_b32.log"; date +%T
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 --timeline-batches 32 \
     --profile-batches --variants spread s4 s4-mlp --rounds 3 > "$OUT/profile_decode_s4_0.6b.log" 2>&1
   echo "profile_decode 0.6b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_s4_0.6b.log"
   grep -E "graph timeline|skinny_wg|split_kv" "$OUT/profile_decode_s4_0.6b.log" | head -30; date +%T
+  timeout 120 python3 benches/gpu/trace_wg.py --batch 32 --variants spread s4 > "$OUT/trace_wg_s4_b32.log" 2>&1
+  echo "trace_wg b32 rc=$?"; grep -v Warning "$OUT/trace_wg_s4_b32.log"; date +%T
   timeout 150 python3 benches/gpu/profile_decode.py --models qwen3-8b --batches 32 64 --profile-batches \
     --variants spread s4 --rounds 3 > "$OUT/profile_decode_s4_8b.log" 2>&1
   echo "profile_decode 8b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_s4_8b.log"; date +%T
