@@ -8,28 +8,19 @@
 #                       # suite's non-8B clauses did not run with the spread fold on), and the qwen3-8b clauses
 #                       # where they fit (about 96 GiB: an H200)
 #   bash benches/gpu/fiftyeighth_round.sh trace   # the traces only
-#   bash benches/gpu/fiftyeighth_round.sh bench   # the edge probe (probe_edge.py: the PDL wait against a flag in
-#                       # global memory), the traces and the decode bench (one call's 600 s on an H100)
-#   bash benches/gpu/fiftyeighth_round.sh conf    # the conformance clauses only (the call after 'bench')
 source benches/gpu/_env.sh
 mode=${1:-next}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ "$mode" != conf ]; then
-  timeout 60 python3 benches/gpu/probe_edge.py > "$OUT/probe_edge.log" 2>&1; echo "probe_edge rc=$?"
-  grep -v Warning "$OUT/probe_edge.log"
-fi
 date +%T; build_kernels; date +%T
-[ "$mode" = conf ] || for b in 32 64; do
+for b in 32 64; do
   timeout 90 python3 benches/gpu/trace_wg.py --batch "$b" > "$OUT/trace_wg_tails_b$b.log" 2>&1
   echo "trace_wg b$b rc=$?"; grep -v Warning "$OUT/trace_wg_tails_b$b.log"; date +%T
 done
-if [ "$mode" = next ] || [ "$mode" = bench ]; then
+if [ "$mode" = next ]; then
   run_benches 230 engine_decode
   grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
   date +%T
-fi
-if [ "$mode" = next ] || [ "$mode" = conf ]; then
   conformance_8b_if_it_fits 200
   conformance_gpu 300 qwen3-0.6b conformance_gpu_qwen3-0.6b.log
 fi
