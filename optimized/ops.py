@@ -1710,16 +1710,16 @@ def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torc
     kernel (``skinny_wg.cu``): tensor copies stream 64 ``wt`` weight rows and the x rows through shared memory,
     one warpgroup multiplies them by ``wgmma``, and ``kp`` > 1 CTAs of a cluster split K, CTA 0 adding the others'
     partials in rank order. The configuration is ``skinny_wg_config(M, wt, kp, stages)`` (``stages`` None: the
-    default one; 4 at 32 x rows: the configurations small enough for two CTAs a multiprocessor, the same bits
-    as every other). ``pre``: stages whose weights a
-    CTA may fetch before the programmatic-dependent-launch wait (default: all of them). ``evict_first``: as
+    default one; 4 at 32 x rows: the configurations small enough for two CTAs a multiprocessor, the same bits as
+    every other). ``pre``: stages whose weights a CTA may fetch before the programmatic-dependent-launch wait
+    (default: all of them). ``evict_first``: as
     ``skinny_staged``. ``spread``: with ``kp`` > 1, every CTA of a cluster adds up and stores its share of a unit's
     partials (its ``wt * nx / 8 / kp`` blocks of 8 x rows by 64 weight rows, the others sent to their owners), where
     that share is whole (``skinny_wg_spreads``: the configuration's ``_sp`` kernels), instead of CTA 0 all of them;
     the sums keep the rank order, so the bits are the same. K must be a multiple of 64 ``kp``, and of 128 ``kp``
     when ``kp`` > 1. Needs the driver's launch path (PDL on) and a compute-capability-9.0 device (the kernels'
-    ``sm_90a`` build). Deterministic: the same inputs and configuration give the same bits; another configuration
-    sums in another order.
+    ``sm_90a`` build). Deterministic: the same inputs and configuration give the same bits; another split or tiling
+    sums in another order (another stage count does not).
 
     The add_rmsnorm between two GEMMs (``s = s + o``, then ``rms_norm(s) * weight``) folded into them (``wt`` 1 and a
     configuration of ``SKINNY_WG_NORM_CONFIGS``: ``skinny_wg_fold_ok``):

@@ -551,7 +551,11 @@ class CudaRunner:
         (with ``fold``: also the folded add_rmsnorm's kernels, ``ops.skinny_wg_fold_ok``), else None (the
         default's)."""
         S = self.wg_stages.get(role)
-        if S is None or not any(c[1:] == (S, ops.skinny_wg_rows(M), wt, kp) for c in ops.SKINNY_WG_CONFIGS):
+        if S is None:
+            return None
+        try:
+            ops.skinny_wg_config(M, wt, kp, S)
+        except ValueError:
             return None
         return S if not fold or ops.skinny_wg_fold_ok(M, kp, S) else None
 

@@ -223,7 +223,7 @@ def _standin_ops(calls: list | None = None) -> types.SimpleNamespace:
                                skinny_cluster=skinny_cluster, SKINNY_CLUSTER_MAX_M=real_ops.SKINNY_CLUSTER_MAX_M,
                                skinny_wg=skinny_wg, SKINNY_WG_MAX_M=real_ops.SKINNY_WG_MAX_M,
                                skinny_wg_config=real_ops.skinny_wg_config, skinny_wg_rows=real_ops.skinny_wg_rows,
-                               skinny_wg_split=real_ops.skinny_wg_split, SKINNY_WG_CONFIGS=real_ops.SKINNY_WG_CONFIGS,
+                               skinny_wg_split=real_ops.skinny_wg_split,
                                skinny_wg_ssq=real_ops.skinny_wg_ssq, skinny_wg_fold_ok=real_ops.skinny_wg_fold_ok,
                                SKINNY_MAX_M=16, SKINNY_STAGED_MAX_M=real_ops.SKINNY_STAGED_MAX_M,
                                skinny_staged_rows=real_ops.skinny_staged_rows,
