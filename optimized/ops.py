@@ -1696,9 +1696,11 @@ def skinny_wg_fold_ok(M: int, kp: int, stages: int | None = None) -> bool:
     configuration's): ``SKINNY_WG_NORM_CONFIGS``."""
     if not 0 < M <= SKINNY_WG_MAX_M:
         return False
-    if stages is None:
-        stages = next((c[1] for c in SKINNY_WG_CONFIGS if c[2:] == (skinny_wg_rows(M), 1, kp)), None)
-    return any(c[1:] == (stages, skinny_wg_rows(M), kp) for c in SKINNY_WG_NORM_CONFIGS)
+    try:
+        _, stages, nx, _, _ = skinny_wg_config(M, 1, kp, stages)
+    except ValueError:
+        return False
+    return any(c[1:] == (stages, nx, kp) for c in SKINNY_WG_NORM_CONFIGS)
 
 
 def skinny_wg(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,

@@ -301,8 +301,8 @@ SPREAD_VARIANTS: dict[str, bool] = {"gather": False, "spread": True}
 #: layer GEMMs on their warpgroup configurations of 4 stages where built (``runner.wg_stages``, read at capture: at
 #: 32 x rows, two CTAs a multiprocessor, so a GEMM's CTAs can be resident beside the one before it): all four roles,
 #: or all but qkv (whose 8 stages a unit then no longer all go before the wait)
-STAGES_VARIANTS: dict[str, dict[str, int]] = {"s4": dict.fromkeys(("qkv", "o_proj", "gate_up", "down"), 4),
-                                              "s4-mlp": dict.fromkeys(("o_proj", "gate_up", "down"), 4)}
+STAGES_VARIANTS: dict[str, dict[str, int]] = {"s4": dict.fromkeys(_LAYER_ROLES, 4),
+                                              "s4-mlp": dict.fromkeys(_LAYER_ROLES[1:], 4)}
 #: the variants on top of "default" (every dict above but VARIANTS and MAX_ELEMS)
 ENGINE_GROUPS = (ENGINE_VARIANTS, SPLIT_RULES, BLAS_VARIANTS, SKINNY_N, STAGED, L2_VARIANTS, QK_VARIANTS,
                  CLUSTER_VARIANTS, HANDOFF_VARIANTS, COPY_VARIANTS, EMBED_VARIANTS, NORM_VARIANTS, EARLY_VARIANTS,
