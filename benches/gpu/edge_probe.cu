@@ -8,7 +8,8 @@
 //      fence, then one release add a CTA), and thread 0 of each CTA of launch s spins on an acquire load of it
 //      until it reaches the grid before's size (launch 0 waits as in 0, for the flags' reset before it);
 //   2  no wait at all: the launches' own pace, a floor (its results are wrong wherever it overlaps).
-// Every CTA lets its dependents launch once its wait is passed, as the engine's kernels do.
+// Every CTA lets its dependents launch once its wait is passed, as the engine's kernels do. in and out are not
+// __restrict__: the flag's acquire orders coherent loads, not the read-only path's.
 
 __device__ __forceinline__ unsigned long long edge_now() {
   unsigned long long t;
@@ -17,7 +18,7 @@ __device__ __forceinline__ unsigned long long edge_now() {
 }
 
 template <int MODE>
-__device__ __forceinline__ void edge_step(const float* __restrict__ in, float* __restrict__ out, int n,
+__device__ __forceinline__ void edge_step(const float* in, float* out, int n,
                                           unsigned* flags, int slot, int prev_grid, unsigned long long* marks) {
   extern __shared__ float edge_pad[];  // dynamic shared memory: only to set how many CTAs share a multiprocessor
   if (MODE == 1 && slot > 0) {
@@ -48,7 +49,7 @@ __device__ __forceinline__ void edge_step(const float* __restrict__ in, float* _
 }
 
 #define EDGE_KERNEL(name, mode)                                                                                   \
-  extern "C" __global__ void name(const float* __restrict__ in, float* __restrict__ out, int n, unsigned* flags,  \
+  extern "C" __global__ void name(const float* in, float* out, int n, unsigned* flags,                          \
                                   int slot, int prev_grid, unsigned long long* marks) {                          \
     edge_step<mode>(in, out, n, flags, slot, prev_grid, marks);                                                  \
   }
