@@ -7,18 +7,19 @@
 #                       # default); the per-CTA trace at qwen3-0.6b batch 32, spread against s4; the one-process
 #                       # A/B spread against s4 (and s4-mlp: not qkv), qwen3-0.6b batch 32 and 64 (graph timeline
 #                       # at 32), qwen3-8b batch 32 and 64
-#   bash benches/gpu/fiftyninth_round.sh tiny  # what about 5 minutes hold: the edge probe, the kernel checks (the
-#                       # default path's spread kernels changed), then the qwen3-0.6b batch-32 A/B (spread, s4, s4-mlp)
+#   bash benches/gpu/fiftyninth_round.sh tiny  # what about 5 minutes hold: the kernel checks (the default path's
+#                       # spread kernels changed), the edge probe, then the qwen3-0.6b batch-32 A/B (spread, s4, s4-mlp)
 #   bash benches/gpu/fiftyninth_round.sh b   # the engine decode bench against transformers, of the tree as copied
 #   bash benches/gpu/fiftyninth_round.sh c   # the qwen3-0.6b conformance clauses at GPU scale (and qwen3-8b's
 #                       # where they fit), of the tree as copied
 source benches/gpu/_env.sh
 mode=${1:-a}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ "$mode" = a ] || [ "$mode" = tiny ]; then
+probe() {
   timeout 45 python3 benches/gpu/probe_edge.py > "$OUT/probe_edge.log" 2>&1; echo "probe_edge rc=$?"
   grep -v Warning "$OUT/probe_edge.log"
-fi
+}
+[ "$mode" = a ] && probe
 date +%T; build_kernels; date +%T
 if [ "$mode" = a ]; then
   checks 150 check_kernels.log wg-norm wg; date +%T
@@ -33,6 +34,7 @@ if [ "$mode" = a ]; then
   echo "profile_decode 8b rc=$?"; grep -E "^ +(32|64) |==" "$OUT/profile_decode_s4_8b.log"; date +%T
 elif [ "$mode" = tiny ]; then
   checks 90 check_kernels.log wg-norm wg; date +%T
+  probe
   timeout 90 python3 benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 --profile-batches \
     --variants spread s4 s4-mlp --rounds 3 > "$OUT/profile_decode_s4_0.6b.log" 2>&1
   echo "profile_decode 0.6b rc=$?"; grep -E "^ +32 |==" "$OUT/profile_decode_s4_0.6b.log"; date +%T
