@@ -8,6 +8,8 @@
 //      fence, then one release add a CTA), and thread 0 of each CTA of launch s spins on an acquire load of it
 //      until it reaches the grid before's size (launch 0 waits as in 0, for the flags' reset before it);
 //   2  no wait at all: the launches' own pace, a floor (its results are wrong wherever it overlaps).
+// The launch's dynamic shared memory (the probe's shapes: 0 or 200 KB) is reserved, never touched: it only sets how
+// many CTAs share a multiprocessor (a store into it at 0 bytes: the likely cause of the first run's illegal address).
 // Every CTA lets its dependents launch once its wait is passed, as the engine's kernels do. in and out are not
 // __restrict__: the flag's acquire orders coherent loads, not the read-only path's.
 
@@ -20,7 +22,6 @@ __device__ __forceinline__ unsigned long long edge_now() {
 template <int MODE>
 __device__ __forceinline__ void edge_step(const float* in, float* out, int n,
                                           unsigned* flags, int slot, int prev_grid, unsigned long long* marks) {
-  extern __shared__ float edge_pad[];  // dynamic shared memory: only to set how many CTAs share a multiprocessor
   if (MODE == 1 && slot > 0) {
     if (threadIdx.x == 0) {
       unsigned v;
@@ -35,7 +36,6 @@ __device__ __forceinline__ void edge_step(const float* in, float* out, int n,
   const unsigned long long t_wait = edge_now();
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i] + 1.f;
-  if (threadIdx.x == 0) edge_pad[0] = 0.f;
   if (MODE == 1) {
     __threadfence();
     __syncthreads();

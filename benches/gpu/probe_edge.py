@@ -18,8 +18,9 @@ shared memory a CTA: 200 KB leaves one CTA a multiprocessor, as the engine's GEM
   (``%globaltimer`` marks from the last replay): the edge itself, as ``trace_wg.py`` measures it;
 * ``period``: the median of first wait passed to the next launch's first wait passed.
 
-``pdl`` and ``flag`` must end with every float equal to its start plus the launches; this is checked before any
-figure is printed. Modes alternate within each round; the table gives the medians of the rounds.
+``pdl`` and ``flag`` must end with every float equal to its start plus the launches; a shape's figures are printed
+once its chains are checked (a mode that fails prints FAIL instead), shape by shape, so that a later shape's fault
+leaves the earlier ones' rows. Modes alternate within each round; the table gives the medians of the rounds.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def main() -> int:
     print(f"device {torch.cuda.get_device_name()}; {a.launches} launches a graph, {N} floats, 128 threads a CTA; "
           f"medians of {a.rounds} rounds, µs")
     ok = True
-    rows = []
+    print(f"{'mode':>6} {'CTAs':>5} {'KB':>4} {'per launch':>11} {'gap':>7} {'period':>7} {'wrong':>6}", flush=True)
     for grid, smem_kb in SHAPES:
         chains = {m: Chain(mod.get_function(k), a.launches, grid, smem_kb) for m, k in MODES.items()}
         figs: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
@@ -122,14 +123,10 @@ def main() -> int:
             if m != "none" and bad:
                 print(f"FAIL {m} {grid} CTAs {smem_kb} KB: {bad} of {N} floats wrong after the chain")
                 ok = False
-            med = [statistics.median(f[i] for f in figs[m]) for i in range(3)]
-            rows.append((m, grid, smem_kb, *med, bad))
-    if not ok:
-        return 1
-    print(f"{'mode':>6} {'CTAs':>5} {'KB':>4} {'per launch':>11} {'gap':>7} {'period':>7} {'wrong':>6}")
-    for m, grid, kb, t, gap, period, bad in rows:
-        print(f"{m:>6} {grid:>5} {kb:>4} {t:>11.3f} {gap:>7.3f} {period:>7.3f} {bad:>6}")
-    return 0
+                continue
+            t, gap, period = (statistics.median(f[i] for f in figs[m]) for i in range(3))
+            print(f"{m:>6} {grid:>5} {smem_kb:>4} {t:>11.3f} {gap:>7.3f} {period:>7.3f} {bad:>6}", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
