@@ -39,8 +39,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benches" / "gpu"), str(ROOT / "benches")]
 import optimized  # noqa: E402
 from ab_attention import build, install  # noqa: E402
 from optimized import kernels  # noqa: E402
-from optimized import runner as runner_mod  # noqa: E402
 from _bench import decode_pool  # noqa: E402
+from profile_decode import STAGES_VARIANTS  # noqa: E402
 from conformance.cases import draw_weights  # noqa: E402
 from reference import SamplingParams  # noqa: E402
 from reference.config import named_config  # noqa: E402
@@ -159,7 +159,7 @@ def main() -> int:
                                                **decode_pool(args.prompt + 16, args.batch, 16))
         del w
         eng.runner.wg_spread_fold = variant != "gather"
-        eng.runner.wg_stages = dict.fromkeys(runner_mod.GEMM_ROLES[:4], 4) if variant == "s4" else {}   # the layers'
+        eng.runner.wg_stages = dict(STAGES_VARIANTS[variant]) if variant in STAGES_VARIANTS else {}
         orig, state = eng._execute, {"decodes": 0, "rows": None}
 
         def execute(batch, orig=orig, state=state):
