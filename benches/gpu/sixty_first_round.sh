@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The sixty-first session's device call (run from the repository root, any H100 or H200): the warpgroup GEMMs'
+# two MMA chains (skinny_wg.cu's TK_WG_TWO_CHAINS; docs/performance/decode_step.md, "The edge probe, the x copies
+# and the MMA chain after the wait").
+#   bash benches/gpu/sixty_first_round.sh   # the kernel checks of the two-chain build (wg, wg-norm); the A/B of two
+#                       # chains against one (the build), qwen3-0.6b batch 32 and 64, two processes of each,
+#                       # alternated; the per-CTA trace at batch 32 of the two-chain build
+# (The session's run was of the tree where two chains were the build and TK_WG_ONE_CHAIN the switch: the same two
+# kernels, named the other way round.)
+source benches/gpu/_env.sh
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# prof TAG [DEFINE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
+# $OUT/profile_decode_TAG.log, with skinny_wg.cu built with -DDEFINE where given
+prof() {
+  timeout 150 python3 - "$2" > "$OUT/profile_decode_$1.log" 2>&1 <<'PY'
+import sys
+import optimized.kernels as k
+if sys.argv[1]:
+    k.OPTIONS = k.OPTIONS + (f"-D{sys.argv[1]}",)
+sys.path.insert(0, "benches/gpu")
+import profile_decode
+sys.argv = ["profile_decode.py", "--models", "qwen3-0.6b", "--batches", "32", "64", "--profile-batches",
+            "--variants", "spread", "--rounds", "3"]
+raise SystemExit(profile_decode.main())
+PY
+  echo "profile_decode $1 rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$1.log"
+}
+# two: the build's skinny_wg.cu with -DTK_WG_TWO_CHAINS, through the same OPTIONS (checks, trace)
+two() {
+  python3 - "$@" <<'PY'
+import os, runpy, sys
+import optimized.kernels as k
+k.OPTIONS = k.OPTIONS + ("-DTK_WG_TWO_CHAINS",)
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+}
+date +%T; build_kernels; date +%T
+timeout 120 bash -c "$(declare -f two); two benches/gpu/check_kernels.py --only wg-norm wg" > "$OUT/check_kernels.log" 2>&1
+echo "check_kernels (two chains) rc=$?"; grep -E "FAIL" "$OUT/check_kernels.log" | head; tail -1 "$OUT/check_kernels.log"
+date +%T
+prof two_1 TK_WG_TWO_CHAINS; prof one_1; prof two_2 TK_WG_TWO_CHAINS; prof one_2; date +%T
+timeout 90 bash -c "$(declare -f two); two benches/gpu/trace_wg.py --batch 32 --variants spread" \
+  > "$OUT/trace_wg_two_b32.log" 2>&1
+echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_two_b32.log" | head -9; date +%T
+exit 0
