@@ -70,6 +70,23 @@ def clock_stats(out: np.ndarray) -> tuple[float, float, int]:
     return cycles / (ns / 1000.0), step / 1000.0, seen
 
 
+def build():
+    """``xload_probe.cu`` compiled as the engine's plain kernels are (CuPy's NVRTC, ``kernels.OPTIONS``)."""
+    import cupy
+    src = kernels.with_headers(Path(__file__).with_name("xload_probe.cu").read_text())
+    return cupy.RawModule(code=src, options=kernels.OPTIONS)
+
+
+def sm_clock(mod=None) -> tuple[float, float, int]:
+    """``clock_stats`` of one launch of ``xload_clock`` (of ``mod``, else a fresh build): the SM clock's MHz and
+    %globaltimer's step (also ``probe_mma.py``'s clock)."""
+    mod = build() if mod is None else mod
+    clock = torch.zeros(4, dtype=torch.int64, device="cuda")
+    launch.launch_pdl(mod.get_function("xload_clock").kernel.ptr, (1,), (32,), (np.uint64(clock.data_ptr()),), 0,
+                      torch.cuda.current_stream().cuda_stream)
+    return clock_stats(clock.cpu().numpy())
+
+
 class Config:
     """One (K, CTAs, mode): its x, tensor map, kernel and output buffers."""
 
@@ -111,13 +128,8 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    import cupy
-    src = kernels.with_headers(Path(__file__).with_name("xload_probe.cu").read_text())
-    mod = cupy.RawModule(code=src, options=kernels.OPTIONS)
-    clock = torch.zeros(4, dtype=torch.int64, device="cuda")
-    launch.launch_pdl(mod.get_function("xload_clock").kernel.ptr, (1,), (32,), (np.uint64(clock.data_ptr()),), 0,
-                      torch.cuda.current_stream().cuda_stream)
-    cycles_per_us, step, seen = clock_stats(clock.cpu().numpy())
+    mod = build()
+    cycles_per_us, step, seen = sm_clock(mod)
     print(f"device {torch.cuda.get_device_name()}; {ROWS} rows of x, {KC}-column stages, one CTA a multiprocessor; "
           f"medians of {a.launches} launches, then of {a.rounds} rounds; µs")
     print(f"SM clock {cycles_per_us:.0f} MHz over a 2^22-cycle spin; %globaltimer's smallest step {step:.3f} µs "

@@ -5,6 +5,8 @@
 #   bash benches/gpu/sixty_first_round.sh   # the kernel checks of the two-chain build (wg, wg-norm); the A/B of two
 #                       # chains against one (the build), qwen3-0.6b batch 32 and 64, two processes of each,
 #                       # alternated; the per-CTA trace at batch 32 of the two-chain build
+#   bash benches/gpu/sixty_first_round.sh probes   # not yet run: the cycle-timed x probe (probe_xload.py, with the
+#                       # SM clock and %globaltimer's step) and the MMA phase alone (probe_mma.py)
 # (The session's run was of the tree where two chains were the build and TK_WG_ONE_CHAIN the switch: the same two
 # kernels, named the other way round.)
 source benches/gpu/_env.sh
@@ -36,6 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 runpy.run_path(sys.argv[0], run_name="__main__")
 PY
 }
+if [ "${1:-chains}" = probes ]; then
+  timeout 120 python3 benches/gpu/probe_xload.py > "$OUT/probe_xload.log" 2>&1; echo "probe_xload rc=$?"
+  grep -v Warning "$OUT/probe_xload.log" | head -40
+  timeout 120 python3 benches/gpu/probe_mma.py > "$OUT/probe_mma.log" 2>&1; echo "probe_mma rc=$?"
+  grep -v Warning "$OUT/probe_mma.log"
+  exit 0
+fi
 date +%T; build_kernels; date +%T
 timeout 120 bash -c "$(declare -f two); two benches/gpu/check_kernels.py --only wg-norm wg" > "$OUT/check_kernels.log" 2>&1
 echo "check_kernels (two chains) rc=$?"; grep -E "FAIL" "$OUT/check_kernels.log" | head; tail -1 "$OUT/check_kernels.log"
