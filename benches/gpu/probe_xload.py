@@ -78,12 +78,13 @@ def build():
 
 
 def sm_clock(mod=None) -> tuple[float, float, int]:
-    """``clock_stats`` of one launch of ``xload_clock`` (of ``mod``, else a fresh build): the SM clock's MHz and
-    %globaltimer's step (also ``probe_mma.py``'s clock)."""
+    """``clock_stats`` of the second of two launches of ``xload_clock`` (of ``mod``, else a fresh build; the first
+    lets the clock settle): the SM clock's MHz and %globaltimer's step (also ``probe_mma.py``'s clock)."""
     mod = build() if mod is None else mod
     clock = torch.zeros(4, dtype=torch.int64, device="cuda")
-    launch.launch_pdl(mod.get_function("xload_clock").kernel.ptr, (1,), (32,), (np.uint64(clock.data_ptr()),), 0,
-                      torch.cuda.current_stream().cuda_stream)
+    for _ in range(2):
+        launch.launch_pdl(mod.get_function("xload_clock").kernel.ptr, (1,), (32,), (np.uint64(clock.data_ptr()),),
+                          0, torch.cuda.current_stream().cuda_stream)
     return clock_stats(clock.cpu().numpy())
 
 
