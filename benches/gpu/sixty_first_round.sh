@@ -11,32 +11,30 @@
 # kernels, named the other way round.)
 source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-# prof TAG [DEFINE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
-# $OUT/profile_decode_TAG.log, with skinny_wg.cu built with -DDEFINE where given
-prof() {
-  timeout 150 python3 - "$2" > "$OUT/profile_decode_$1.log" 2>&1 <<'PY'
-import sys
-import optimized.kernels as k
-if sys.argv[1]:
-    k.OPTIONS = k.OPTIONS + (f"-D{sys.argv[1]}",)
-sys.path.insert(0, "benches/gpu")
-import profile_decode
-sys.argv = ["profile_decode.py", "--models", "qwen3-0.6b", "--batches", "32", "64", "--profile-batches",
-            "--variants", "spread", "--rounds", "3"]
-raise SystemExit(profile_decode.main())
-PY
-  echo "profile_decode $1 rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$1.log"
-}
-# two: the build's skinny_wg.cu with -DTK_WG_TWO_CHAINS, through the same OPTIONS (checks, trace)
-two() {
+# with_build DEFINE SCRIPT [ARGS...]: python3 SCRIPT ARGS with the kernel sources built with -DDEFINE (as built where
+# DEFINE is empty), through optimized.kernels.OPTIONS in the script's process
+with_build() {
   python3 - "$@" <<'PY'
 import os, runpy, sys
 import optimized.kernels as k
-k.OPTIONS = k.OPTIONS + ("-DTK_WG_TWO_CHAINS",)
-sys.argv = sys.argv[1:]
+if sys.argv[1]:
+    k.OPTIONS = k.OPTIONS + (f"-D{sys.argv[1]}",)
+sys.argv = sys.argv[2:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 runpy.run_path(sys.argv[0], run_name="__main__")
 PY
+}
+# built SECONDS DEFINE LOG SCRIPT [ARGS...]: with_build under a timeout, into $OUT/LOG
+built() {
+  local secs=$1 define=$2 log=$3; shift 3
+  timeout "$secs" bash -c "$(declare -f with_build); with_build \"\$@\"" _ "$define" "$@" > "$OUT/$log" 2>&1
+}
+# prof TAG [DEFINE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
+# $OUT/profile_decode_TAG.log, built with -DDEFINE where given
+prof() {
+  built 150 "$2" "profile_decode_$1.log" benches/gpu/profile_decode.py --models qwen3-0.6b --batches 32 64 \
+    --profile-batches --variants spread --rounds 3
+  echo "profile_decode $1 rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$1.log"
 }
 if [ "${1:-chains}" = probes ]; then
   timeout 120 python3 benches/gpu/probe_xload.py > "$OUT/probe_xload.log" 2>&1; echo "probe_xload rc=$?"
@@ -46,11 +44,10 @@ if [ "${1:-chains}" = probes ]; then
   exit 0
 fi
 date +%T; build_kernels; date +%T
-timeout 120 bash -c "$(declare -f two); two benches/gpu/check_kernels.py --only wg-norm wg" > "$OUT/check_kernels.log" 2>&1
+built 120 TK_WG_TWO_CHAINS check_kernels.log benches/gpu/check_kernels.py --only wg-norm wg
 echo "check_kernels (two chains) rc=$?"; grep -E "FAIL" "$OUT/check_kernels.log" | head; tail -1 "$OUT/check_kernels.log"
 date +%T
 prof two_1 TK_WG_TWO_CHAINS; prof one_1; prof two_2 TK_WG_TWO_CHAINS; prof one_2; date +%T
-timeout 90 bash -c "$(declare -f two); two benches/gpu/trace_wg.py --batch 32 --variants spread" \
-  > "$OUT/trace_wg_two_b32.log" 2>&1
+built 90 TK_WG_TWO_CHAINS trace_wg_two_b32.log benches/gpu/trace_wg.py --batch 32 --variants spread
 echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_two_b32.log" | head -9; date +%T
 exit 0
