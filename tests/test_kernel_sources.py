@@ -548,3 +548,19 @@ def test_every_plain_kernel_definition_is_inventoried():
             found += 1
             assert kernel in listed, f"{name}.cu defines {kernel}, which kernels.SOURCES[{name!r}] does not list"
     assert found >= 10, "the pattern matched almost nothing: it no longer fits the sources"
+
+
+def test_build_check_reads_wgmma_serialization_advisories():
+    # the two ptxas advisories that mean a kernel's warpgroup MMAs were serialized fail the compile check
+    from optimized.kernels import build_check
+    log = "\n".join([
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 935 by compiler to allow use of "
+        "registers defined by GMMA in function 'skinny_wg_k128s8n32t1p1_bf16'",
+        "ptxas info    : Compiling entry function 'skinny_wg_k128s8n32t1p1_f32' for 'sm_90a'",
+        "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+        "program dependence on compiler-inserted WG.DP in divergent path in the function 'paged_prefill_d128'",
+        "ptxas info    : Used 42 registers, used 1 barriers, 256 bytes smem",
+    ])
+    assert build_check.wgmma_advisories(log) == [("C7517", "skinny_wg_k128s8n32t1p1_bf16"),
+                                                 ("C7518", "paged_prefill_d128")]
+    assert build_check.wgmma_advisories("ptxas info    : Used 42 registers") == []

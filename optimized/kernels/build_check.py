@@ -7,7 +7,9 @@ also for its architecture-specific target, e.g. attention.cu for sm_90a) with ``
 -ftz=true -Xptxas -v`` (``-ftz=true`` as CuPy's NVRTC compiles them at run time) and prints, per
 kernel, the registers, static shared memory, stack frame and spill bytes that ptxas reports (dynamic
 shared memory is set at launch: see ``optimized.ops``). Exits non-zero on any compile error, on any
-spill beyond a kernel's entry in ``SPILL_ALLOWANCE`` (none: no spill at all), or when a kernel listed
+spill beyond a kernel's entry in ``SPILL_ALLOWANCE`` (none: no spill at all), on any advisory of ptxas that it
+serialized a kernel's warpgroup MMAs (C7517: a ``wgmma.wait_group`` it injected because registers that a wgmma in
+flight defines could be used on some path; C7518: wgmmas on a divergent path), or when a kernel listed
 in ``optimized.kernels.SOURCES`` is missing from its cubin. A stack frame without spills is reported
 but does not fail the check.
 """
@@ -30,6 +32,7 @@ _PROPS = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_WGMMA_ADVISORY = re.compile(r"\((C751[78])\).*? in (?:the )?function '([^']+)'")
 
 
 #: kernel -> (spill store bytes, spill load bytes) it may have, and why. Each entry is a measured trade:
@@ -84,6 +87,13 @@ def parse_ptxas(text: str) -> dict[str, KernelInfo]:
             s = _SMEM.search(line)
             current.smem = int(s.group(1)) if s else 0
     return infos
+
+
+def wgmma_advisories(text: str) -> list[tuple[str, str]]:
+    """(code, kernel) of each advisory in ``-Xptxas -v`` output that ptxas serialized a kernel's wgmmas: C7517, a
+    warpgroup wait it injected (skinny_wg.cu's stage loop had one at its back edge until the sixty-second session,
+    so no stage's wgmmas overlapped the next's), and C7518, wgmmas on a divergent path."""
+    return [(m.group(1), m.group(2)) for m in map(_WGMMA_ADVISORY.search, text.splitlines()) if m]
 
 
 def compile_one(nvcc: str, src: Path, out_dir: Path, arch: str) -> tuple[int, str]:
@@ -155,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in warnings:
             print(f"  {src.name}: {w.strip()}")
         infos = parse_ptxas(log)
+        failures += [f"{src.name}:{kname} ({arch}): ptxas serialized its wgmmas (advisory {code})"
+                     for code, kname in sorted(set(wgmma_advisories(log)))]
         for kname in SOURCES.get(src.stem, ()):
             if kname not in infos:
                 failures.append(f"{src.name}: kernel {kname} not found in the cubin")

@@ -67,10 +67,13 @@
 // TK_WG_TRACE (a switch of benches/gpu/trace_wg.py): thread 0 of each CTA records %globaltimer (ns) at 7 marks --
 // its start, its consumers' PDL wait passed, its first stage landed, its last unit's MMAs done, the fold done
 // (the partials sent, for a gather's CTA other than 0), its stores done, its end -- and appends them with its SM,
-// block, grid and kernel's shape to wg_trace (wg_trace_n counts; records past the capacity are dropped)
+// block, grid and kernel's shape to wg_trace (wg_trace_n counts; records past the capacity are dropped). Where a
+// CTA fills each stage at most once (total <= S), the producer, once it has issued every copy, also watches the
+// stages' full barriers in order and records when it sees each complete (record columns 10 .. 10 + S - 1, the rest
+// 0): when the stages land, against when the consumers' MMAs are done (sixty-second session).
 #ifdef TK_WG_TRACE
-constexpr unsigned kWgTraceCap = 65536;
-__device__ unsigned long long wg_trace[kWgTraceCap][10];  // at namespace scope: found by name
+constexpr unsigned kWgTraceCap = 65536, kWgTraceCols = 18;
+__device__ unsigned long long wg_trace[kWgTraceCap][kWgTraceCols];  // at namespace scope: found by name
 __device__ unsigned int wg_trace_n;
 #define TK_WG_MARK(k)                                                   \
   do {                                                                  \
@@ -203,6 +206,9 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
 #ifdef TK_WG_TRACE
   unsigned long long wg_marks[7] = {};
+  __shared__ unsigned long long wg_land[8];  // the producer's sightings of the stages' first completions
+  if (tid < 8) wg_land[tid] = 0ull;
+  static_assert(S <= 8, "the trace's stage columns");
 #endif
   TK_WG_MARK(0);
   const int outs = EPI == kSwiGLU ? R / 2 : R;  // output columns of a unit
@@ -256,6 +262,13 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
         }
         tensor_copy(base + s * kStage + kW, xmap, 0, 0, kb, bar_full + 8 * s, 0ull, 0);
       }
+#ifdef TK_WG_TRACE
+      if (total <= S)  // every stage completes its phase 0 once, and no other: the watch cannot hang
+        for (int s = 0; s < total; ++s) {
+          mbar_wait(bar_full + 8 * s, 0u);
+          asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(wg_land[s]));
+        }
+#endif
     }
     __syncwarp();
   } else {  // ---- consumers
@@ -303,128 +316,130 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
         wg_wait<1>();  // every group but this stage's has completed: the stage before is read
         __syncwarp();
         if (kc > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((i - 1) % S));
-        if (kc != kch - 1) continue;
-
-        // ---- the end of unit u
-        wg_wait<0>();
-        TK_WG_MARK(3);
+      }
+      // ---- the end of unit u (s: its last stage). Outside the stages' loop, so that the loop's back edge
+      // carries wgmma groups in flight only into more wgmmas: with this epilogue inside the loop, ptxas
+      // reported a warpgroup wait injected at the back edge (advisory C7517; sixty-second session)
+      const int s = (i - 1) % S;
+      wg_wait<0>();
+      TK_WG_MARK(3);
 #pragma unroll
-        for (int t = 0; t < WT; ++t) wg_fence_regs<J>(acc[t]);
-        if constexpr (kChains == 2) {  // the unit's sums: the even steps' chain plus the odd steps'
+      for (int t = 0; t < WT; ++t) wg_fence_regs<J>(acc[t]);
+      if constexpr (kChains == 2) {  // the unit's sums: the even steps' chain plus the odd steps'
 #pragma unroll
-          for (int t = 0; t < WT; ++t) {
-            wg_fence_regs<J>(acc_odd[t]);
+        for (int t = 0; t < WT; ++t) {
+          wg_fence_regs<J>(acc_odd[t]);
 #pragma unroll
-            for (int j = 0; j < J; ++j)
+          for (int j = 0; j < J; ++j)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[t][j][e] += acc_odd[t][j][e];
-          }
+            for (int e = 0; e < 4; ++e) acc[t][j][e] += acc_odd[t][j][e];
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
-        if constexpr (KP > 1) {
-          if constexpr (SP) {  // block b to CTA b / OWN, into its slot for this CTA; then fold what the peers sent here
-            if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);  // every peer has read the previous unit's
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+      if constexpr (KP > 1) {
+        if constexpr (SP) {  // block b to CTA b / OWN, into its slot for this CTA; then fold what the peers sent here
+          if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);  // every peer has read the previous unit's
 #pragma unroll
-            for (int t = 0; t < WT; ++t)
+          for (int t = 0; t < WT; ++t)
 #pragma unroll
-              for (int j = 0; j < J; ++j) {
-                const int b = t * J + j, q = b / OWN, slot = (int)rank < q ? (int)rank : (int)rank - 1;
-                if (q != (int)rank)
-                  st_async_f4(recv + (u32)(slot * OWN + b % OWN) * 2048u + (u32)tid * 16u, bar_red, (u32)q,
-                              acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
-              }
-            if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * OWN * 2048));
-            mbar_wait(bar_red, (u32)uu & 1u);
-            const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
+            for (int j = 0; j < J; ++j) {
+              const int b = t * J + j, q = b / OWN, slot = (int)rank < q ? (int)rank : (int)rank - 1;
+              if (q != (int)rank)
+                st_async_f4(recv + (u32)(slot * OWN + b % OWN) * 2048u + (u32)tid * 16u, bar_red, (u32)q,
+                            acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
+            }
+          if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * OWN * 2048));
+          mbar_wait(bar_red, (u32)uu & 1u);
+          const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
 #pragma unroll
-            for (int t = 0; t < WT; ++t)
+          for (int t = 0; t < WT; ++t)
 #pragma unroll
-              for (int j = 0; j < J; ++j) {
-                const int b = t * J + j;
-                if (b < blo || b >= bhi) continue;
-                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j = 0; j < J; ++j) {
+              const int b = t * J + j;
+              if (b < blo || b >= bhi) continue;
+              float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-                for (int p = 0; p < KP; ++p) {  // rank order, this CTA's own in its place: the gather's sums
-                  float4 v = make_float4(acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
-                  if (p != (int)rank)
-                    v = *reinterpret_cast<const float4*>(recv_p + ((p < (int)rank ? p : p - 1) * OWN + b % OWN) * 2048 +
-                                                         tid * 16);
-                  if (p == 0) {
-                    sum = v;
-                  } else {
-                    sum.x += v.x;
-                    sum.y += v.y;
-                    sum.z += v.z;
-                    sum.w += v.w;
-                  }
+              for (int p = 0; p < KP; ++p) {  // rank order, this CTA's own in its place: the gather's sums
+                float4 v = make_float4(acc[t][j][0], acc[t][j][1], acc[t][j][2], acc[t][j][3]);
+                if (p != (int)rank)
+                  v = *reinterpret_cast<const float4*>(recv_p + ((p < (int)rank ? p : p - 1) * OWN + b % OWN) * 2048 +
+                                                       tid * 16);
+                if (p == 0) {
+                  sum = v;
+                } else {
+                  sum.x += v.x;
+                  sum.y += v.y;
+                  sum.z += v.z;
+                  sum.w += v.w;
                 }
-                acc[t][j][0] = sum.x;
-                acc[t][j][1] = sum.y;
-                acc[t][j][2] = sum.z;
-                acc[t][j][3] = sum.w;
               }
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
-            if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)(tid < (int)rank ? tid : tid + 1));
-          } else if (rank != 0) {  // gather: send the partials to CTA 0 once it has read the previous ones
-            if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);
-            const u32 dst = recv + ((u32)rank - 1u) * kPart + (u32)tid * 16u;
-#pragma unroll
-            for (int t = 0; t < WT; ++t)
-#pragma unroll
-              for (int j = 0; j < J; ++j)
-                st_async_f4(dst + (u32)(t * J + j) * 2048u, bar_red, 0u, acc[t][j][0], acc[t][j][1], acc[t][j][2],
-                            acc[t][j][3]);
-            TK_WG_MARK(4);
-            TK_WG_MARK(5);
-            continue;
-          } else {  // gather: CTA 0 folds the peers' partials
-            if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * kPart));
-            mbar_wait(bar_red, (u32)uu & 1u);
-            const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
-#pragma unroll
-            for (int p = 1; p < KP; ++p)  // rank order
-#pragma unroll
-              for (int t = 0; t < WT; ++t)
-#pragma unroll
-                for (int j = 0; j < J; ++j) {
-                  const float4 v = *reinterpret_cast<const float4*>(recv_p + (p - 1) * kPart + (t * J + j) * 2048 + tid * 16);
-                  acc[t][j][0] += v.x;
-                  acc[t][j][1] += v.y;
-                  acc[t][j][2] += v.z;
-                  acc[t][j][3] += v.w;
-                }
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
-            if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
-          }
-        }
-        TK_WG_MARK(4);
-        if constexpr (EPI == kResidual) {
-          residual_store<WT, J>(reinterpret_cast<__nv_bfloat16*>(y), xw, rin, acc, u, warp, lane, tid, M, N, ssq_out,
-                                part_s, blo, bhi);
-        } else {
-          if constexpr (XN) {  // the rows' 1 / rms on the sums (x rows 8 j + 2 t4, + 1 of the fragment)
-#pragma unroll
-            for (int t = 0; t < WT; ++t)
-#pragma unroll
-              for (int j = 0; j < J; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[t][j][e] *= rs_s[8 * j + 2 * (lane & 3) + (e & 1)];
-          }
+              acc[t][j][0] = sum.x;
+              acc[t][j][1] = sum.y;
+              acc[t][j][2] = sum.z;
+              acc[t][j][3] = sum.w;
+            }
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
+          if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)(tid < (int)rank ? tid : tid + 1));
+        } else if (rank != 0) {  // gather: send the partials to CTA 0 once it has read the previous ones
+          if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);
+          const u32 dst = recv + ((u32)rank - 1u) * kPart + (u32)tid * 16u;
 #pragma unroll
           for (int t = 0; t < WT; ++t)
 #pragma unroll
             for (int j = 0; j < J; ++j)
-              if (t * J + j >= blo && t * J + j < bhi)
-                skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
+              st_async_f4(dst + (u32)(t * J + j) * 2048u, bar_red, 0u, acc[t][j][0], acc[t][j][1], acc[t][j][2],
+                          acc[t][j][3]);
+          TK_WG_MARK(4);
+          TK_WG_MARK(5);
+          continue;
+        } else {  // gather: CTA 0 folds the peers' partials
+          if (tid == 0) mbar_expect_tx(bar_red, (u32)((KP - 1) * kPart));
+          mbar_wait(bar_red, (u32)uu & 1u);
+          const unsigned char* recv_p = wg_smem + (recv - smem_u32(wg_smem));
+#pragma unroll
+          for (int p = 1; p < KP; ++p)  // rank order
+#pragma unroll
+            for (int t = 0; t < WT; ++t)
+#pragma unroll
+              for (int j = 0; j < J; ++j) {
+                const float4 v = *reinterpret_cast<const float4*>(recv_p + (p - 1) * kPart + (t * J + j) * 2048 + tid * 16);
+                acc[t][j][0] += v.x;
+                acc[t][j][1] += v.y;
+                acc[t][j][2] += v.z;
+                acc[t][j][3] += v.w;
+              }
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
+          if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
         }
-        TK_WG_MARK(5);
       }
+      TK_WG_MARK(4);
+      if constexpr (EPI == kResidual) {
+        residual_store<WT, J>(reinterpret_cast<__nv_bfloat16*>(y), xw, rin, acc, u, warp, lane, tid, M, N, ssq_out,
+                              part_s, blo, bhi);
+      } else {
+        if constexpr (XN) {  // the rows' 1 / rms on the sums (x rows 8 j + 2 t4, + 1 of the fragment)
+#pragma unroll
+          for (int t = 0; t < WT; ++t)
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[t][j][e] *= rs_s[8 * j + 2 * (lane & 3) + (e & 1)];
+        }
+#pragma unroll
+        for (int t = 0; t < WT; ++t)
+#pragma unroll
+          for (int j = 0; j < J; ++j)
+            if (t * J + j >= blo && t * J + j < bhi)
+              skinny_store<F32, EPI>(y, acc[t][j], u * (R / 16) + 4 * t + warp, 8 * j, lane, M, N);
+      }
+      TK_WG_MARK(5);
     }
   }
   if constexpr (KP > 1) cluster_sync_all();  // nobody leaves while a peer may still arrive on its barriers
 #ifdef TK_WG_TRACE
   TK_WG_MARK(6);
+  __syncthreads();  // the producer's sightings, seen by thread 0
   if (tid == 0) {
     const unsigned r = atomicAdd(&wg_trace_n, 1u);
     if (r < kWgTraceCap) {
@@ -435,6 +450,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
       wg_trace[r][8] = (unsigned long long)gridDim.x << 32 | (unsigned)N;
       wg_trace[r][9] = (unsigned long long)K << 32 | (unsigned)(EPI << 8 | (XN ? 16 : 0) | (F32 ? 32 : 0) |
                                                                  (SP ? 1 : 0));
+      for (int k = 0; k < 8; ++k) wg_trace[r][10 + k] = wg_land[k];
     }
   }
 #endif
