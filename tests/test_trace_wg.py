@@ -22,9 +22,11 @@ from reference.config import named_config  # noqa: E402
 CFG = named_config("qwen3-0.6b")
 
 
-def record(marks: list[int], block: int, rank: int, grid: int, N: int, K: int, flags: int) -> list[int]:
-    """One CTA's record: 7 marks (ns), then SM | block | rank, grid | N, K | flags."""
-    return [*marks, (block % 132) << 32 | block << 8 | rank, grid << 32 | N, K << 32 | flags]
+def record(marks: list[int], block: int, rank: int, grid: int, N: int, K: int, flags: int,
+           land: tuple[int, ...] = ()) -> list[int]:
+    """One CTA's record: 7 marks (ns), then SM | block | rank, grid | N, K | flags, then 8 stage sightings (0: none)."""
+    return [*marks, (block % 132) << 32 | block << 8 | rank, grid << 32 | N, K << 32 | flags,
+            *land, *[0] * (8 - len(land))]
 
 
 def fake_step() -> list[list[int]]:
@@ -33,7 +35,8 @@ def fake_step() -> list[list[int]]:
     for c in range(8):
         mma = 4000 if c == 6 else 2000 + 10 * c
         rows.append(record([900, 1000 + c, 1500 + c, mma, mma + 100, mma + 200, 5000], c, c % 4, 8,
-                           CFG.hidden_size, CFG.num_attention_heads * CFG.head_dim, 0))
+                           CFG.hidden_size, CFG.num_attention_heads * CFG.head_dim, 0,
+                           tuple(1500 + c + 100 * s for s in range(4))))
     for c in range(2):
         rows.append(record([5100, 5500 + c, 5600, 9000, 9000, 9100, 9500 + c], c, 0, 2, CFG.vocab_size,
                            CFG.hidden_size, 32))
@@ -66,3 +69,12 @@ def test_a_short_launch_is_refused():
     rows = fake_step()[1:]   # one LM head CTA missing
     with pytest.raises(RuntimeError, match="not one launch's CTAs"):
         trace_wg.launches(rows, CFG)
+
+
+def test_landings_of_watched_stages_only():
+    step = trace_wg.one_step(trace_wg.launches(fake_step(), CFG))
+    land = trace_wg.landings(step)
+    # the LM head's records watched no stage: no row; o_proj's 4 stages land 0.1 µs apart from its CTAs' first,
+    # medians over CTAs 0..7 (1500 + 3.5 + 100 s - 1000 ns), then the median last MMA (2035 - 1000 ns: the mean of the middle two)
+    assert list(land) == ["o_proj"]
+    assert land["o_proj"] == pytest.approx([0.5035, 0.6035, 0.7035, 0.8035, 1.035])

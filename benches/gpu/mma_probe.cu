@@ -7,7 +7,9 @@
 // swizzle, the same offsets). MODE:
 //   0  the engine's: each stage's wgmmas one group, then wait until all but that group are done (wait_group 1);
 //   1  every stage's groups issued before one wait at the end: the tensor cores' own rate;
-//   2  as 0 with two accumulator chains (the even and the odd 16-column steps; skinny_wg.cu's TK_WG_TWO_CHAINS).
+//   2  as 0 with two accumulator chains (the even and the odd 16-column steps; skinny_wg.cu's TK_WG_TWO_CHAINS);
+//   3  as 0, then wait until this stage's group is done too (wait_group 0): no stage overlaps the next, as in the
+//      engine's build up to the sixty-second session, where ptxas put such a wait on its stage loop's back edge.
 // Every stage byte holds bf16 1.0 (0x3F80), so every output is stages * 128 exactly: the host checks each CTA's
 // count of wrong outputs (wrong[b]). Thread 0 records the SM's clock64 cycles from the first wgmma's fence to the
 // last wait (cycles[b]).
@@ -99,7 +101,10 @@ __device__ __forceinline__ void mma_run(int stages, unsigned long long* cycles, 
         mp_wgmma<J>(acc, da, db, s > 0 || kk > 0);
     }
     wg_commit();
-    if (MODE != 1) wg_wait<1>();
+    if (MODE == 3)
+      wg_wait<0>();
+    else if (MODE != 1)
+      wg_wait<1>();
   }
   wg_wait<0>();
   const long long c1 = clock64();
@@ -129,9 +134,11 @@ MMA_KERNEL(mma_n16_free, 2, 1)
 MMA_KERNEL(mma_n32_engine, 4, 0)
 MMA_KERNEL(mma_n32_free, 4, 1)
 MMA_KERNEL(mma_n32_chains, 4, 2)
+MMA_KERNEL(mma_n32_wait0, 4, 3)
 MMA_KERNEL(mma_n64_engine, 8, 0)
 MMA_KERNEL(mma_n64_free, 8, 1)
 MMA_KERNEL(mma_n64_chains, 8, 2)
+MMA_KERNEL(mma_n64_wait0, 8, 3)
 MMA_KERNEL(mma_n128_engine, 16, 0)
 MMA_KERNEL(mma_n128_free, 16, 1)
 MMA_KERNEL(mma_n256_engine, 32, 0)

@@ -8,7 +8,9 @@ docs/performance/decode_step.md, "The edge probe, the x copies and the MMA chain
 (8 stages of 128 columns; about 27 ns for each 16 columns), while the x copies alone land in well under half of
 that (``probe_xload.py``) and a second accumulator chain changed nothing. This probe runs the consumer loop of
 ``skinny_wg.cu`` alone (``mma_probe.cu``) over stages already in shared memory: the engine's waits (``engine``),
-no waits until the end (``free``) and two chains (``chains``, at 32 and 64 rows), at 32 and 64 x rows (m64n32k16 and
+no waits until the end (``free``), two chains (``chains``, at 32 and 64 rows) and each stage's group waited on
+before the next stage (``wait0``: what ptxas's injected wait made of the engine's loop until the sixty-second
+session), at 32 and 64 x rows (m64n32k16 and
 m64n64k16) and, for how a wgmma's cost grows with its N, at 16, 128 and 256, on one CTA and on one CTA on each
 multiprocessor. Per configuration it prints the median CTA's cycles (the SM's clock64)
 for the stages, the cycles a wgmma, the µs at the SM clock measured first (``probe_xload.sm_clock``), and the
@@ -36,7 +38,7 @@ from optimized import launch  # noqa: E402
 SMEM = 200 * 1024
 #: the wgmma's N (x rows in the engine: 32 or 64) -> stages that fit 200 KB (the engine's 8 at 32 rows)
 STAGES = {16: 8, 32: 8, 64: 6, 128: 4, 256: 2}
-MODES = {n: ("engine", "free", "chains") if n in (32, 64) else ("engine", "free") for n in STAGES}
+MODES = {n: ("engine", "free", "chains", "wait0") if n in (32, 64) else ("engine", "free") for n in STAGES}
 
 
 def wgmma_stats(cycles: np.ndarray, stages: int, rows: int, mhz: float) -> tuple[float, float, float, float]:

@@ -18,7 +18,11 @@ medians over the step's layers, in µs:
 * ``span``: the first wait passed to the last CTA's end; ``incr``: the last end less the traced launch before's.
 
 A second table gives, per role, the seven marks of the median CTA and of the slowest one (the latest last MMA) as
-offsets from the launch's first wait, and each cluster rank's median last MMA.
+offsets from the launch's first wait, and each cluster rank's median last MMA. A third (sixty-second session) gives,
+for the roles whose CTAs fill each stage once, when the stages landed (the producer's sightings of their full
+barriers, after it has issued every copy): per stage the median over CTAs, as offsets from the launch's first wait,
+next to the median last MMA. Stages that land long before the last MMA mean the MMAs are slow; stages that land
+just before it mean the MMAs wait for them.
 
 The trace's own stores (one record a CTA, at its end) lengthen each launch slightly; the untraced step time is
 ``profile_decode.py``'s.
@@ -45,7 +49,7 @@ from conformance.cases import draw_weights  # noqa: E402
 from reference import SamplingParams  # noqa: E402
 from reference.config import named_config  # noqa: E402
 
-CAP = 65536                                  # kWgTraceCap in skinny_wg.cu
+CAP, COLS = 65536, 18                        # kWgTraceCap, kWgTraceCols in skinny_wg.cu
 MARKS = ("start", "wait", "first", "mma", "fold", "store", "end")
 PHASES = (("wait>x", 1, 2), ("x>mma", 2, 3), ("mma>fold", 3, 4), ("fold>store", 4, 5), ("store>end", 5, 6))
 
@@ -81,7 +85,8 @@ def launches(rows, cfg) -> list[dict]:
                                f"{len(keys)} shapes, {len(blocks)} blocks)")
         K, flags = rows[i][9] >> 32, rows[i][9] & 0xFFFFFFFF
         out.append(dict(role=role_of(cfg, N, K, flags), grid=grid, spread=bool(flags & 1),
-                        t=[[r[k] for r in group] for k in range(7)], rank=[r[7] & 0xFF for r in group]))
+                        t=[[r[k] for r in group] for k in range(7)], rank=[r[7] & 0xFF for r in group],
+                        land=[[r[k] for r in group] for k in range(10, COLS)]))
         i += grid
     return out
 
@@ -134,6 +139,22 @@ def tails(step: list[dict]) -> dict[str, dict[str, list[float]]]:
     return {role: {k: [statistics.median(col) for col in zip(*v)] for k, v in d.items()} for role, d in per.items()}
 
 
+def landings(step: list[dict]) -> dict[str, list[float]]:
+    """Per role whose CTAs all watched their stages: each watched stage's median landing over the CTAs, then the
+    median last MMA, as offsets from the launch's first wait (µs; medians over the launches)."""
+    per: dict[str, list[list[float]]] = {}
+    for lch in step:
+        wait0 = min(lch["t"][1])
+        stages = [col for col in lch["land"] if all(col)]
+        if not stages:
+            continue
+        row = [statistics.median((v - wait0) / 1e3 for v in col) for col in stages]
+        row.append(statistics.median((v - wait0) / 1e3 for v in lch["t"][3]))
+        per.setdefault(lch["role"], []).append(row)
+    return {role: [statistics.median(col) for col in zip(*rows)] for role, rows in per.items()
+            if len({len(r) for r in rows}) == 1}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b")
@@ -147,7 +168,7 @@ def main() -> int:
     cfg = named_config(args.model)
     kernels.load("skinny_wg")                 # the plain build first: its target is what the runner asks for
     traced = build(kernels.source("skinny_wg"), ["TK_WG_TRACE"], name="skinny_wg")
-    buf = cupy.ndarray((CAP, 10), dtype=cupy.uint64, memptr=traced.get_global("wg_trace"))
+    buf = cupy.ndarray((CAP, COLS), dtype=cupy.uint64, memptr=traced.get_global("wg_trace"))
     count = cupy.ndarray((1,), dtype=cupy.uint32, memptr=traced.get_global("wg_trace_n"))
     install(traced, "skinny_wg")
     prompts = [[(b * 131 + i * 7) % cfg.vocab_size for i in range(args.prompt)] for b in range(args.batch)]
@@ -191,6 +212,10 @@ def main() -> int:
         for role, d in tails(step).items():
             for name in ("median", "slowest", "mma by rank"):
                 print(f"{role:>8} {name:>12} " + " ".join(f"{v:8.2f}" for v in d[name]))
+        print("   stages landed (the producer's sightings; median CTA per stage), then the median last MMA, from the "
+              "launch's first wait")
+        for role, row in landings(step).items():
+            print(f"{role:>8} " + " ".join(f"{v:8.2f}" for v in row[:-1]) + f"  | mma {row[-1]:8.2f}")
         del eng
         torch.cuda.empty_cache()
     return 0

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The sixty-second session's device calls (run from the repository root, any H100 or H200): skinny_wg.cu's stage
+# loop without the warpgroup wait ptxas had injected at its back edge (advisory C7517; docs/performance/decode_step.md,
+# "The injected warpgroup wait"), against the loop of 621be9e.
+#   git show 621be9e:optimized/kernels/skinny_wg.cu > benches/gpu/base_skinny_wg.cu   # the base (left untracked)
+#   bash benches/gpu/sixty_second_round.sh a    # the kernel checks of the build (wg, wg-norm); the MMA probe (with
+#                       # wait0: each stage's group waited on); the A/B of the build against the base, qwen3-0.6b
+#                       # batch 32 and 64, one process of each
+#   bash benches/gpu/sixty_second_round.sh b    # the A/B's second pair of processes, then the per-CTA trace of the
+#                       # build at batch 32, with the stages' landings
+#   bash benches/gpu/sixty_second_round.sh final  # the engine decode bench against transformers and the qwen3-0.6b
+#                       # conformance clauses at GPU scale, of the tree as copied
+source benches/gpu/_env.sh
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+BASE=benches/gpu/base_skinny_wg.cu
+# with_source FILE SCRIPT [ARGS...]: python3 SCRIPT ARGS with skinny_wg built from FILE (today's headers) as the
+# engine's skinny_wg module, in the script's process; FILE empty: as built
+with_source() {
+  python3 - "$@" <<'PY'
+import os, runpy, sys
+from pathlib import Path
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "benches", "gpu")]
+if sys.argv[1]:
+    from ab_attention import build, install
+    from optimized import kernels
+    kernels.load("skinny_wg")
+    install(build(Path(sys.argv[1]).read_text(), name="skinny_wg"), "skinny_wg")
+sys.argv = sys.argv[2:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
+}
+# prof TAG [FILE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
+# $OUT/profile_decode_TAG.log, with skinny_wg from FILE where given
+prof() {
+  timeout 240 bash -c "$(declare -f with_source); with_source \"\$@\"" _ "${2:-}" benches/gpu/profile_decode.py \
+    --models qwen3-0.6b --batches 32 64 --profile-batches --variants spread --rounds 3 \
+    > "$OUT/profile_decode_$1.log" 2>&1
+  echo "profile_decode $1 rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$1.log"
+}
+date +%T; build_kernels; date +%T
+if [ "${1:-a}" = final ]; then
+  run_benches 300 "engine_decode and 0.6b"
+  grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
+  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
+  date +%T; conformance_gpu 250 qwen3-0.6b conformance_gpu_qwen3-0.6b.log; date +%T
+  exit 0
+fi
+[ -f "$BASE" ] || { echo "no $BASE: see this script's head"; exit 1; }
+if [ "${1:-a}" = a ]; then
+  checks 150 check_kernels.log wg-norm wg; date +%T
+  timeout 120 python3 benches/gpu/probe_mma.py > "$OUT/probe_mma.log" 2>&1; echo "probe_mma rc=$?"
+  grep -v Warning "$OUT/probe_mma.log"; date +%T
+  prof new_1; date +%T; prof base_1 "$BASE"; date +%T
+else
+  prof new_2; prof base_2 "$BASE"; date +%T
+  timeout 150 python3 benches/gpu/trace_wg.py --batch 32 --variants spread > "$OUT/trace_wg_b32.log" 2>&1
+  echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_b32.log"; date +%T
+fi
+exit 0
