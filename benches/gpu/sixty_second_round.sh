@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sixty-second session's device calls (run from the repository root, any H100 or H200): skinny_wg.cu's stage
 # loop without the warpgroup wait ptxas had injected at its back edge (advisory C7517; docs/performance/decode_step.md,
-# "The injected warpgroup wait"), against the loop of 621be9e.
+# "The MMA phase alone, and the wait ptxas injected"), against the loop of 621be9e.
 #   git show 621be9e:optimized/kernels/skinny_wg.cu > benches/gpu/base_skinny_wg.cu   # the base (left untracked)
 #   bash benches/gpu/sixty_second_round.sh a    # the kernel checks of the build (wg, wg-norm); the MMA probe (with
 #                       # wait0: each stage's group waited on); the A/B of the build against the base, qwen3-0.6b
@@ -40,10 +40,10 @@ prof() {
 }
 date +%T; build_kernels; date +%T
 if [ "${1:-a}" = final ]; then
-  run_benches 300 "engine_decode and 0.6b"
+  run_benches 240 "engine_decode and 0.6b"
   grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
   mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
-  date +%T; conformance_gpu 250 qwen3-0.6b conformance_gpu_qwen3-0.6b.log; date +%T
+  date +%T; conformance_gpu 330 qwen3-0.6b conformance_gpu_qwen3-0.6b.log; date +%T
   exit 0
 fi
 [ -f "$BASE" ] || { echo "no $BASE: see this script's head"; exit 1; }
