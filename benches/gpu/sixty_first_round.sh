@@ -9,25 +9,16 @@
 #                       # SM clock and %globaltimer's step) and the MMA phase alone (probe_mma.py)
 # (The session's run was of the tree where two chains were the build and TK_WG_ONE_CHAIN the switch: the same two
 # kernels, named the other way round.)
+# (Its runs used an inline Python heredoc that did what run_with.py's --define does; the helper replaced it in
+# the sixty-second session.)
 source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-# with_build DEFINE SCRIPT [ARGS...]: python3 SCRIPT ARGS with the kernel sources built with -DDEFINE (as built where
-# DEFINE is empty), through optimized.kernels.OPTIONS in the script's process
-with_build() {
-  python3 - "$@" <<'PY'
-import os, runpy, sys
-import optimized.kernels as k
-if sys.argv[1]:
-    k.OPTIONS = k.OPTIONS + (f"-D{sys.argv[1]}",)
-sys.argv = sys.argv[2:]
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-runpy.run_path(sys.argv[0], run_name="__main__")
-PY
-}
-# built SECONDS DEFINE LOG SCRIPT [ARGS...]: with_build under a timeout, into $OUT/LOG
+# built SECONDS DEFINE LOG SCRIPT [ARGS...]: python3 SCRIPT ARGS under a timeout, into $OUT/LOG, with the kernel
+# sources built with -DDEFINE (as built where DEFINE is empty; run_with.py)
 built() {
-  local secs=$1 define=$2 log=$3; shift 3
-  timeout "$secs" bash -c "$(declare -f with_build); with_build \"\$@\"" _ "$define" "$@" > "$OUT/$log" 2>&1
+  local secs=$1 define=$2 log=$3 opt=(); shift 3
+  [ -n "$define" ] && opt=(--define "$define")
+  timeout "$secs" python3 benches/gpu/run_with.py "${opt[@]}" "$@" > "$OUT/$log" 2>&1
 }
 # prof TAG [DEFINE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
 # $OUT/profile_decode_TAG.log, built with -DDEFINE where given

@@ -10,32 +10,17 @@
 #                       # build at batch 32, with the stages' landings
 #   bash benches/gpu/sixty_second_round.sh final  # the engine decode bench against transformers and the qwen3-0.6b
 #                       # conformance clauses at GPU scale, of the tree as copied
+# (The session's runs wrapped profile_decode.py in an inline Python heredoc that did what run_with.py does; the
+# helper replaced it after the runs.)
 source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 BASE=benches/gpu/base_skinny_wg.cu
-# with_source FILE SCRIPT [ARGS...]: python3 SCRIPT ARGS with skinny_wg built from FILE (today's headers) as the
-# engine's skinny_wg module, in the script's process; FILE empty: as built
-with_source() {
-  python3 - "$@" <<'PY'
-import os, runpy, sys
-from pathlib import Path
-sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "benches", "gpu")]
-if sys.argv[1]:
-    from ab_attention import build, install
-    from optimized import kernels
-    kernels.load("skinny_wg")
-    install(build(Path(sys.argv[1]).read_text(), name="skinny_wg"), "skinny_wg")
-sys.argv = sys.argv[2:]
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-runpy.run_path(sys.argv[0], run_name="__main__")
-PY
-}
 # prof TAG [FILE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
-# $OUT/profile_decode_TAG.log, with skinny_wg from FILE where given
+# $OUT/profile_decode_TAG.log, with skinny_wg built from FILE where given (run_with.py)
 prof() {
-  timeout 240 bash -c "$(declare -f with_source); with_source \"\$@\"" _ "${2:-}" benches/gpu/profile_decode.py \
-    --models qwen3-0.6b --batches 32 64 --profile-batches --variants spread --rounds 3 \
-    > "$OUT/profile_decode_$1.log" 2>&1
+  local src=(); [ -n "${2:-}" ] && src=(--skinny-wg-source "$2")
+  timeout 240 python3 benches/gpu/run_with.py "${src[@]}" benches/gpu/profile_decode.py --models qwen3-0.6b \
+    --batches 32 64 --profile-batches --variants spread --rounds 3 > "$OUT/profile_decode_$1.log" 2>&1
   echo "profile_decode $1 rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$1.log"
 }
 date +%T; build_kernels; date +%T
