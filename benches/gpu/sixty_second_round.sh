@@ -10,18 +10,23 @@
 #                       # build at batch 32, with the stages' landings
 #   bash benches/gpu/sixty_second_round.sh final  # the engine decode bench against transformers and the qwen3-0.6b
 #                       # conformance clauses at GPU scale, of the tree as copied
+#   bash benches/gpu/sixty_second_round.sh exit   # not yet run (no base file needed): the build switch
+#                       # TK_WG_RELAXED_EXIT (the split-K kernels' last cluster barrier without .release): the kernel
+#                       # checks of that build, the A/B against the build (qwen3-0.6b batch 32 and 64, two processes
+#                       # of each, alternated; qwen3-8b one each), and its per-CTA trace at batch 32
 # (The session's runs wrapped profile_decode.py in an inline Python heredoc that did what run_with.py does; the
 # helper replaced it after the runs.)
 source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 BASE=benches/gpu/base_skinny_wg.cu
-# prof TAG [FILE]: profile_decode.py at qwen3-0.6b batch 32 and 64 (the default variant) into
-# $OUT/profile_decode_TAG.log, with skinny_wg built from FILE where given (run_with.py)
+# prof TAG [MODEL] [RUN_WITH_ARGS...]: profile_decode.py at MODEL (qwen3-0.6b) batch 32 and 64 (the default
+# variant) into $OUT/profile_decode_TAG.log, built as run_with.py's arguments say (--skinny-wg-source FILE, --define
+# NAME; none: as built)
 prof() {
-  local src=(); [ -n "${2:-}" ] && src=(--skinny-wg-source "$2")
-  timeout 240 python3 benches/gpu/run_with.py "${src[@]}" benches/gpu/profile_decode.py --models qwen3-0.6b \
-    --batches 32 64 --profile-batches --variants spread --rounds 3 > "$OUT/profile_decode_$1.log" 2>&1
-  echo "profile_decode $1 rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$1.log"
+  local tag=$1 model=${2:-qwen3-0.6b}; shift; [ $# -gt 0 ] && shift
+  timeout 240 python3 benches/gpu/run_with.py "$@" benches/gpu/profile_decode.py --models "$model" \
+    --batches 32 64 --profile-batches --variants spread --rounds 3 > "$OUT/profile_decode_$tag.log" 2>&1
+  echo "profile_decode $tag rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$tag.log"
 }
 date +%T; build_kernels; date +%T
 if [ "${1:-a}" = final ]; then
@@ -31,14 +36,25 @@ if [ "${1:-a}" = final ]; then
   date +%T; conformance_gpu 330 qwen3-0.6b conformance_gpu_qwen3-0.6b.log; date +%T
   exit 0
 fi
+if [ "$1" = exit ]; then
+  RX=(--define TK_WG_RELAXED_EXIT)
+  timeout 150 python3 benches/gpu/run_with.py "${RX[@]}" benches/gpu/check_kernels.py --only wg-norm wg \
+    > "$OUT/check_kernels_relaxed.log" 2>&1; echo "check_kernels (relaxed exit) rc=$?"
+  grep -E "FAIL" "$OUT/check_kernels_relaxed.log" | head; tail -1 "$OUT/check_kernels_relaxed.log"; date +%T
+  prof relaxed_1 qwen3-0.6b "${RX[@]}"; prof build_1; prof relaxed_2 qwen3-0.6b "${RX[@]}"; prof build_2; date +%T
+  prof relaxed_8b qwen3-8b "${RX[@]}"; prof build_8b qwen3-8b; date +%T
+  timeout 150 python3 benches/gpu/run_with.py "${RX[@]}" benches/gpu/trace_wg.py --batch 32 --variants spread \
+    > "$OUT/trace_wg_relaxed_b32.log" 2>&1; echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_relaxed_b32.log"
+  date +%T; exit 0
+fi
 [ -f "$BASE" ] || { echo "no $BASE: see this script's head"; exit 1; }
 if [ "${1:-a}" = a ]; then
   checks 150 check_kernels.log wg-norm wg; date +%T
   timeout 120 python3 benches/gpu/probe_mma.py > "$OUT/probe_mma.log" 2>&1; echo "probe_mma rc=$?"
   grep -v Warning "$OUT/probe_mma.log"; date +%T
-  prof new_1; date +%T; prof base_1 "$BASE"; date +%T
+  prof new_1; date +%T; prof base_1 qwen3-0.6b --skinny-wg-source "$BASE"; date +%T
 else
-  prof new_2; prof base_2 "$BASE"; date +%T
+  prof new_2; prof base_2 qwen3-0.6b --skinny-wg-source "$BASE"; date +%T
   timeout 150 python3 benches/gpu/trace_wg.py --batch 32 --variants spread > "$OUT/trace_wg_b32.log" 2>&1
   echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_b32.log"; date +%T
 fi

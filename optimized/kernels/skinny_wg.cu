@@ -64,6 +64,19 @@
 #define TK_WG_CHAINS 1
 #endif
 
+// The cluster's last barrier (sixty-second session; docs/performance/decode_step.md, "The MMA phase alone, and the wait
+// ptxas injected"). A split-K kernel's CTAs meet at the end so that none leaves while a peer may still reach its
+// shared memory. With .release (cluster_sync_all) every thread first waits until its global stores are performed at
+// cluster scope: the trace's 0.7-1.1 us from a clustered CTA's stores to its end, against 0.03 without a cluster. The
+// build switch TK_WG_RELAXED_EXIT (not yet measured: off) arrives .relaxed instead (cluster_sync_relaxed), and skips
+// the last unit's arrivals on the peers' "free" barriers, which nobody waits on: every other remote access (the
+// partials' st.async) is waited on by its receiver before that receiver reaches the barrier.
+#ifdef TK_WG_RELAXED_EXIT
+constexpr bool kRelaxedExit = true;
+#else
+constexpr bool kRelaxedExit = false;
+#endif
+
 // TK_WG_TRACE (a switch of benches/gpu/trace_wg.py): thread 0 of each CTA records %globaltimer (ns) at 7 marks --
 // its start, its consumers' PDL wait passed, its first stage landed, its last unit's MMAs done, the fold done
 // (the partials sent, for a gather's CTA other than 0), its stores done, its end -- and appends them with its SM,
@@ -380,7 +393,8 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
               acc[t][j][3] = sum.w;
             }
           asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
-          if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)(tid < (int)rank ? tid : tid + 1));
+          if (tid < KP - 1 && (!kRelaxedExit || uu + 1 < mine))
+            mbar_arrive_peer(bar_free, (u32)(tid < (int)rank ? tid : tid + 1));
         } else if (rank != 0) {  // gather: send the partials to CTA 0 once it has read the previous ones
           if (uu > 0) mbar_wait(bar_free, (u32)(uu - 1) & 1u);
           const u32 dst = recv + ((u32)rank - 1u) * kPart + (u32)tid * 16u;
@@ -410,7 +424,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
                 acc[t][j][3] += v.w;
               }
           asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer thread has read the landing area
-          if (tid < KP - 1) mbar_arrive_peer(bar_free, (u32)tid + 1u);
+          if (tid < KP - 1 && (!kRelaxedExit || uu + 1 < mine)) mbar_arrive_peer(bar_free, (u32)tid + 1u);
         }
       }
       TK_WG_MARK(4);
@@ -436,7 +450,12 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
       TK_WG_MARK(5);
     }
   }
-  if constexpr (KP > 1) cluster_sync_all();  // nobody leaves while a peer may still arrive on its barriers
+  if constexpr (KP > 1) {  // nobody leaves while a peer may still arrive on its barriers
+    if constexpr (kRelaxedExit)
+      cluster_sync_relaxed();
+    else
+      cluster_sync_all();
+  }
 #ifdef TK_WG_TRACE
   TK_WG_MARK(6);
   __syncthreads();  // the producer's sightings, seen by thread 0

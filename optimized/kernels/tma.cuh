@@ -46,6 +46,13 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// every thread of every CTA of the cluster, with no memory ordering on the arrival: for a kernel's last barrier,
+// which only keeps a CTA resident while a peer may still reach its shared memory, where every remote access has been
+// waited on before it. With .release each thread first waits until its global stores are performed at cluster
+// scope (skinny_wg.cu's build switch TK_WG_RELAXED_EXIT; sixty-second session)
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
 // arrive on the mbarrier at this CTA's shared address `bar` in cluster CTA `cta`. The arrival says "this stage's
 // shared memory has been read" (its loads have returned: their MMAs were issued before it), so it needs no
 // cluster-scope release: with .release.cluster each arrival waited on a memory barrier (Nsight Compute's
