@@ -49,7 +49,7 @@ __device__ __forceinline__ void cluster_sync_all() {
 // every thread of every CTA of the cluster, with no memory ordering on the arrival: for a kernel's last barrier,
 // which only keeps a CTA resident while a peer may still reach its shared memory, where every remote access has been
 // waited on before it. With .release each thread first waits until its global stores are performed at cluster
-// scope (skinny_wg.cu's build switch TK_WG_RELAXED_EXIT; sixty-second session)
+// scope (skinny_wg.cu's last barrier; sixty-second session)
 __device__ __forceinline__ void cluster_sync_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
