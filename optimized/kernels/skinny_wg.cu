@@ -74,9 +74,9 @@
 // 1.030 / 1.030 ms a step against 1.039 / 1.041 with .release (two processes each, alternated). The build switch
 // TK_WG_RELEASE_EXIT (the benches' A/B only) restores the .release barrier and the arrivals.
 #ifdef TK_WG_RELEASE_EXIT
-constexpr bool kRelaxedExit = false;
+[[maybe_unused]] constexpr bool kRelaxedExit = false;
 #else
-constexpr bool kRelaxedExit = true;
+[[maybe_unused]] constexpr bool kRelaxedExit = true;
 #endif
 
 // TK_WG_TRACE (a switch of benches/gpu/trace_wg.py): thread 0 of each CTA records %globaltimer (ns) at 7 marks --
