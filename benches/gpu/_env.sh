@@ -10,6 +10,16 @@ build_kernels() {
   python3 -c "import optimized.kernels as k; k.load_all(); print('kernels built')" 2>&1 | tail -3
 }
 
+# profile_with TAG MODEL [RUN_WITH_ARGS...]: profile_decode.py at MODEL batch 32 and 64 (the default variant, 3 rounds)
+# into $OUT/profile_decode_TAG.log, with the kernels built as run_with.py's arguments say (--define NAME,
+# --skinny-wg-source FILE; none: as built), and its step lines
+profile_with() {
+  local tag=$1 model=$2; shift 2
+  timeout 240 python3 benches/gpu/run_with.py "$@" benches/gpu/profile_decode.py --models "$model" \
+    --batches 32 64 --profile-batches --variants spread --rounds 3 > "$OUT/profile_decode_$tag.log" 2>&1
+  echo "profile_decode $tag rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$tag.log"
+}
+
 # run_benches SECONDS EXPR [PYTEST ARGS...]: the pytest benches matching EXPR (benches/run_gpu.sh -k EXPR ARGS,
 # reports under $OUT/bench) and their target lines
 run_benches() {

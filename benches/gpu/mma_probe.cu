@@ -7,7 +7,8 @@
 // swizzle, the same offsets). MODE:
 //   0  the engine's: each stage's wgmmas one group, then wait until all but that group are done (wait_group 1);
 //   1  every stage's groups issued before one wait at the end: the tensor cores' own rate;
-//   2  as 0 with two accumulator chains (the even and the odd 16-column steps; skinny_wg.cu's TK_WG_TWO_CHAINS);
+//   2  as 0 with two accumulator chains (the even and the odd 16-column steps, as skinny_wg.cu's build switch
+//      TK_WG_TWO_CHAINS did until the sixty-second session);
 //   3  as 0, then wait until this stage's group is done too (wait_group 0): no stage overlaps the next, as in the
 //      engine's build up to the sixty-second session, where ptxas put such a wait on its stage loop's back edge.
 // Every stage byte holds bf16 1.0 (0x3F80), so every output is stages * 128 exactly: the host checks each CTA's

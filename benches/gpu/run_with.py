@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Run a bench script with the engine's kernels built another way, in the script's own process (the device rounds'
-A/B helper: ``sixty_first_round.sh``, ``sixty_second_round.sh``).
+A/B helper, behind ``_env.sh``'s ``profile_with``).
 
     python benches/gpu/run_with.py [--define NAME ...] [--skinny-wg-source FILE] SCRIPT [ARGS ...]
 
 ``--define NAME``: every kernel source compiled with ``-DNAME`` (``optimized.kernels.OPTIONS``), e.g. a build switch
-such as ``TK_WG_TWO_CHAINS``. ``--skinny-wg-source FILE``: ``skinny_wg`` built from FILE's text (with today's
+such as ``TK_WG_RELEASE_EXIT``. ``--skinny-wg-source FILE``: ``skinny_wg`` built from FILE's text (with today's
 headers, so a header change shows on both sides) and installed as the module the engine launches, e.g. an earlier
 commit's ``skinny_wg.cu``. Then SCRIPT runs as ``__main__`` with ARGS as its arguments.
 """

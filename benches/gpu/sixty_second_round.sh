@@ -22,15 +22,6 @@
 source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 BASE=benches/gpu/base_skinny_wg.cu
-# prof TAG [MODEL] [RUN_WITH_ARGS...]: profile_decode.py at MODEL (qwen3-0.6b) batch 32 and 64 (the default
-# variant) into $OUT/profile_decode_TAG.log, built as run_with.py's arguments say (--skinny-wg-source FILE, --define
-# NAME; none: as built)
-prof() {
-  local tag=$1 model=${2:-qwen3-0.6b}; shift; [ $# -gt 0 ] && shift
-  timeout 240 python3 benches/gpu/run_with.py "$@" benches/gpu/profile_decode.py --models "$model" \
-    --batches 32 64 --profile-batches --variants spread --rounds 3 > "$OUT/profile_decode_$tag.log" 2>&1
-  echo "profile_decode $tag rc=$?"; grep -E "^ +(32|64) " "$OUT/profile_decode_$tag.log"
-}
 date +%T; build_kernels; date +%T
 if [ "${1:-a}" = final ]; then
   run_benches 240 "engine_decode and 0.6b"
@@ -42,8 +33,9 @@ fi
 if [ "$1" = exit ]; then
   RL=(--define TK_WG_RELEASE_EXIT)
   checks 150 check_kernels_relaxed.log wg-norm wg; date +%T
-  prof relaxed_1; prof release_1 qwen3-0.6b "${RL[@]}"; prof relaxed_2; prof release_2 qwen3-0.6b "${RL[@]}"
-  date +%T; prof relaxed_8b qwen3-8b; prof release_8b qwen3-8b "${RL[@]}"; date +%T
+  profile_with relaxed_1 qwen3-0.6b; profile_with release_1 qwen3-0.6b "${RL[@]}"
+  profile_with relaxed_2 qwen3-0.6b; profile_with release_2 qwen3-0.6b "${RL[@]}"
+  date +%T; profile_with relaxed_8b qwen3-8b; profile_with release_8b qwen3-8b "${RL[@]}"; date +%T
   timeout 150 python3 benches/gpu/trace_wg.py --batch 32 --variants spread > "$OUT/trace_wg_relaxed_b32.log" 2>&1
   echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_relaxed_b32.log"; date +%T; exit 0
 fi
@@ -52,9 +44,9 @@ if [ "${1:-a}" = a ]; then
   checks 150 check_kernels.log wg-norm wg; date +%T
   timeout 120 python3 benches/gpu/probe_mma.py > "$OUT/probe_mma.log" 2>&1; echo "probe_mma rc=$?"
   grep -v Warning "$OUT/probe_mma.log"; date +%T
-  prof new_1; date +%T; prof base_1 qwen3-0.6b --skinny-wg-source "$BASE"; date +%T
+  profile_with new_1 qwen3-0.6b; date +%T; profile_with base_1 qwen3-0.6b --skinny-wg-source "$BASE"; date +%T
 else
-  prof new_2; prof base_2 qwen3-0.6b --skinny-wg-source "$BASE"; date +%T
+  profile_with new_2 qwen3-0.6b; profile_with base_2 qwen3-0.6b --skinny-wg-source "$BASE"; date +%T
   timeout 150 python3 benches/gpu/trace_wg.py --batch 32 --variants spread > "$OUT/trace_wg_b32.log" 2>&1
   echo "trace_wg rc=$?"; grep -v Warning "$OUT/trace_wg_b32.log"; date +%T
 fi

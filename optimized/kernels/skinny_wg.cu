@@ -53,16 +53,10 @@
 #include "skinny.cuh"
 #include "tma.cuh"
 
-// The MMA chains (sixty-first session; docs/performance/decode_step.md, "The edge probe, the x copies and the MMA
-// chain after the wait"). Each wgmma adds into the accumulators of the one before it, so a unit's K / 16 steps are
-// one dependent chain. The build switch TK_WG_TWO_CHAINS (the benches' A/B only) splits it: the even 16-column steps
-// of every stage add into acc, the odd ones into acc_odd, and the unit's sums are acc + acc_odd (fp32). Measured on
-// an H100 it was not faster (qwen3-0.6b batch 32: 1.073 ms a step against 1.067), so the single chain is the build.
-#ifdef TK_WG_TWO_CHAINS
-#define TK_WG_CHAINS 2
-#else
-#define TK_WG_CHAINS 1
-#endif
+// One chain of wgmmas a unit: each adds into the accumulators of the one before it. Two chains (the even and the odd
+// 16-column steps) were not faster, in the engine on an H100 (sixty-first session: 1.073 ms a qwen3-0.6b batch-32 step
+// against 1.067) nor alone (probe_mma.py's chains mode, sixty-second session), and the switch that built them is gone
+// (docs/performance/decode_step.md, "The edge probe, the x copies and the MMA chain after the wait").
 
 // The cluster's last barrier (sixty-second session; docs/performance/decode_step.md, "The MMA phase alone, and the wait
 // ptxas injected"). A split-K kernel's CTAs meet at the end so that none leaves while a peer may still reach its
@@ -206,7 +200,7 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
                     227 * 1024 - 256, "skinny_wg: shared memory");
   static_assert(EPI != kResidual || (!F32 && !XN && WT == 1), "the residual epilogue stores bf16 of a plain x");
 #if defined(TK_WGMMA)
-  constexpr int R = 64 * WT, J = NX / 8, kChains = TK_WG_CHAINS;
+  constexpr int R = 64 * WT, J = NX / 8;
   constexpr int kW = R * KC * 2;
   constexpr int kPart = WT * J * 128 * 16;  // one CTA's partials: [WT][J][128 threads][4 floats]
   // the spread fold: the unit's WT J fragment blocks (t, j), b = t J + j, OWN of them to each CTA of the cluster
@@ -300,7 +294,6 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
       asm volatile("bar.sync 1, 128;\n" ::: "memory");
     }
     float acc[WT][J][4];
-    [[maybe_unused]] float acc_odd[kChains == 2 ? WT : 1][J][4];  // the odd 16-column steps' chain (kChains 2)
     [[maybe_unused]] ResidualIn<WT, J> rin;
     int i = 0;
     for (int uu = 0; uu < mine; ++uu) {
@@ -319,13 +312,8 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
           const u32 off = (u32)(kk >> 2) * 128u, step = (u32)(kk & 3) * 32u;
           const u64 db = wg_desc_sw128(st + kW + off * NX + step, 16, 1024);
 #pragma unroll
-          for (int t = 0; t < WT; ++t) {
-            const u64 da = wg_desc_sw128(st + off * R + t * 8192 + step, 16, 1024);
-            if (kChains == 2 && (kk & 1))
-              wgmma_ss<J>(acc_odd[kChains == 2 ? t : 0], da, db, kc > 0 || kk > 1);
-            else
-              wgmma_ss<J>(acc[t], da, db, kc > 0 || kk > 0);
-          }
+          for (int t = 0; t < WT; ++t)
+            wgmma_ss<J>(acc[t], wg_desc_sw128(st + off * R + t * 8192 + step, 16, 1024), db, kc > 0 || kk > 0);
         }
         wg_commit();
         wg_wait<1>();  // every group but this stage's has completed: the stage before is read
@@ -341,16 +329,6 @@ __device__ __forceinline__ void skinny_wg_impl(const TensorMap* wmap, const Tens
       TK_WG_MARK(3);
 #pragma unroll
       for (int t = 0; t < WT; ++t) wg_fence_regs<J>(acc[t]);
-      if constexpr (kChains == 2) {  // the unit's sums: the even steps' chain plus the odd steps'
-#pragma unroll
-        for (int t = 0; t < WT; ++t) {
-          wg_fence_regs<J>(acc_odd[t]);
-#pragma unroll
-          for (int j = 0; j < J; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[t][j][e] += acc_odd[t][j][e];
-        }
-      }
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_empty + 8 * s);
       if constexpr (KP > 1) {
