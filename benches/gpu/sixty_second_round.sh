@@ -15,8 +15,8 @@
 #                       # of the build, the A/B (qwen3-0.6b batch 32 and 64, two processes of each, alternated;
 #                       # qwen3-8b one each), and the build's per-CTA trace at batch 32. The session ran the checks and
 #                       # the qwen3-0.6b A/B in one call of its own, on the tree where the relaxed barrier was the
-#                       # switch TK_WG_RELAXED_EXIT (the same two kernels, named the other way round); the qwen3-8b
-#                       # A/B and the trace have not run
+#                       # switch TK_WG_RELAXED_EXIT (the same two kernels, named the other way round); the whole mode,
+#                       # and final, ran in the sixty-third session (benches/results/h100/sixty_third_session/)
 # (The session's runs wrapped profile_decode.py in an inline Python heredoc that did what run_with.py does; the
 # helper replaced it after the runs.)
 source benches/gpu/_env.sh

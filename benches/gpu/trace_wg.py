@@ -1,6 +1,7 @@
 """Where a decode step's warpgroup GEMMs spend their time: per-CTA timestamps inside the engine's graph.
 
     python benches/gpu/trace_wg.py [--model qwen3-0.6b] [--batch 32] [--prompt 256] [--variants gather spread s4]
+                                   [--source FILE]
 
 Diagnostic. Builds ``skinny_wg.cu`` with ``-DTK_WG_TRACE`` (thread 0 of every CTA records ``%globaltimer`` at seven
 marks: its start, its consumers' PDL wait passed, its first stage landed, its last unit's MMAs done, the split-K fold
@@ -23,6 +24,9 @@ for the roles whose CTAs fill each stage once, when the stages landed (the produ
 barriers, after it has issued every copy): per stage the median over CTAs, as offsets from the launch's first wait,
 next to the median last MMA. Stages that land long before the last MMA mean the MMAs are slow; stages that land
 just before it mean the MMAs wait for them.
+
+``--source FILE`` traces FILE's text in place of the tree's ``skinny_wg.cu`` (its ``#include "x.cuh"`` headers today's),
+e.g. a variant of the kernel that a device round writes.
 
 The trace's own stores (one record a CTA, at its end) lengthen each launch slightly; the untraced step time is
 ``profile_decode.py``'s.
@@ -161,13 +165,15 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--variants", nargs="*", default=["gather", "spread"], choices=["gather", "spread", "s4"])
+    ap.add_argument("--source", type=Path, default=None, metavar="FILE")
     args = ap.parse_args()
     import cupy
 
     dev = torch.device("cuda", 0)
     cfg = named_config(args.model)
     kernels.load("skinny_wg")                 # the plain build first: its target is what the runner asks for
-    traced = build(kernels.source("skinny_wg"), ["TK_WG_TRACE"], name="skinny_wg")
+    text = kernels.source("skinny_wg") if args.source is None else args.source.read_text()
+    traced = build(text, ["TK_WG_TRACE"], name="skinny_wg")
     buf = cupy.ndarray((CAP, COLS), dtype=cupy.uint64, memptr=traced.get_global("wg_trace"))
     count = cupy.ndarray((1,), dtype=cupy.uint32, memptr=traced.get_global("wg_trace_n"))
     install(traced, "skinny_wg")
