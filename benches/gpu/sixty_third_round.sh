@@ -13,27 +13,16 @@
 #                       # the build whose SwiGLU store writes bf16(gate * up) (wrong results; timing only), traced
 #                       # (batch 32) beside the build and the base, and its step against the build's (qwen3-0.6b);
 #                       # the silu check once more first
-#   bash benches/gpu/sixty_third_round.sh final   # (any tree, no patch or base needed) the engine decode bench
-#                       # against transformers and the qwen3-0.6b conformance clauses at GPU scale, of the tree as
-#                       # copied
+#   (The tree's engine decode bench and qwen3-0.6b conformance clauses ran as `bash benches/gpu/sixty_second_round.sh
+#   final`.)
 #   bash benches/gpu/sixty_third_round.sh benches # (any tree) the qwen3-8b engine decode bench and the agentic bench
 source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 BASE=benches/gpu/base_skinny_wg.cu
 date +%T; build_kernels; date +%T
-if [ "${1:-a}" = final ]; then
-  run_benches 240 "engine_decode and 0.6b"
-  grep -E "^\| qwen3-[0-9.]+b \| (1|32|64) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode.tgz"
-  date +%T; conformance_gpu 330 qwen3-0.6b conformance_gpu_qwen3-0.6b.log; date +%T
-  exit 0
-fi
-if [ "$1" = benches ]; then
-  run_benches 200 "engine_decode and 8b"
-  grep -E "^\| qwen3-[0-9.]+b \| (1|32) \|" "$OUT/bench/engine_decode.md" | cut -c1-110
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_decode8b.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_decode8b.tgz"
-  date +%T; run_benches 270 agentic
-  mv "$OUT/bench/run_gpu.log" "$OUT/run_gpu_agentic.log"; pack_bench; mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
+if [ "$1" = benches ]; then  # (as run, each step spelled out; the same files)
+  bench_packed 200 "engine_decode and 8b" run_gpu_decode8b.log; mv "$OUT/bench.tgz" "$OUT/bench_decode8b.tgz"
+  date +%T; bench_packed 270 agentic run_gpu_agentic.log; mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
   date +%T; exit 0
 fi
 [ -f "$BASE" ] || { echo "no $BASE: see this script's head"; exit 1; }
