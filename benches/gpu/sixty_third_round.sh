@@ -20,7 +20,7 @@ source benches/gpu/_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 BASE=benches/gpu/base_skinny_wg.cu
 date +%T; build_kernels; date +%T
-if [ "$1" = benches ]; then  # (as run, each step spelled out; the same files)
+if [ "$1" = benches ]; then  # (the call that ran spelled these steps out and printed the table rows too)
   bench_packed 200 "engine_decode and 8b" run_gpu_decode8b.log; mv "$OUT/bench.tgz" "$OUT/bench_decode8b.tgz"
   date +%T; bench_packed 270 agentic run_gpu_agentic.log; mv "$OUT/bench.tgz" "$OUT/bench_agentic.tgz"
   date +%T; exit 0
